@@ -1,0 +1,93 @@
+"""Running one negotiated response on the data plane: shapes, counts, scaling, zero contributions of joined ranks."""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from hora._engine.handle import Entry
+from hora._engine.messages import Kind, ReduceOp, Request, Response
+from hora._transport.base import DTYPES, DataPlane, even_counts
+
+__all__ = ["execute", "reducescatter_rows"]
+
+
+def reducescatter_rows(first_dim: int, size: int) -> list[int]:
+    """Rows of a reducescatter result per rank: as even as possible, lower ranks taking the remainder."""
+    return even_counts(first_dim, size)
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1)
+
+
+def _scaled_reduce(plane: DataPlane, req: Request, src: np.ndarray, dst: np.ndarray, counts: list[int] | None) -> None:
+    op, pre, post = req.op, req.prescale, req.postscale
+    if op == ReduceOp.AVERAGE:
+        op, post = ReduceOp.SUM, post / plane.size
+    if pre != 1.0:
+        scaled = dst if counts is None else np.empty_like(src)  # allreduce scales straight into its output
+        np.multiply(src, pre, out=scaled, casting="unsafe")
+        src = scaled
+    if counts is None:
+        plane.allreduce(src, dst, op)
+    else:
+        plane.reducescatter(src, dst, counts, op)
+    if post != 1.0:
+        np.multiply(dst, post, out=dst, casting="unsafe")
+
+
+def execute(plane: DataPlane, resp: Response, entry: Entry | None) -> Any:
+    """Run ``resp`` with this rank's ``entry`` (``None`` on a joined rank, which contributes zeros); return the
+    handle's result."""
+    req = resp.request
+    kind = req.kind
+    plane.what = f"{kind.value} '{req.name}'"
+    if kind is Kind.BARRIER:
+        return None
+    if kind is Kind.JOIN:
+        return resp.last_joined
+    dtype = DTYPES[req.dtype]
+    if entry is None:  # joined rank: only allreduce reaches here (the coordinator refuses the rest)
+        zeros = np.zeros(prod(req.shape), dtype)
+        _scaled_reduce(plane, req, zeros, zeros, None)
+        return None
+    assert entry.input is not None
+    src = entry.input
+    size, me = plane.size, plane.rank
+    row = prod(req.shape[1:]) if req.shape else 1  # elements per first-dimension row
+    if kind is Kind.ALLREDUCE:
+        out = entry.output if entry.output is not None else np.empty_like(src)
+        _scaled_reduce(plane, req, _flat(src), _flat(out), None)
+        return out
+    if kind is Kind.REDUCESCATTER:
+        rows = reducescatter_rows(req.shape[0] if req.shape else 1, size)
+        out = np.empty((rows[me], *req.shape[1:]), dtype)
+        _scaled_reduce(plane, req, _flat(src), _flat(out), [r * row for r in rows])
+        return out
+    if kind is Kind.BROADCAST:
+        out = entry.output if entry.output is not None else (src.copy() if me == req.root else np.empty_like(src))
+        plane.broadcast(_flat(out).view(np.uint8), req.root)
+        return out
+    nbytes = row * dtype.itemsize
+    if kind is Kind.ALLGATHER:
+        assert resp.first_dims is not None
+        out = np.empty((sum(resp.first_dims), *req.shape[1:]), dtype)
+        plane.allgather(_flat(src).view(np.uint8), _flat(out).view(np.uint8), [d * nbytes for d in resp.first_dims])
+        return out
+    if kind is Kind.ALLTOALL:
+        assert resp.splits is not None
+        matrix = resp.splits
+        received = [matrix[r][me] for r in range(size)]
+        out = np.empty((sum(received), *req.shape[1:]), dtype)
+        plane.alltoall(
+            _flat(src).view(np.uint8),
+            [s * nbytes for s in matrix[me]],
+            _flat(out).view(np.uint8),
+            [s * nbytes for s in received],
+            max((max(r) for r in matrix if r), default=0) * nbytes,
+        )
+        return out, np.asarray(received, dtype=np.int32)
+    raise AssertionError(f"unknown collective {kind}")

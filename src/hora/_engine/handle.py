@@ -1,0 +1,63 @@
+"""Handles: what an ``*_async`` call returns, completed by the engine thread."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hora._engine.messages import Request
+from hora.errors import TimeoutError
+
+__all__ = ["Entry", "Handle"]
+
+
+class Handle:
+    """The future result of one collective. ``wait()`` returns the result or raises the collective's error."""
+
+    __slots__ = ("_error", "_event", "_result", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"'{self.name}' did not complete within {timeout:g}s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _set_result(self, value: Any) -> None:
+        self._result = value
+        self._event.set()
+
+    def _set_error(self, error: BaseException) -> None:
+        if not self._event.is_set():
+            self._error = error
+            self._event.set()
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error else "done" if self.done() else "pending"
+        return f"<hora.Handle {self.name!r} {state}>"
+
+
+@dataclass
+class Entry:
+    """A request of this rank together with its buffers. ``input`` is C-contiguous; ``output`` is preallocated
+    for allreduce and broadcast (it may be ``input`` itself for in-place calls) and made at execution otherwise."""
+
+    request: Request
+    input: np.ndarray | None = None
+    output: np.ndarray | None = None
+    handle: Handle = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.handle = Handle(self.request.name)

@@ -1,0 +1,367 @@
+"""Horovod's collective API on numpy arrays. Framework adapters convert their tensors and call these.
+
+Every function goes through the engine: ``allreduce(x)`` is ``synchronize(allreduce_async(x))``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hora._engine.handle import Entry, Handle
+from hora._engine.messages import Kind, ReduceOp, Request
+from hora._runtime.context import Context, current, init, is_initialized, shutdown
+from hora._transport.base import DTYPES
+from hora.errors import HoraError
+
+try:  # like Horovod, serialise objects with cloudpickle when it is there (lambdas, local classes)
+    import cloudpickle as _pickler  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - depends on the environment
+    _pickler = pickle
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+    "is_homogeneous", "Average", "Max", "Min", "Product", "Sum", "GroupHandle",
+    "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
+    "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "broadcast_object", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "join", "poll", "reducescatter", "reducescatter_async", "synchronize",
+]
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Adasum = ReduceOp.ADASUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+
+class UnsupportedError(HoraError, ValueError):
+    """An argument combination hora does not support (e.g. an unsupported dtype or op)."""
+
+
+class GroupHandle:
+    """The handle of a grouped collective: completes when every member does; its result is the list of results."""
+
+    def __init__(self, handles: list[Handle]) -> None:
+        self.handles = handles
+
+    def done(self) -> bool:
+        return all(h.done() for h in self.handles)
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        return [h.wait(timeout) for h in self.handles]
+
+
+AnyHandle = Handle | GroupHandle
+
+
+def _array(tensor: Any, what: str) -> np.ndarray:
+    arr = np.asarray(tensor)
+    if arr.dtype.name not in DTYPES:
+        raise UnsupportedError(f"{what} does not support dtype {arr.dtype}; supported: {', '.join(DTYPES)}")
+    return arr if arr.flags.c_contiguous else np.array(arr, order="C")
+
+
+def _inplace(tensor: Any, what: str) -> np.ndarray:
+    if not isinstance(tensor, np.ndarray) or not tensor.flags.c_contiguous or not tensor.flags.writeable:
+        raise UnsupportedError(f"{what} works in place and needs a writeable C-contiguous numpy array; "
+                               "use the variant without the trailing underscore for other inputs")
+    return _array(tensor, what)
+
+
+def _resolve_op(average: bool | None, op: int | None, default: ReduceOp = Average) -> ReduceOp:
+    if average is not None and op is not None:
+        raise ValueError("pass either op or the deprecated average argument, not both")
+    if op is None:
+        op = default if average is None else (Average if average else Sum)
+    op = ReduceOp(op)
+    if op is ReduceOp.ADASUM:
+        raise UnsupportedError("op=Adasum is not supported by hora yet; use Average or Sum")
+    return op
+
+
+def _reduce_request(kind: Kind, ctx: Context, arr: np.ndarray, name: str | None, op: ReduceOp,
+                    prescale: float, postscale: float) -> Request:
+    if arr.dtype == np.bool_ and (op is Average or prescale != 1.0 or postscale != 1.0):
+        raise UnsupportedError(f"{kind.value} of a bool array supports Sum (or), Min (and), Max (or) and "
+                               "Product (and) without scale factors")
+    return Request(kind, name if name is not None else ctx.auto_name(kind.value), arr.dtype.name, arr.shape,
+                   int(op), prescale=float(prescale), postscale=float(postscale))
+
+
+def _submit(ctx: Context, *entries: Entry) -> None:
+    ctx.engine.enqueue(entries)
+
+
+# -- allreduce -----------------------------------------------------------------------------------------------------
+def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None, op: int | None = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """Start reducing ``tensor`` across all ranks (default op: Average). Returns a handle for :func:`synchronize`."""
+    ctx = current()
+    arr = _array(tensor, "allreduce")
+    req = _reduce_request(Kind.ALLREDUCE, ctx, arr, name, _resolve_op(average, op), prescale_factor, postscale_factor)
+    entry = Entry(req, arr, np.empty_like(arr))
+    _submit(ctx, entry)
+    return entry.handle
+
+
+def allreduce_async_(tensor: np.ndarray, average: bool | None = None, name: str | None = None, op: int | None = None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """In-place :func:`allreduce_async`: the result is written into ``tensor``."""
+    ctx = current()
+    arr = _inplace(tensor, "allreduce_")
+    req = _reduce_request(Kind.ALLREDUCE, ctx, arr, name, _resolve_op(average, op), prescale_factor, postscale_factor)
+    entry = Entry(req, arr, arr)
+    _submit(ctx, entry)
+    return entry.handle
+
+
+def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: int | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+    """Reduce ``tensor`` across all ranks and return the result (a new array)."""
+    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))  # type: ignore[no-any-return]
+
+
+def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None = None, op: int | None = None,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+    """Reduce ``tensor`` in place across all ranks; returns ``tensor``."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))  # type: ignore[no-any-return]
+
+
+def _grouped(tensors: Sequence[Any], average: bool | None, name: str | None, op: int | None, prescale: float,
+             postscale: float, inplace: bool) -> GroupHandle:
+    ctx = current()
+    resolved = _resolve_op(average, op)
+    base = name if name is not None else ctx.auto_name("grouped_allreduce")
+    entries = []
+    for i, t in enumerate(tensors):
+        arr = _inplace(t, "grouped_allreduce_") if inplace else _array(t, "grouped_allreduce")
+        req = _reduce_request(Kind.ALLREDUCE, ctx, arr, f"{base}.{i}", resolved, prescale, postscale)
+        entries.append(Entry(req, arr, arr if inplace else np.empty_like(arr)))
+    _submit(ctx, *entries)
+    return GroupHandle([e.handle for e in entries])
+
+
+def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
+                            op: int | None = None, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0) -> GroupHandle:
+    """Start reducing a list of tensors as one group (submitted together, negotiated together)."""
+    return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, inplace=False)
+
+
+def grouped_allreduce_async_(tensors: Sequence[np.ndarray], average: bool | None = None, name: str | None = None,
+                             op: int | None = None, prescale_factor: float = 1.0,
+                             postscale_factor: float = 1.0) -> GroupHandle:
+    return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, inplace=True)
+
+
+def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
+                      op: int | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0) -> list[np.ndarray]:
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor))  # type: ignore[no-any-return]
+
+
+def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = None, name: str | None = None,
+                       op: int | None = None, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0) -> list[np.ndarray]:
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor))  # type: ignore[no-any-return]
+
+
+# -- allgather / broadcast / alltoall / reducescatter -------------------------------------------------------------------
+def allgather_async(tensor: Any, name: str | None = None) -> Handle:
+    """Start concatenating every rank's ``tensor`` along the first dimension (which may differ per rank)."""
+    ctx = current()
+    arr = _array(tensor, "allgather")
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    req = Request(Kind.ALLGATHER, name if name is not None else ctx.auto_name("allgather"), arr.dtype.name, arr.shape)
+    entry = Entry(req, arr)
+    _submit(ctx, entry)
+    return entry.handle
+
+
+def allgather(tensor: Any, name: str | None = None) -> np.ndarray:
+    return synchronize(allgather_async(tensor, name))  # type: ignore[no-any-return]
+
+
+def _broadcast(tensor: Any, root_rank: int, name: str | None, inplace: bool) -> Handle:
+    ctx = current()
+    arr = _inplace(tensor, "broadcast_") if inplace else _array(tensor, "broadcast")
+    if not 0 <= int(root_rank) < ctx.size:
+        raise ValueError(f"broadcast root_rank={root_rank} is out of range: there are {ctx.size} ranks")
+    req = Request(Kind.BROADCAST, name if name is not None else ctx.auto_name("broadcast"), arr.dtype.name,
+                  arr.shape, root=int(root_rank))
+    out = arr if inplace else (arr.copy() if ctx.rank == root_rank else np.empty_like(arr))
+    entry = Entry(req, arr, out)
+    _submit(ctx, entry)
+    return entry.handle
+
+
+def broadcast_async(tensor: Any, root_rank: int, name: str | None = None) -> Handle:
+    """Start copying ``root_rank``'s ``tensor`` to every rank (returns a new array)."""
+    return _broadcast(tensor, root_rank, name, inplace=False)
+
+
+def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> Handle:
+    return _broadcast(tensor, root_rank, name, inplace=True)
+
+
+def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> np.ndarray:
+    return synchronize(broadcast_async(tensor, root_rank, name))  # type: ignore[no-any-return]
+
+
+def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> np.ndarray:
+    return synchronize(broadcast_async_(tensor, root_rank, name))  # type: ignore[no-any-return]
+
+
+def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None) -> Handle:
+    """Start scattering slices of ``tensor``'s first dimension to every rank (``splits[r]`` rows to rank r; equal
+    slices when ``splits`` is None) and gathering what every rank sends here."""
+    ctx = current()
+    arr = _array(tensor, "alltoall")
+    if arr.ndim == 0:
+        raise ValueError("alltoall needs a tensor with at least one dimension")
+    if splits is None:
+        if arr.shape[0] % ctx.size:
+            raise ValueError(f"alltoall without splits needs the first dimension ({arr.shape[0]}) to be divisible by "
+                             f"the number of ranks ({ctx.size}); pass splits=[rows for rank 0, rank 1, ...]")
+        split_list = [arr.shape[0] // ctx.size] * ctx.size
+    else:
+        split_list = [int(s) for s in np.asarray(splits).reshape(-1)]
+        if len(split_list) != ctx.size or min(split_list, default=0) < 0 or sum(split_list) != arr.shape[0]:
+            raise ValueError(f"alltoall splits {split_list} must have one non-negative entry per rank ({ctx.size}) "
+                             f"summing to the first dimension ({arr.shape[0]})")
+    req = Request(Kind.ALLTOALL, name if name is not None else ctx.auto_name("alltoall"), arr.dtype.name, arr.shape,
+                  splits=tuple(split_list))
+    entry = Entry(req, arr)
+    _submit(ctx, entry)
+    return entry.handle
+
+
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None) -> Any:
+    """Returns the received rows, and — when ``splits`` is given — also how many rows came from each rank."""
+    handle = alltoall_async(tensor, splits, name)
+    output, received = synchronize(handle)
+    return (output, received) if splits is not None else output
+
+
+def reducescatter_async(tensor: Any, op: int = Average, name: str | None = None, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> Handle:
+    """Start reducing ``tensor`` across ranks; rank r receives its share of the first dimension (lower ranks take
+    the remainder)."""
+    ctx = current()
+    arr = _array(tensor, "reducescatter")
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    req = _reduce_request(Kind.REDUCESCATTER, ctx, arr, name, _resolve_op(None, op), prescale_factor, postscale_factor)
+    entry = Entry(req, arr)
+    _submit(ctx, entry)
+    return entry.handle
+
+
+def reducescatter(tensor: Any, op: int = Average, name: str | None = None, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> np.ndarray:
+    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))  # type: ignore[no-any-return]
+
+
+# -- synchronisation ---------------------------------------------------------------------------------------------------
+def poll(handle: AnyHandle) -> bool:
+    """True when the collective behind ``handle`` has finished (successfully or not)."""
+    return handle.done()
+
+
+def synchronize(handle: AnyHandle, timeout: float | None = None) -> Any:
+    """Wait for ``handle`` and return its result; raises the collective's error (e.g. MismatchError)."""
+    return handle.wait(timeout)
+
+
+def barrier() -> None:
+    """Block until every rank has called barrier()."""
+    ctx = current()
+    entry = Entry(Request(Kind.BARRIER, ctx.auto_name("barrier")))
+    _submit(ctx, entry)
+    entry.handle.wait()
+
+
+def join() -> int:
+    """Signal that this rank has no more data. Until every rank has joined, this rank contributes zeros to the
+    allreduces the others still run. Returns the rank that joined last."""
+    ctx = current()
+    entry = Entry(Request(Kind.JOIN, "join"))
+    _submit(ctx, entry)
+    return int(entry.handle.wait())
+
+
+# -- objects ------------------------------------------------------------------------------------------------------------
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+    """Send a picklable object from ``root_rank`` to every rank; returns it everywhere."""
+    ctx = current()
+    base = name if name is not None else ctx.auto_name("broadcast_object")
+    if ctx.rank == root_rank:
+        payload = np.frombuffer(_pickler.dumps(obj), np.uint8)
+        length = np.array([payload.size], np.int64)
+    else:
+        payload, length = np.empty(0, np.uint8), np.zeros(1, np.int64)
+    broadcast_(length, root_rank, f"{base}.size")
+    if ctx.rank != root_rank:
+        payload = np.empty(int(length[0]), np.uint8)
+    data = broadcast(payload, root_rank, f"{base}.data")
+    return obj if ctx.rank == root_rank else pickle.loads(data.tobytes())
+
+
+def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
+    """Gather a picklable object from every rank; returns the list in rank order."""
+    ctx = current()
+    base = name if name is not None else ctx.auto_name("allgather_object")
+    payload = np.frombuffer(_pickler.dumps(obj), np.uint8)
+    sizes = allgather(np.array([payload.size], np.int64), f"{base}.size")
+    data = allgather(payload, f"{base}.data")
+    out, pos = [], 0
+    for n in sizes.tolist():
+        out.append(pickle.loads(data[pos : pos + n].tobytes()))
+        pos += n
+    return out
+
+
+# -- topology --------------------------------------------------------------------------------------------------------
+def rank() -> int:
+    """This process's rank, 0..size()-1."""
+    return current().rank
+
+
+def size() -> int:
+    """The number of ranks."""
+    return current().size
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its host."""
+    return current().local_rank
+
+
+def local_size() -> int:
+    """The number of ranks on this host."""
+    return current().local_size
+
+
+def cross_rank() -> int:
+    """The index of this host among the hosts that have a rank with this local rank."""
+    return current().cross_rank
+
+
+def cross_size() -> int:
+    """The number of hosts that have a rank with this process's local rank."""
+    return current().cross_size
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of ranks."""
+    ctx = current()
+    counts: dict[str, int] = {}
+    for p in ctx.peers:
+        counts[p["host"]] = counts.get(p["host"], 0) + 1
+    return len(set(counts.values())) <= 1

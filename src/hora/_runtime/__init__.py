@@ -1,0 +1,1 @@
+"""Runtime internals: authentication and framing, rendezvous, environment detection, the process context."""

@@ -1,0 +1,102 @@
+"""Authenticated peer connections made at start-up: each rank listens once; peers dial in with a declared role."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+from hora._runtime.auth import Role, server_handshake
+from hora._runtime.rendezvous import connect_with_retry
+from hora.errors import AuthenticationError, HoraError, ProtocolError, RendezvousError
+
+__all__ = ["PeerListener", "connect_peers"]
+
+log = logging.getLogger(__name__)
+
+
+class PeerListener:
+    """A listening socket that accepts only expected (role, rank) peers that pass the handshake.
+
+    Connections that fail authentication, send garbage or are not expected are dropped and counted; the listener
+    keeps waiting for the real peers until the deadline.
+    """
+
+    def __init__(self, bind_addr: str, secret: bytes) -> None:
+        self._secret = secret
+        self.sock = socket.create_server((bind_addr, 0), backlog=128)
+        self.rejected = 0
+        self._result: dict[tuple[Role, int], socket.socket] = {}
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.sock.getsockname()[:2]
+        return host, port
+
+    def start_accepting(self, expected: set[tuple[Role, int]], deadline: float) -> None:
+        self._thread = threading.Thread(target=self._accept, args=(expected, deadline), name="hora-accept", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> dict[tuple[Role, int], socket.socket]:
+        assert self._thread is not None
+        self._thread.join()
+        if self._error is not None:
+            for s in self._result.values():
+                s.close()
+            raise self._error
+        return self._result
+
+    def _accept(self, expected: set[tuple[Role, int]], deadline: float) -> None:
+        try:
+            while len(self._result) < len(expected):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(expected - set(self._result), key=lambda x: (x[0], x[1]))
+                    raise RendezvousError(
+                        "timed out waiting for peers to connect: "
+                        + ", ".join(f"rank {r} ({role.name.lower()})" for role, r in missing)
+                    )
+                self.sock.settimeout(left)
+                try:
+                    conn, addr = self.sock.accept()
+                except socket.timeout:
+                    continue
+                try:
+                    role, rank = server_handshake(conn, self._secret, timeout=min(left, 5.0))
+                except (AuthenticationError, ProtocolError, OSError) as exc:
+                    self.rejected += 1
+                    log.warning("dropped a connection from %s: %s", addr, exc)
+                    conn.close()
+                    continue
+                key = (role, rank)
+                if key not in expected or key in self._result:
+                    self.rejected += 1
+                    log.warning("dropped an unexpected %s connection claiming rank %d", role.name, rank)
+                    conn.close()
+                    continue
+                conn.settimeout(None)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._result[key] = conn
+        except BaseException as exc:
+            self._error = exc
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def connect_peers(
+    targets: list[tuple[int, str, int]], role: Role, my_rank: int, secret: bytes, deadline: float
+) -> dict[int, socket.socket]:
+    """Dial every (rank, host, port) in ``targets`` as ``my_rank`` for ``role``."""
+    out: dict[int, socket.socket] = {}
+    try:
+        for rank, host, port in targets:
+            out[rank] = connect_with_retry(host, port, secret, role, my_rank, deadline, f"rank {rank}")
+    except HoraError:
+        for s in out.values():
+            s.close()
+        raise
+    return out

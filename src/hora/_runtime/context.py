@@ -1,0 +1,293 @@
+"""The per-process hora context: ``init()`` / ``shutdown()`` and the topology queries.
+
+``init()`` resolves the settings, finds out which launcher started the process, meets the other ranks at the
+rendezvous store, computes the topology from what they published, opens the authenticated control and data
+connections, sets up shared memory, and starts the engine thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hora._engine.engine import Engine
+from hora._runtime.auth import Role
+from hora._runtime.bootstrap import Bootstrap, start_bootstrap
+from hora._runtime.connections import PeerListener, connect_peers
+from hora._runtime.environment import LaunchInfo, detect
+from hora._runtime.rendezvous import RendezvousClient, _MissingKeys
+from hora._transport.base import DataPlane, SelfPlane
+from hora._transport.liveness import process_start_time
+from hora._transport.shm import ShmPlane
+from hora._transport.tcp import TcpPlane
+from hora.config import Config
+from hora.errors import ConfigError, NotInitializedError, RendezvousError
+
+__all__ = ["Context", "current", "init", "is_initialized", "shutdown"]
+
+log = logging.getLogger("hora")
+
+_lock = threading.RLock()
+_current: Context | None = None
+_generation = 0
+_atexit_registered = False
+
+
+@dataclass
+class Context:
+    config: Config
+    launch: LaunchInfo
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    hostname: str
+    transport: str
+    engine: Engine
+    peers: list[dict[str, Any]] = field(default_factory=list)
+    bootstrap: Bootstrap | None = None
+    _names: dict[str, int] = field(default_factory=dict)
+
+    def auto_name(self, kind: str) -> str:
+        """Deterministic names for unnamed collectives: the n-th unnamed allreduce is the same on every rank."""
+        n = self._names.get(kind, 0)
+        self._names[kind] = n + 1
+        return f"{kind}.noname.{n}"
+
+
+def _configure_logging(level: str) -> None:
+    logger = logging.getLogger("hora")
+    logger.setLevel(level)
+    if not any(getattr(h, "_hora", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[hora %(asctime)s %(levelname)s] %(message)s"))
+        handler._hora = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+
+
+def init(**settings: Any) -> None:
+    """Start hora in this process. Idempotent; ``init()`` after ``shutdown()`` starts a fresh group.
+
+    Keyword arguments override settings of :class:`hora.config.Config` (e.g. ``transport="tcp"``).
+
+    Raises:
+        ConfigError: the launcher's variables or the settings are inconsistent.
+        RendezvousError: the other ranks did not all arrive within ``start_timeout``.
+    """
+    global _current, _generation, _atexit_registered
+    with _lock:
+        if _current is not None:
+            return
+        config = Config.resolve(overrides=settings)
+        _configure_logging(config.log_level)
+        launch = detect()
+        _generation += 1
+        _current = _start(config, launch, _generation)
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+        log.debug("rank %d/%d initialised (%s, %s transport)", _current.rank, _current.size, launch.source,
+                  _current.transport)
+
+
+def shutdown() -> None:
+    """Stop the engine and release connections and shared memory. Pending collectives fail with ShutdownError."""
+    global _current
+    with _lock:
+        ctx, _current = _current, None
+    if ctx is None:
+        return
+    ctx.engine.shutdown()
+    if ctx.bootstrap is not None:
+        ctx.bootstrap.close()
+
+
+def is_initialized() -> bool:
+    return _current is not None
+
+
+def current() -> Context:
+    ctx = _current
+    if ctx is None:
+        raise NotInitializedError("hora is not initialized: call hora.init() first (e.g. 'hvd.init()')")
+    return ctx
+
+
+# -- start-up -------------------------------------------------------------------------------------------------
+def _is_loopback(addr: str) -> bool:
+    return addr.startswith("127.") or addr in ("localhost", "::1")
+
+
+def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
+    hostname = config.hostname or socket.gethostname()
+    if launch.size == 1 and not config.rendezvous_addr:
+        engine = Engine(0, 1, SelfPlane(), {}, config.max_frame_bytes)
+        engine.start()
+        return Context(config, launch, 0, 1, 0, 1, 0, 1, hostname, "self", engine)
+
+    deadline = time.monotonic() + config.start_timeout
+    boot = start_bootstrap(config, launch, deadline)
+    rank, size = launch.rank, launch.size
+    prefix = f"{boot.job_id}/{config.attempt}/g{generation}/"
+    cleanup: list[Any] = []
+    try:
+        store = RendezvousClient(boot.addr, boot.port, boot.secret, rank, prefix, deadline, config.max_frame_bytes)
+        cleanup.append(store)
+        bind = config.bind_addr or ("127.0.0.1" if _is_loopback(boot.addr) else _route_to(boot.addr))
+        listener = PeerListener(bind, boot.secret)
+        cleanup.append(listener)
+        me = {
+            "host": hostname,
+            "pid": os.getpid(),
+            "start": process_start_time(os.getpid()),
+            "addr": listener.address[0],
+            "port": listener.address[1],
+            "hint": [launch.local_rank, launch.local_size],
+        }
+        store.set(f"rank/{rank}", json.dumps(me))
+        try:
+            raw = store.wait([f"rank/{r}" for r in range(size)], max(deadline - time.monotonic(), 0.0))
+        except _MissingKeys as exc:
+            missing = [int(k.split("/")[1]) for k in exc.missing]
+            raise RendezvousError(
+                f"rank {rank}: {_ranks(missing)} never arrived at the rendezvous within {config.start_timeout:g}s "
+                f"({launch.source} launched {size} ranks). Check that every rank was started and calls hora.init(); "
+                "raise HORA_START_TIMEOUT (hora run --start-timeout) if start-up is just slow."
+            ) from None
+        peers = [json.loads(raw[f"rank/{r}"]) for r in range(size)]
+        topo = _topology(peers, rank, launch.source)
+        transport = _choose_transport(config, topo["hosts"])
+
+        expected: set[tuple[Role, int]] = set()
+        if rank == 0:
+            expected |= {(Role.CONTROL, r) for r in range(1, size)}
+        if transport == "tcp":
+            expected |= {(Role.DATA, r) for r in range(rank + 1, size)}
+        listener.start_accepting(expected, deadline)
+        dialed_control = connect_peers([(0, peers[0]["addr"], peers[0]["port"])] if rank else [], Role.CONTROL,
+                                       rank, boot.secret, deadline)
+        cleanup.extend(dialed_control.values())
+        dialed_data = connect_peers([(r, peers[r]["addr"], peers[r]["port"]) for r in range(rank)]
+                                    if transport == "tcp" else [], Role.DATA, rank, boot.secret, deadline)
+        cleanup.extend(dialed_data.values())
+        accepted = listener.wait()
+        cleanup.extend(accepted.values())
+        control = dialed_control or {r: s for (role, r), s in accepted.items() if role is Role.CONTROL}
+
+        plane: DataPlane
+        if size == 1:
+            plane = SelfPlane()
+        elif transport == "tcp":
+            data = {**dialed_data, **{r: s for (role, r), s in accepted.items() if role is Role.DATA}}
+            plane = TcpPlane(rank, size, data, config.tcp_chunk_bytes, config.op_timeout)
+        else:
+            plane = _shm_plane(config, store, boot, peers, rank, size, generation, deadline)
+        cleanup.append(plane)
+
+        # Everyone is connected: the bootstrap file (if any) has served its purpose.
+        _store_barrier(store, "ready", size, deadline, rank)
+        boot.unpublish()
+        store.close()
+        listener.close()
+        describe = {r: f"rank {r} (host {p['host']}, pid {p['pid']})" for r, p in enumerate(peers)}
+        engine = Engine(rank, size, plane, control, config.max_frame_bytes, describe)
+        engine.start()
+    except BaseException:
+        for obj in reversed(cleanup):
+            try:
+                obj.close()
+            except Exception:
+                pass
+        boot.close()
+        raise
+    return Context(config, launch, rank, size, topo["local_rank"], topo["local_size"], topo["cross_rank"],
+                   topo["cross_size"], hostname, transport, engine, peers, boot if boot.server else None)
+
+
+def _ranks(rs: list[int]) -> str:
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+def _route_to(addr: str) -> str:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return "0.0.0.0"
+
+
+def _topology(peers: list[dict[str, Any]], rank: int, source: str) -> dict[str, Any]:
+    hosts: list[str] = []
+    for p in peers:
+        if p["host"] not in hosts:
+            hosts.append(p["host"])
+    local = {h: [r for r, p in enumerate(peers) if p["host"] == h] for h in hosts}
+    problems = []
+    for r, p in enumerate(peers):
+        lr, ls = local[p["host"]].index(r), len(local[p["host"]])
+        hint = p.get("hint") or [None, None]
+        if (hint[0] is not None and hint[0] != lr) or (hint[1] is not None and hint[1] != ls):
+            problems.append(f"rank {r} on {p['host']}: launcher says local rank {hint[0]} of {hint[1]}, "
+                            f"hosts at the rendezvous give {lr} of {ls}")
+    if problems:
+        raise ConfigError(
+            f"the {source} launcher's local ranks disagree with the hosts the ranks reported:\n  "
+            + "\n  ".join(problems)
+            + "\nEvery rank on one machine must report the same host name: check HORA_HOSTNAME / the launcher's host list."
+        )
+    my_host = peers[rank]["host"]
+    local_rank, local_size = local[my_host].index(rank), len(local[my_host])
+    cross = [h for h in hosts if len(local[h]) > local_rank]
+    return {"hosts": hosts, "local_rank": local_rank, "local_size": local_size,
+            "cross_rank": cross.index(my_host), "cross_size": len(cross)}
+
+
+def _choose_transport(config: Config, hosts: list[str]) -> str:
+    if config.transport == "shm" and len(hosts) > 1:
+        raise ConfigError(f"HORA_TRANSPORT=shm needs every rank on one host, but ranks run on {len(hosts)} hosts "
+                          f"({', '.join(hosts)}); use tcp or auto.")
+    if config.transport == "auto":
+        return "shm" if len(hosts) == 1 else "tcp"
+    return config.transport
+
+
+def _store_barrier(store: RendezvousClient, key: str, n: int, deadline: float, rank: int) -> None:
+    store.add(key, 1)
+    try:
+        store.wait([key], max(deadline - time.monotonic(), 0.0), at_least=n)
+    except _MissingKeys:
+        raise RendezvousError(f"rank {rank}: not every rank finished start-up ('{key}') before the start timeout; "
+                              "another rank probably failed — see its error") from None
+
+
+def _shm_plane(config: Config, store: RendezvousClient, boot: Bootstrap, peers: list[dict[str, Any]],
+               rank: int, size: int, generation: int, deadline: float) -> ShmPlane:
+    tag = hashlib.sha256(f"{boot.job_id}/{config.attempt}/{generation}".encode()).hexdigest()[:20]
+    name = f"hora-{tag}"
+    pids = [(int(p["pid"]), int(p["start"])) for p in peers]
+    plane: ShmPlane | None = None
+    try:
+        if rank == 0:
+            plane = ShmPlane(name, 0, size, config.shm_chunk_bytes, pids, config.op_timeout, create=True)
+            store.set("shm", name)
+        else:
+            store.wait(["shm"], max(deadline - time.monotonic(), 0.0))
+            plane = ShmPlane(name, rank, size, config.shm_chunk_bytes, pids, config.op_timeout, create=False)
+        _store_barrier(store, "shm-attached", size, deadline, rank)
+    except BaseException:
+        if plane is not None:
+            plane.close()
+        raise
+    plane.unlink()  # every rank has it mapped: from now on a crash cannot leak the segment
+    return plane

@@ -1,0 +1,298 @@
+"""Shared-memory data plane for ranks on one host.
+
+One segment per job and host. Each rank owns a slot of two buffers (double buffering) of ``chunk`` bytes; a
+collective runs in steps, and in each step every rank writes into its own buffer, waits at a barrier, then reads
+(and, for reductions, reduces) from the others' buffers. The two buffers alternate by step, so a rank can write
+step k+1 while slower peers still read step k, and one barrier per phase is enough.
+
+Reductions are reduce-scatter + allgather: in a step every rank stages its input for *all* owners, then owner r
+reduces slice r across the slots in place (``np.add(..., out=)``, which releases the GIL), then everyone copies
+every owner's reduced slice out. float16/bfloat16 sums over more than two ranks accumulate in float32 and round
+once.
+
+Synchronisation is spin-then-sleep on one counter per rank (own cache line): spin while there are enough cores,
+yield, then back off with short sleeps, so more ranks than cores do not starve. While waiting, a rank checks an
+abort word that a failing peer sets, and whether the laggard processes are still alive (pid + start time), so a
+peer killed mid-collective becomes a :class:`PeerLostError` within a fraction of a second instead of a hang.
+
+The creator unlinks the segment's name as soon as every rank has attached (see ``unlink``): from then on the
+memory lives exactly as long as the processes mapping it, so even SIGKILL leaves nothing in /dev/shm.
+
+Memory ordering: written for x86-64 (TSO), where a store to the counter after the data copy is seen after it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+
+import numpy as np
+
+from hora._transport.base import HALF, DataPlane, offsets, reduce_into
+from hora._transport.liveness import process_alive
+from hora.errors import PeerLostError, ProtocolError, TimeoutError
+
+__all__ = ["ShmPlane", "segment_path"]
+
+_MAGIC = 0x484F52415348_4D31  # "HORASHM1"
+_ABORT_OFF = 64
+_REASON_OFF = 512
+_REASON_LEN = 512
+_CTR_OFF = 1024
+_LINE = 64
+SHM_DIR = "/dev/shm"
+
+
+def segment_path(name: str) -> str:
+    return os.path.join(SHM_DIR, name)
+
+
+def _layout(size: int, chunk: int) -> tuple[int, int, int]:
+    unit = _LINE * size
+    chunk = max(unit, (chunk + unit - 1) // unit * unit)
+    header = (_CTR_OFF + _LINE * size + 4095) // 4096 * 4096
+    return header, chunk, header + 2 * size * chunk
+
+
+class ShmPlane(DataPlane):
+    """Shared-memory collectives among ``size`` ranks of one host (ranks are 0..size-1 within the group)."""
+
+    def __init__(
+        self,
+        name: str,
+        rank: int,
+        size: int,
+        chunk_bytes: int,
+        peers: list[tuple[int, int]],
+        op_timeout: float,
+        create: bool,
+    ) -> None:
+        self.rank, self.size, self.name = rank, size, name
+        self._peers = peers  # (pid, start time) per rank
+        self._timeout = op_timeout
+        header, self._chunk, total = _layout(size, chunk_bytes)
+        self._sub = self._chunk // size  # bytes per owner (or destination) per step, a multiple of 64
+        path = segment_path(name)
+        if create:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.ftruncate(fd, total)
+            except OSError:
+                os.close(fd)
+                os.unlink(path)
+                raise
+        else:
+            fd = os.open(path, os.O_RDWR)
+            if os.fstat(fd).st_size != total:
+                os.close(fd)
+                raise ProtocolError(f"shared-memory segment {path} has the wrong size; is another job using the name?")
+        try:
+            self._mm = mmap.mmap(fd, total)
+        finally:
+            os.close(fd)
+        self._created = create
+        self._unlinked = not create
+        u8 = np.frombuffer(self._mm, dtype=np.uint8)
+        meta = np.ndarray((3,), np.int64, buffer=self._mm, offset=0)
+        if create:
+            meta[:] = (_MAGIC, size, self._chunk)
+        elif tuple(meta) != (_MAGIC, size, self._chunk):
+            raise ProtocolError(f"shared-memory segment {path} was made by an incompatible hora or another job")
+        self._abort = np.ndarray((1,), np.int64, buffer=self._mm, offset=_ABORT_OFF)
+        self._reason = u8[_REASON_OFF : _REASON_OFF + _REASON_LEN]
+        self._ctr = np.ndarray((size,), np.int64, buffer=self._mm, offset=_CTR_OFF, strides=(_LINE,))
+        self._bufs = [
+            [u8[header + (2 * r + b) * self._chunk : header + (2 * r + b + 1) * self._chunk] for b in (0, 1)]
+            for r in range(size)
+        ]
+        self._epoch = 0
+        self._step = 0
+        ncpu = os.cpu_count() or 1
+        self._spins = 4000 if size <= ncpu else 20
+        self._yields = 50 if size <= ncpu else 5
+        self._scratch = np.empty(0, np.float32)
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def unlink(self) -> None:
+        """Remove the segment's name (the creator calls this once every rank has attached)."""
+        if not self._unlinked:
+            self._unlinked = True
+            try:
+                os.unlink(segment_path(self.name))
+            except FileNotFoundError:
+                pass
+
+    def close(self) -> None:
+        self.unlink()
+        if self._mm is None:
+            return
+        self._bufs = []
+        del self._abort, self._reason, self._ctr
+        mm, self._mm = self._mm, None
+        try:
+            mm.close()
+        except BufferError:
+            pass  # a view is still referenced somewhere; the mapping goes with it
+
+    def abort(self, reason: str) -> None:
+        if self._mm is None or self._abort[0]:
+            return
+        data = reason.encode()[: _REASON_LEN - 1]
+        self._reason[: len(data)] = np.frombuffer(data, np.uint8)
+        self._reason[len(data)] = 0
+        self._abort[0] = self.rank + 1
+
+    # -- synchronisation ---------------------------------------------------------------------------------------
+    def _next(self) -> int:
+        self._step += 1
+        return self._step & 1
+
+    def _barrier(self) -> None:
+        self._epoch += 1
+        v = self._epoch
+        ctr = self._ctr
+        ctr[self.rank] = v
+        if ctr.min() >= v:
+            return
+        for _ in range(self._spins):
+            if ctr.min() >= v:
+                return
+        self._wait_slow(v)
+
+    def _wait_slow(self, v: int) -> None:
+        ctr = self._ctr
+        start = time.monotonic()
+        next_check = start + 0.05
+        pause = 20e-6
+        yields = 0
+        while ctr.min() < v:
+            if self._abort[0]:
+                self._raise_aborted()
+            if yields < self._yields:
+                os.sched_yield()
+                yields += 1
+            else:
+                time.sleep(pause)
+                pause = min(pause * 1.5, 1e-3)
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + 0.05
+                late = [r for r in range(self.size) if ctr[r] < v]
+                dead = [r for r in late if not process_alive(*self._peers[r])]
+                if dead:
+                    desc = ", ".join(f"rank {r} (pid {self._peers[r][0]})" for r in dead)
+                    message = f"{desc} died during {self.what}; this rank cannot continue"
+                    self.abort(message)
+                    raise PeerLostError(message)
+                if now - start > self._timeout:
+                    message = (f"{self.what} waited {self._timeout:g}s for " + ", ".join(f"rank {r}" for r in late)
+                               + " inside the shared-memory transport; the peer is alive but stuck "
+                               "(raise HORA_OP_TIMEOUT_SECONDS if it is just slow)")
+                    self.abort(message)
+                    raise TimeoutError(message)
+
+    def _raise_aborted(self) -> None:
+        who = int(self._abort[0]) - 1
+        raw = bytes(self._reason)
+        reason = raw[: raw.index(0)].decode(errors="replace") if 0 in raw else raw.decode(errors="replace")
+        raise PeerLostError(f"{self.what} aborted because rank {who} failed: {reason}")
+
+    def _typed(self, r: int, b: int, dtype: np.dtype) -> np.ndarray:
+        return self._bufs[r][b].view(dtype)
+
+    # -- collectives --------------------------------------------------------------------------------------------
+    def allreduce(self, src: np.ndarray, dst: np.ndarray, op: int) -> None:
+        n = src.size
+        base, extra = divmod(n, self.size)
+        self._reduce(src, dst, [base + (1 if i < extra else 0) for i in range(self.size)], op, gather=True)
+
+    def reducescatter(self, src: np.ndarray, dst: np.ndarray, counts: list[int], op: int) -> None:
+        self._reduce(src, dst, counts, op, gather=False)
+
+    def _reduce(self, src: np.ndarray, dst: np.ndarray, counts: list[int], op: int, gather: bool) -> None:
+        dt, me, size = src.dtype, self.rank, self.size
+        cap = self._sub // dt.itemsize
+        offs = offsets(counts)
+        steps = -(-max(counts) // cap) if counts else 0
+        widen = dt in HALF and size > 2
+        if widen and self._scratch.size < cap:
+            self._scratch = np.empty(cap, np.float32)
+        for k in range(steps):
+            b = self._next()
+            views = [self._typed(r, b, dt) for r in range(size)]
+            mine, lo = views[me], k * cap
+            for r in range(size):
+                m = min(cap, counts[r] - lo)
+                if m > 0:
+                    mine[r * cap : r * cap + m] = src[offs[r] + lo : offs[r] + lo + m]
+            self._barrier()
+            m = min(cap, counts[me] - lo)
+            seg = slice(me * cap, me * cap + max(m, 0))
+            if m > 0:
+                if widen:
+                    acc = self._scratch[:m]
+                    acc[:] = views[0][seg]
+                    for j in range(1, size):
+                        reduce_into(acc, views[j][seg], op)
+                    mine[seg] = acc
+                else:
+                    acc = mine[seg]
+                    for j in range(size):
+                        if j != me:
+                            reduce_into(acc, views[j][seg], op)
+            if gather:
+                self._barrier()
+                for r in range(size):
+                    m = min(cap, counts[r] - lo)
+                    if m > 0:
+                        dst[offs[r] + lo : offs[r] + lo + m] = views[r][r * cap : r * cap + m]
+            elif m > 0:
+                dst[lo : lo + m] = mine[seg]
+
+    def allgather(self, src: np.ndarray, dst: np.ndarray, counts: list[int]) -> None:
+        me, chunk = self.rank, self._chunk
+        offs = offsets(counts)
+        steps = -(-max(counts) // chunk) if counts else 0
+        for k in range(steps):
+            b = self._next()
+            lo = k * chunk
+            m = min(chunk, counts[me] - lo)
+            if m > 0:
+                self._bufs[me][b][:m] = src[lo : lo + m]
+            self._barrier()
+            for r in range(self.size):
+                m = min(chunk, counts[r] - lo)
+                if m > 0:
+                    dst[offs[r] + lo : offs[r] + lo + m] = (src[lo : lo + m] if r == me else self._bufs[r][b][:m])
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        n, chunk = buf.size, self._chunk
+        for k in range(-(-n // chunk)):
+            b = self._next()
+            lo = k * chunk
+            m = min(chunk, n - lo)
+            if self.rank == root:
+                self._bufs[root][b][:m] = buf[lo : lo + m]
+            self._barrier()
+            if self.rank != root:
+                buf[lo : lo + m] = self._bufs[root][b][:m]
+
+    def alltoall(self, src: np.ndarray, send_counts: list[int], dst: np.ndarray, recv_counts: list[int], max_block: int) -> None:
+        me, cap = self.rank, self._sub
+        sd, rd = offsets(send_counts), offsets(recv_counts)
+        for k in range(-(-max_block // cap)):
+            b = self._next()
+            lo = k * cap
+            mine = self._bufs[me][b]
+            for r in range(self.size):
+                m = min(cap, send_counts[r] - lo)
+                if m > 0:
+                    mine[r * cap : r * cap + m] = src[sd[r] + lo : sd[r] + lo + m]
+            self._barrier()
+            for j in range(self.size):
+                m = min(cap, recv_counts[j] - lo)
+                if m > 0:
+                    dst[rd[j] + lo : rd[j] + lo + m] = self._bufs[j][b][me * cap : me * cap + m]
+
+

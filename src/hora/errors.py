@@ -1,0 +1,77 @@
+"""The exception hierarchy of hora.
+
+Every error hora raises on purpose derives from :class:`HoraError`. Messages say what was given, what is allowed and
+how to fix it; errors about collectives name the operation, the tensor and the ranks involved.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+__all__ = [
+    "AuthenticationError",
+    "CollectiveError",
+    "ConfigError",
+    "HoraError",
+    "HoraInternalError",
+    "MismatchError",
+    "NotInitializedError",
+    "PeerLostError",
+    "ProtocolError",
+    "RendezvousError",
+    "ShutdownError",
+    "StallError",
+    "TimeoutError",
+]
+
+
+class HoraError(RuntimeError):
+    """Base class of every error raised by hora."""
+
+
+class ConfigError(HoraError, ValueError):
+    """A setting, environment variable or argument is invalid or inconsistent."""
+
+
+class NotInitializedError(HoraError, ValueError):
+    """A hora function that needs :func:`init` was called before it (or after :func:`shutdown`)."""
+
+
+class RendezvousError(HoraError):
+    """Ranks could not find each other: a rank never arrived, or the rendezvous server is unreachable."""
+
+
+class AuthenticationError(HoraError):
+    """A peer failed the challenge-response handshake (wrong secret, different job, or not a hora peer)."""
+
+
+class ProtocolError(HoraError):
+    """A peer sent bytes that break hora's wire protocol (bad magic, oversized frame, malformed message)."""
+
+
+class CollectiveError(HoraError):
+    """A collective operation failed."""
+
+
+class MismatchError(CollectiveError, ValueError):
+    """Ranks submitted the same tensor name with different dtype, shape, op, root or scale factors."""
+
+
+class PeerLostError(CollectiveError):
+    """A peer process died or closed its connections while this rank depended on it."""
+
+
+class StallError(CollectiveError):
+    """A collective waited for missing ranks longer than the configured shutdown time."""
+
+
+class ShutdownError(CollectiveError):
+    """The operation was pending when hora was shut down on this or another rank."""
+
+
+class TimeoutError(HoraError, builtins.TimeoutError):
+    """A blocking operation did not finish within its time limit."""
+
+
+class HoraInternalError(HoraError):
+    """A bug in hora: please report it with the message and the log."""
