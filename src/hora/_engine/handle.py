@@ -32,7 +32,7 @@ class Handle:
         if not self._event.wait(timeout):
             raise TimeoutError(f"'{self.name}' did not complete within {timeout:g}s")
         if self._error is not None:
-            raise self._error
+            raise self._error.with_traceback(None)  # the engine thread's frames would only confuse
         return self._result
 
     def _set_result(self, value: Any) -> None:

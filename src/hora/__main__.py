@@ -1,0 +1,5 @@
+import sys
+
+from hora.cli import main
+
+sys.exit(main())

@@ -1,0 +1,265 @@
+"""Worker functions run on every rank by the collective tests (importable by name in the rank processes)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import hora.numpy as hvd
+from hora._transport.base import DTYPES, even_counts
+
+ALL_DTYPES = list(DTYPES)
+FLOATS = {"float16", "bfloat16", "float32", "float64"}
+SHAPES = [(), (0,), (7,), (3, 4, 5), (70_001,)]
+
+
+def data(rank: int, dtype: str, shape: tuple[int, ...], kind: str = "sum", salt: int = 0) -> np.ndarray:
+    """Deterministic per-rank data whose sums and products stay exact in every dtype for up to 4 ranks."""
+    rng = np.random.default_rng([rank, len(dtype), sum(shape), len(shape), salt, ord(kind[0])])
+    dt = DTYPES[dtype]
+    if dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    if kind == "product":
+        values = rng.choice([1, 2] if dtype == "uint8" else [1, 2, -1], size=shape)
+    else:
+        values = rng.integers(0 if dtype == "uint8" else -5, 6, shape)
+    return np.asarray(values).astype(dt)
+
+
+def reference(op: int, arrays: list[np.ndarray], dtype: str, prescale: float = 1.0, postscale: float = 1.0) -> np.ndarray:
+    dt = DTYPES[dtype]
+    n = len(arrays)
+    wide = np.float64 if dtype in FLOATS else (np.bool_ if dtype == "bool" else np.int64)
+    stack = np.stack([a.astype(wide) * prescale if prescale != 1.0 else a.astype(wide) for a in arrays])
+    if op in (hvd.Sum, hvd.Average):
+        out = stack.any(0) if dtype == "bool" else stack.sum(0)
+    elif op == hvd.Min:
+        out = stack.min(0)
+    elif op == hvd.Max:
+        out = stack.max(0)
+    else:
+        out = stack.all(0) if dtype == "bool" else stack.prod(0)
+    if op == hvd.Average:
+        postscale = postscale / n
+    if postscale != 1.0:
+        out = out.astype(dt) * postscale if dtype not in FLOATS else out * postscale
+    return np.asarray(out).astype(dt)
+
+
+def check(actual: np.ndarray, expected: np.ndarray, what: str) -> None:
+    assert isinstance(actual, np.ndarray), f"{what}: got {type(actual)}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    if expected.dtype.name in FLOATS:
+        tol = 1e-2 if expected.dtype.itemsize == 2 else 1e-6
+        np.testing.assert_allclose(actual.astype(np.float64), expected.astype(np.float64), rtol=tol, atol=tol, err_msg=what)
+    else:
+        np.testing.assert_array_equal(actual, expected, err_msg=what)
+
+
+def _ops(dtype: str) -> list[int]:
+    ops = [hvd.Sum, hvd.Min, hvd.Max, hvd.Product]
+    return ops if dtype == "bool" else [*ops, hvd.Average]
+
+
+def allreduce_worker() -> int:
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    count = 0
+    for dtype in ALL_DTYPES:
+        for op in _ops(dtype):
+            kind = "product" if op == hvd.Product else "sum"
+            for shape in SHAPES:
+                x = data(r, dtype, shape, kind)
+                expected = reference(op, [data(k, dtype, shape, kind) for k in range(n)], dtype)
+                check(hvd.allreduce(x, op=op), expected, f"allreduce {dtype} op={op} shape={shape}")
+                count += 1
+        if dtype != "bool":  # scale factors, and the in-place variant
+            x = data(r, dtype, (5, 3))
+            expected = reference(hvd.Sum, [data(k, dtype, (5, 3)) for k in range(n)], dtype, 2.0, 0.5)
+            check(hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5), expected, f"scaled {dtype}")
+            y = x.copy()
+            assert hvd.allreduce_(y, op=hvd.Sum) is y
+            check(y, reference(hvd.Sum, [data(k, dtype, (5, 3)) for k in range(n)], dtype), f"in-place {dtype}")
+    # the default op is Average, as in Horovod; average=True/False is the deprecated spelling
+    x = data(r, "float32", (4,))
+    mean = reference(hvd.Average, [data(k, "float32", (4,)) for k in range(n)], "float32")
+    check(hvd.allreduce(x), mean, "default op")
+    check(hvd.allreduce(x, average=False), reference(hvd.Sum, [data(k, "float32", (4,)) for k in range(n)], "float32"), "average=False")
+    # non-contiguous input
+    m = data(r, "float64", (6, 4))
+    check(hvd.allreduce(m[:, ::2], op=hvd.Sum), reference(hvd.Sum, [data(k, "float64", (6, 4))[:, ::2] for k in range(n)], "float64"), "strided")
+    hvd.shutdown()
+    return count
+
+
+def allgather_worker() -> bool:
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for dtype in ALL_DTYPES:
+        for trailing in [(), (3,), (2, 2)]:
+            rows = lambda k: (k * 2 + 1) % 4  # noqa: E731 - rank 0 may send 1 row, others 3, 1, 3, ... some 0
+            mine = data(r, dtype, (rows(r), *trailing))
+            out = hvd.allgather(mine)
+            expected = np.concatenate([data(k, dtype, (rows(k), *trailing)) for k in range(n)])
+            check(out, expected, f"allgather {dtype} {trailing}")
+        check(hvd.allgather(data(r, dtype, ())), np.stack([data(k, dtype, ()) for k in range(n)]), f"allgather 0-d {dtype}")
+        empty = hvd.allgather(np.zeros((0, 2), DTYPES[dtype]))
+        assert empty.shape == (0, 2), empty.shape
+    big = data(r, "float32", (50_001 + r,))
+    check(hvd.allgather(big), np.concatenate([data(k, "float32", (50_001 + k,)) for k in range(n)]), "allgather big")
+    hvd.shutdown()
+    return True
+
+
+def broadcast_worker() -> bool:
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for root in range(n):
+        for dtype in ALL_DTYPES:
+            for shape in SHAPES:
+                x = data(r, dtype, shape, salt=root)
+                expected = data(root, dtype, shape, salt=root)
+                check(hvd.broadcast(x, root_rank=root), expected, f"broadcast {dtype} {shape} root={root}")
+                y = x.copy()
+                hvd.broadcast_(y, root)
+                check(y, expected, f"broadcast_ {dtype} {shape} root={root}")
+                if r != root:
+                    check(x, data(r, dtype, shape, salt=root), "broadcast must not modify its input")
+    hvd.shutdown()
+    return True
+
+
+def alltoall_worker() -> bool:
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+
+    def splits_of(k: int) -> list[int]:
+        return [(k + j) % 3 for j in range(n)]
+
+    for dtype in ALL_DTYPES:
+        for trailing in [(), (2, 3)]:
+            def rows_of(k: int) -> np.ndarray:
+                return data(k, dtype, (sum(splits_of(k)), *trailing))
+
+            out, received = hvd.alltoall(rows_of(r), splits=splits_of(r))
+            parts = []
+            for k in range(n):
+                start = sum(splits_of(k)[:r])
+                parts.append(rows_of(k)[start : start + splits_of(k)[r]])
+            check(out, np.concatenate(parts), f"alltoall {dtype} {trailing}")
+            np.testing.assert_array_equal(received, [splits_of(k)[r] for k in range(n)])
+        equal = data(r, dtype, (2 * n, 3))
+        out = hvd.alltoall(equal)  # no splits: equal slices, and only the output comes back
+        check(out, np.concatenate([data(k, dtype, (2 * n, 3))[2 * r : 2 * r + 2] for k in range(n)]), f"alltoall equal {dtype}")
+    big = data(r, "float64", (40_000 * n,))
+    check(hvd.alltoall(big), np.concatenate([data(k, "float64", (40_000 * n,))[40_000 * r : 40_000 * (r + 1)] for k in range(n)]), "alltoall big")
+    hvd.shutdown()
+    return True
+
+
+def reducescatter_worker() -> bool:
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for dtype in ALL_DTYPES:
+        ops = [hvd.Sum, hvd.Min, hvd.Max] if dtype == "bool" else [hvd.Sum, hvd.Min, hvd.Max, hvd.Average]
+        for op in ops:
+            for shape in [(2 * n + 1, 3), (1,), (n,), (30_001,)]:
+                full = reference(op, [data(k, dtype, shape) for k in range(n)], dtype)
+                rows = even_counts(shape[0], n)
+                start = sum(rows[:r])
+                out = hvd.reducescatter(data(r, dtype, shape), op=op)
+                check(out, full[start : start + rows[r]], f"reducescatter {dtype} op={op} {shape}")
+    # Horovod's default op for reducescatter is Average
+    x = data(r, "float32", (n * 2,))
+    full = reference(hvd.Average, [data(k, "float32", (n * 2,)) for k in range(n)], "float32")
+    check(hvd.reducescatter(x), full[2 * r : 2 * r + 2], "reducescatter default op")
+    hvd.shutdown()
+    return True
+
+
+def async_order_worker() -> bool:
+    """Ranks submit in different orders; grouped and in-place variants; poll."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    names = [f"t{i}" for i in range(12)]
+    order = list(np.random.default_rng(r + 100).permutation(len(names)))
+    handles = {}
+    for i in order:
+        name = names[i]
+        x = data(r, "float32", (i + 1, 3), salt=i)
+        if i % 3 == 0:
+            handles[name] = hvd.allreduce_async(x, op=hvd.Sum, name=name)
+        elif i % 3 == 1:
+            handles[name] = hvd.allgather_async(x, name=name)
+        else:
+            handles[name] = hvd.broadcast_async(x, root_rank=i % n, name=name)
+    for i, name in enumerate(names):
+        out = hvd.synchronize(handles[name])
+        assert hvd.poll(handles[name])
+        parts = [data(k, "float32", (i + 1, 3), salt=i) for k in range(n)]
+        if i % 3 == 0:
+            check(out, reference(hvd.Sum, parts, "float32"), name)
+        elif i % 3 == 1:
+            check(out, np.concatenate(parts), name)
+        else:
+            check(out, parts[i % n], name)
+    tensors = [data(r, "float64", (k + 2,), salt=k) for k in range(5)]
+    expected = [reference(hvd.Average, [data(q, "float64", (k + 2,), salt=k) for q in range(n)], "float64") for k in range(5)]
+    for got, exp in zip(hvd.grouped_allreduce(tensors), expected):
+        check(got, exp, "grouped_allreduce")
+    copies = [t.copy() for t in tensors]
+    handle = hvd.grouped_allreduce_async_(copies)
+    hvd.synchronize(handle)
+    for got, exp in zip(copies, expected):
+        check(got, exp, "grouped_allreduce_async_")
+    h = hvd.allreduce_async_(copies[0], op=hvd.Sum, name="inplace-async")
+    assert hvd.synchronize(h) is copies[0]
+    hvd.barrier()
+    hvd.shutdown()
+    return True
+
+
+def join_worker(op: int) -> int:
+    """Rank r has r+1 batches; ranks out of data contribute zeros until every rank joined."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for step in range(r + 1):
+        out = hvd.allreduce(np.ones(4, np.float32), op=op, name=f"step{step}")
+        active = n - step  # ranks step..n-1 still have data
+        expected = active / n if op == hvd.Average else active
+        np.testing.assert_allclose(out, np.full(4, expected, np.float32), err_msg=f"step {step}")
+    last = hvd.join()
+    hvd.shutdown()
+    return last
+
+
+def object_worker() -> bool:
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for root in range(n):
+        obj = {"root": root, "payload": list(range(root * 1000)), "text": "é" * root} if r == root else None
+        got = hvd.broadcast_object(obj, root_rank=root)
+        assert got == {"root": root, "payload": list(range(root * 1000)), "text": "é" * root}, got
+    gathered = hvd.allgather_object({"rank": r, "blob": b"x" * (r * 5000)})
+    assert gathered == [{"rank": k, "blob": b"x" * (k * 5000)} for k in range(n)]
+    hvd.shutdown()
+    return True
+
+
+def topology_worker() -> dict:
+    import os
+
+    hvd.init()
+    info = {
+        "rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
+        "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(), "homogeneous": hvd.is_homogeneous(),
+        "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                               "MASTER_PORT", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
+                                               "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE",
+                                               "HOROVOD_HOSTNAME")},
+    }
+    hvd.shutdown()
+    hvd.init()  # init after shutdown starts a fresh group
+    assert hvd.allreduce(np.array([1.0]), op=hvd.Sum)[0] == hvd.size()
+    hvd.shutdown()
+    return info
