@@ -27,6 +27,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--transport", choices=["auto", "shm", "tcp"], help="data plane between ranks (default auto)")
     p.add_argument("--log-level", choices=["trace", "debug", "info", "warning", "error", "fatal"],
                    help="level of hora's own log messages in the workers")
+    p.add_argument("--rendezvous-port", type=int, default=0, metavar="PORT",
+                   help="port of the launcher's rendezvous store on 127.0.0.1 (default: a free port)")
     p.add_argument("--verbose", action="store_true", help="print what the launcher does")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
 
@@ -52,7 +54,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                                   "log_level": args.log_level.upper() if args.log_level else None}.items() if v is not None}
     try:
         result = run_command(command, np=args.np, hosts=args.hosts, output_filename=args.output_filename,
-                             verbose=args.verbose, **settings)
+                             verbose=args.verbose, rendezvous_port=args.rendezvous_port, **settings)
     except HoraError as exc:
         print(f"hora run: {exc}", file=sys.stderr)
         return 2

@@ -70,6 +70,7 @@ def run_command(
     verbose: bool = False,
     timeout: float | None = None,
     cwd: str | None = None,
+    rendezvous_port: int = 0,
     **settings: Any,
 ) -> RunResult:
     """Run ``command`` as ``np`` ranks and return the :class:`RunResult` (it does not raise on failure).
@@ -80,7 +81,7 @@ def run_command(
     """
     n, hostname = resolve_hosts(np, hosts)
     spec = LaunchSpec(list(command), n, hostname, env, settings, output_filename, capture, True, verbose,
-                      timeout=timeout, cwd=cwd)
+                      timeout=timeout, cwd=cwd, rendezvous_port=rendezvous_port)
     return launch(spec)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import selectors
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from hora._runtime.auth import new_secret
 from hora._runtime.rendezvous import RendezvousServer
 from hora.config import Config
+from hora.errors import ConfigError
 from hora.runner.output import OutputPump
 
 __all__ = ["Failure", "LaunchSpec", "RunResult", "launch"]
@@ -57,6 +59,7 @@ class LaunchSpec:
     grace: float = 3.0
     timeout: float | None = None
     cwd: str | None = None
+    rendezvous_port: int = 0
 
 
 @dataclass
@@ -67,7 +70,7 @@ class Failure:
     returncode: int
     tail: list[str]
     when: float
-    stopped: bool = False  # it exited after hora run had started stopping the job
+    stopped: bool = False  # hora run's own stop signal ended it
 
     @property
     def exit_code(self) -> int:
@@ -167,9 +170,11 @@ class _Job:
         self.spec = spec
         self.procs: list[subprocess.Popen[bytes]] = []
         self.returncodes: list[int | None] = [None] * spec.np
+        self.sent: list[int | None] = [None] * spec.np  # the last stopping signal hora run sent each rank
         self.failures: list[Failure] = []
         self.interrupted: int | None = None
         self.stopping_at: float | None = None
+        self.first_failure_at: float | None = None
         self.pump = OutputPump(spec.output_filename, capture=spec.capture, prefix=spec.prefix_output)
 
     def log(self, message: str) -> None:
@@ -179,6 +184,8 @@ class _Job:
     def signal_all(self, sig: int) -> None:
         for i, p in enumerate(self.procs):
             if self.returncodes[i] is None:
+                if sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT):
+                    self.sent[i] = sig
                 try:
                     os.killpg(p.pid, sig)  # the worker's own group: it and whatever it started
                 except (ProcessLookupError, PermissionError):
@@ -190,11 +197,12 @@ class _Job:
             self.log(f"stopping the remaining ranks with {signal.Signals(sig).name}")
             self.signal_all(sig)
 
-    def reap(self) -> bool:
-        """Collect exited workers; True when all have exited."""
+    def reap(self, order: list[int]) -> bool:
+        """Collect exited workers, in the order they exited where known; True when all have exited."""
         now = time.monotonic()
         round_failures = []
-        for i, p in enumerate(self.procs):
+        for i in order + [i for i in range(len(self.procs)) if i not in order]:
+            p = self.procs[i]
             if self.returncodes[i] is not None:
                 continue
             code = p.poll()
@@ -208,24 +216,84 @@ class _Job:
                 pass
             self.log(f"rank {i} (pid {p.pid}) exited with {code}")
             if code != 0:
-                stopped = self.stopping_at is not None or self.interrupted is not None
+                stopped = code < 0 and self.sent[i] is not None and -code in (self.sent[i], signal.SIGKILL)
                 round_failures.append(Failure(i, self.spec.hostname, p.pid, code, [], now, stopped))
-        if round_failures:
-            # Ranks that died in the same polling round: put the one killed by a signal, or failing for a reason of
-            # its own, before those that only reacted to losing it.
-            round_failures.sort(key=lambda f: (f.returncode >= 0, f.rank))
-            self.failures.extend(round_failures)
-            if not all(f.stopped for f in round_failures):
-                self.stop()
+        self.failures.extend(round_failures)
+        if self.first_failure_at is None and any(not f.stopped for f in round_failures):
+            self.first_failure_at = now
         return all(c is not None for c in self.returncodes)
+
+
+_FOLLOWER_ERRORS = ("PeerLostError", "ShutdownError")
+#: After the first failure, the others get this long to exit on their own before hora run stops them: the rank
+#: that failed first may still be finishing its own exit while its peers already react to its departure.
+SETTLE = 0.5
+ROOT_CAUSE_WINDOW = 1.0
+
+
+def _root_cause(failures: list[Failure]) -> Failure | None:
+    """The failure that started it all.
+
+    Exit order alone misleads: the kernel closes a dying process's sockets before its parent hears of the death,
+    so a peer that reacts at once can be reaped first. Among the failures within a second of the first one (and
+    not caused by hora run's own stop signals), prefer a rank killed by a signal, then one whose last error is not
+    hora's reaction to losing a peer (PeerLostError, ShutdownError), then the earliest.
+    """
+    own = [f for f in failures if not f.stopped]
+    if not own:
+        return None
+    first = min(f.when for f in own)
+
+    def key(f: Failure) -> tuple[int, float]:
+        last = next((t for t in reversed(f.tail) if t.strip()), "")
+        follower = any(e in last for e in _FOLLOWER_ERRORS)
+        return (0 if f.returncode < 0 else 2 if follower else 1, f.when)
+
+    return min((f for f in own if f.when - first <= ROOT_CAUSE_WINDOW), key=key)
+
+
+class _ExitWatcher:
+    """Reports which workers exited, in exit order: one pidfd per worker (Linux >= 5.3), polling elsewhere."""
+
+    def __init__(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        self._sel: selectors.BaseSelector | None = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                sel = selectors.DefaultSelector()
+                for i, p in enumerate(procs):
+                    sel.register(os.pidfd_open(p.pid), selectors.EVENT_READ, i)
+                self._sel = sel
+            except OSError:
+                self._sel = None
+
+    def wait(self, timeout: float) -> list[int]:
+        if self._sel is None:
+            time.sleep(timeout)
+            return []
+        order = []
+        for key, _ in self._sel.select(timeout):
+            order.append(key.data)
+            self._sel.unregister(key.fd)
+            os.close(key.fd)
+        return order
+
+    def close(self) -> None:
+        if self._sel is not None:
+            for key in list(self._sel.get_map().values()):
+                os.close(key.fd)
+            self._sel.close()
 
 
 def launch(spec: LaunchSpec) -> RunResult:
     """Run ``spec.command`` as ``spec.np`` ranks on this machine and wait for them."""
     secret = new_secret()
     job_id = uuid.uuid4().hex[:16]
-    server = RendezvousServer(secret, host="127.0.0.1")
-    rdv = server.bind()
+    server = RendezvousServer(secret, host="127.0.0.1", port=spec.rendezvous_port)
+    try:
+        rdv = server.bind()
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on 127.0.0.1:{spec.rendezvous_port} for the rendezvous: {exc.strerror}. "
+                          "Choose another --rendezvous-port, or leave it out to use a free port.") from None
     job = _Job(spec)
     master_port = _free_port()
     previous: dict[int, object] = {}
@@ -242,6 +310,7 @@ def launch(spec: LaunchSpec) -> RunResult:
         for s in (signal.SIGINT, signal.SIGTERM):
             previous[s] = signal.signal(s, on_signal)
     timed_out = False
+    exits: _ExitWatcher | None = None
     try:
         for rank in range(spec.np):
             env = worker_env(spec, rank, rdv, secret, job_id, master_port)
@@ -254,8 +323,9 @@ def launch(spec: LaunchSpec) -> RunResult:
             job.log(f"started rank {rank} as pid {proc.pid}: {' '.join(spec.command)}")
         server.start()
         job.pump.start()
+        exits = _ExitWatcher(job.procs)
         deadline = None if spec.timeout is None else time.monotonic() + spec.timeout
-        while not job.reap():
+        while not job.reap(exits.wait(0.05)):
             now = time.monotonic()
             if deadline is not None and now > deadline and not timed_out:
                 timed_out = True
@@ -263,15 +333,18 @@ def launch(spec: LaunchSpec) -> RunResult:
                 job.signal_all(signal.SIGUSR1)
                 time.sleep(1.0)
                 job.stop(signal.SIGKILL)
+            if job.first_failure_at is not None and now - job.first_failure_at >= SETTLE:
+                job.stop()
             if job.stopping_at is not None and now - job.stopping_at > spec.grace:
                 job.signal_all(signal.SIGKILL)
-            time.sleep(0.02)
     except BaseException:
         job.signal_all(signal.SIGKILL)
         for p in job.procs:
             p.wait()
         raise
     finally:
+        if exits is not None:
+            exits.close()
         if in_main:
             for s, h in previous.items():
                 signal.signal(s, h)  # type: ignore[arg-type]
@@ -279,7 +352,7 @@ def launch(spec: LaunchSpec) -> RunResult:
     job.pump.join(timeout=5.0)
     for f in job.failures:
         f.tail = list(job.pump.tails.get(f.rank, []))
-    root = next((f for f in job.failures if not f.stopped), None)
+    root = _root_cause(job.failures)
     if timed_out:
         exit_code = 124
     elif job.interrupted is not None:
