@@ -138,7 +138,7 @@ def alltoall_worker() -> bool:
 
     for dtype in ALL_DTYPES:
         for trailing in [(), (2, 3)]:
-            def rows_of(k: int) -> np.ndarray:
+            def rows_of(k: int, dtype: str = dtype, trailing: tuple[int, ...] = trailing) -> np.ndarray:
                 return data(k, dtype, (sum(splits_of(k)), *trailing))
 
             out, received = hvd.alltoall(rows_of(r), splits=splits_of(r))

@@ -101,7 +101,9 @@ def test_wrong_secret_fails_on_both_sides(pair):
     server = Side(lambda: server_handshake(server_sock, SECRET, timeout=HANG))
     with pytest.raises(AuthenticationError, match="the server rejected this process's credentials"):
         client_handshake(client_sock, b"x" * 32, Role.CONTROL, 1, timeout=HANG)
-    with pytest.raises(AuthenticationError, match=r"a client failed authentication \(wrong secret or another job\)"):
+    with pytest.raises(
+        AuthenticationError, match=r"a client failed authentication \(wrong secret or another job\)"
+    ):
         server.result()
 
 
@@ -110,7 +112,9 @@ def test_role_not_served_is_rejected(pair):
     server = Side(lambda: server_handshake(server_sock, SECRET, HANG, roles=(Role.RENDEZVOUS,)))
     with pytest.raises(AuthenticationError, match="rejected"):
         client_handshake(client_sock, SECRET, Role.DATA, 1, timeout=HANG)
-    with pytest.raises(AuthenticationError, match=r"a client asked for role 3, which this server does not serve"):
+    with pytest.raises(
+        AuthenticationError, match=r"a client asked for role 3, which this server does not serve"
+    ):
         server.result()
 
 
@@ -146,7 +150,9 @@ def test_short_garbage_then_close_is_a_protocol_error(pair):
     server = Side(lambda: server_handshake(server_sock, SECRET, timeout=HANG))
     client_sock.sendall(b"\x16\x03\x01garbage")
     client_sock.shutdown(socket.SHUT_WR)
-    with pytest.raises(ProtocolError, match=r"a client left during the handshake .*\(10 of 74 bytes received\)"):
+    with pytest.raises(
+        ProtocolError, match=r"a client left during the handshake .*\(10 of 74 bytes received\)"
+    ):
         server.result()
 
 
@@ -184,7 +190,9 @@ def test_fake_server_wrong_magic(pair):
 def test_fake_server_wrong_version(pair):
     fake, client_sock = pair
     fake.sendall(struct.pack("!4sB32s", MAGIC, 7, os.urandom(32)))
-    with pytest.raises(ProtocolError, match=rf"the server speaks hora protocol 7, this process speaks {VERSION}"):
+    with pytest.raises(
+        ProtocolError, match=rf"the server speaks hora protocol 7, this process speaks {VERSION}"
+    ):
         client_handshake(client_sock, SECRET, Role.CONTROL, 0, timeout=HANG)
 
 

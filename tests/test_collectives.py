@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+import hora.numpy as hvd
 from collective_workers import (
     allgather_worker,
     allreduce_worker,
@@ -15,8 +17,6 @@ from collective_workers import (
     topology_worker,
 )
 from harness import run_ranks
-
-import hora.numpy as hvd
 
 # (np, transport): one rank needs no transport; small chunk sizes force the multi-step paths with small tensors.
 LAYOUTS = [

@@ -53,15 +53,18 @@ def test_positive_float(text, value):
 
 @pytest.mark.parametrize(
     ("text", "reason"),
-    [("0", "expected a number > 0"), ("-1", "expected a number > 0"), ("abc", "could not convert"), ("", "could not convert")],
+    [
+        ("0", "expected a finite number > 0"),
+        ("-1", "expected a finite number > 0"),
+        ("abc", "could not convert"),
+        ("", "could not convert"),
+    ],
 )
 def test_positive_float_rejects(text, reason):
     with pytest.raises(ConfigError, match=rf"HORA_START_TIMEOUT={text!r} is not valid: {reason}"):
         Config.resolve(env={"HORA_START_TIMEOUT": text})
 
 
-@pytest.mark.xfail(reason="BUG: _parse_positive_float accepts 'nan' (nan <= 0 is False), so HORA_START_TIMEOUT=nan "
-                          "gives a NaN timeout instead of a ConfigError", strict=True)
 def test_positive_float_rejects_nan():
     with pytest.raises(ConfigError, match="HORA_START_TIMEOUT"):
         Config.resolve(env={"HORA_START_TIMEOUT": "nan"})
@@ -70,13 +73,17 @@ def test_positive_float_rejects_nan():
 @pytest.mark.parametrize("name", ["HORA_SHM_CHUNK_BYTES", "HORA_TCP_CHUNK_BYTES", "HORA_MAX_FRAME_BYTES"])
 def test_positive_int(name):
     cfg = Config.resolve(env={name: "4096"})
-    field = {"HORA_SHM_CHUNK_BYTES": "shm_chunk_bytes", "HORA_TCP_CHUNK_BYTES": "tcp_chunk_bytes",
-             "HORA_MAX_FRAME_BYTES": "max_frame_bytes"}[name]
+    field = {
+        "HORA_SHM_CHUNK_BYTES": "shm_chunk_bytes",
+        "HORA_TCP_CHUNK_BYTES": "tcp_chunk_bytes",
+        "HORA_MAX_FRAME_BYTES": "max_frame_bytes",
+    }[name]
     assert getattr(cfg, field) == 4096
 
 
 @pytest.mark.parametrize(
-    ("text", "reason"), [("0", "expected a whole number > 0"), ("-5", "expected a whole number > 0"), ("1.5", "invalid literal")]
+    ("text", "reason"),
+    [("0", "expected a whole number > 0"), ("-5", "expected a whole number > 0"), ("1.5", "invalid literal")],
 )
 def test_positive_int_rejects(text, reason):
     with pytest.raises(ConfigError, match=rf"HORA_TCP_CHUNK_BYTES={text!r} is not valid: {reason}"):
@@ -96,21 +103,33 @@ def test_choice(text, value):
 
 
 def test_choice_rejects():
-    with pytest.raises(ConfigError, match=r"HORA_TRANSPORT='udp' is not valid: expected one of auto, shm, tcp"):
+    with pytest.raises(
+        ConfigError, match=r"HORA_TRANSPORT='udp' is not valid: expected one of auto, shm, tcp"
+    ):
         Config.resolve(env={"HORA_TRANSPORT": "udp"})
 
 
 @pytest.mark.parametrize(
     ("text", "level"),
-    [("trace", "DEBUG"), ("debug", "DEBUG"), ("info", "INFO"), ("warn", "WARNING"), ("WARNING", "WARNING"),
-     ("error", "ERROR"), ("fatal", "CRITICAL"), (" Critical ", "CRITICAL")],
+    [
+        ("trace", "DEBUG"),
+        ("debug", "DEBUG"),
+        ("info", "INFO"),
+        ("warn", "WARNING"),
+        ("WARNING", "WARNING"),
+        ("error", "ERROR"),
+        ("fatal", "CRITICAL"),
+        (" Critical ", "CRITICAL"),
+    ],
 )
 def test_log_level_aliases(text, level):
     assert Config.resolve(env={"HORA_LOG_LEVEL": text}).log_level == level
 
 
 def test_log_level_rejects():
-    with pytest.raises(ConfigError, match=r"HORA_LOG_LEVEL='verbose' is not valid: expected one of trace, debug"):
+    with pytest.raises(
+        ConfigError, match=r"HORA_LOG_LEVEL='verbose' is not valid: expected one of trace, debug"
+    ):
         Config.resolve(env={"HORA_LOG_LEVEL": "verbose"})
 
 
@@ -183,14 +202,19 @@ def test_invalid_environment_is_reported_even_when_overridden():
 
 
 def test_all_problems_in_one_error():
-    env = {"HORA_START_TIMEOUT": "-3", "HORA_TRANSPORT": "udp", "HORA_LOG_LEVEL": "loud", "HORA_SHM_CHUNK_BYTES": "big"}
+    env = {
+        "HORA_START_TIMEOUT": "-3",
+        "HORA_TRANSPORT": "udp",
+        "HORA_LOG_LEVEL": "loud",
+        "HORA_SHM_CHUNK_BYTES": "big",
+    }
     with pytest.raises(ConfigError) as info:
         Config.resolve(env=env, overrides={"start_timout": 5, "transport": "tcp"})
     message = str(info.value)
     assert message.startswith("invalid hora settings:\n  ")
     lines = message.splitlines()[1:]
     assert len(lines) == 5
-    assert "HORA_START_TIMEOUT='-3' is not valid: expected a number > 0" in message
+    assert "HORA_START_TIMEOUT='-3' is not valid: expected a finite number > 0" in message
     assert "HORA_TRANSPORT='udp' is not valid: expected one of auto, shm, tcp" in message
     assert "HORA_LOG_LEVEL='loud' is not valid" in message
     assert "HORA_SHM_CHUNK_BYTES='big' is not valid" in message
@@ -203,12 +227,14 @@ def test_unknown_override_alone():
         Config.resolve(env={}, overrides={"bogus": 1})
 
 
-@pytest.mark.xfail(reason="BUG: explicit overrides are not parsed or validated: Config.resolve(overrides="
-                          "{'transport': 'TCP'}) keeps 'TCP' (so hora.init(transport='TCP') silently uses shm), "
-                          "and 'udp' or start_timeout=-1 are accepted", strict=True)
 @pytest.mark.parametrize(
     ("key", "value", "normalized"),
-    [("transport", "TCP", "tcp"), ("transport", "udp", None), ("start_timeout", -1.0, None), ("log_level", "trace", "DEBUG")],
+    [
+        ("transport", "TCP", "tcp"),
+        ("transport", "udp", None),
+        ("start_timeout", -1.0, None),
+        ("log_level", "trace", "DEBUG"),
+    ],
 )
 def test_overrides_are_validated_like_the_environment(key, value, normalized):
     try:

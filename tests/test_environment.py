@@ -7,7 +7,13 @@ import pytest
 from hora._runtime.environment import LaunchInfo, detect
 from hora.errors import ConfigError
 
-HORA = {"HORA_RANK": "1", "HORA_SIZE": "4", "HORA_LOCAL_RANK": "1", "HORA_LOCAL_SIZE": "2", "HORA_JOB_ID": "job-9"}
+HORA = {
+    "HORA_RANK": "1",
+    "HORA_SIZE": "4",
+    "HORA_LOCAL_RANK": "1",
+    "HORA_LOCAL_SIZE": "2",
+    "HORA_JOB_ID": "job-9",
+}
 OMPI = {
     "OMPI_COMM_WORLD_RANK": "2",
     "OMPI_COMM_WORLD_SIZE": "8",
@@ -111,12 +117,16 @@ def test_precedence_torchrun_before_slurm():
 
 
 def test_rank_without_world_size():
-    with pytest.raises(ConfigError, match=r"^RANK is set but WORLD_SIZE is not: the torchrun variables are incomplete\."):
+    with pytest.raises(
+        ConfigError, match=r"^RANK is set but WORLD_SIZE is not: the torchrun variables are incomplete\."
+    ):
         detect({"RANK": "0"})
 
 
 def test_world_size_without_rank():
-    with pytest.raises(ConfigError, match=r"^WORLD_SIZE is set but RANK is not: the torchrun variables are incomplete\."):
+    with pytest.raises(
+        ConfigError, match=r"^WORLD_SIZE is set but RANK is not: the torchrun variables are incomplete\."
+    ):
         detect({"WORLD_SIZE": "2"})
 
 
@@ -126,18 +136,24 @@ def test_incomplete_message_says_how_to_fix():
 
 
 def test_incomplete_open_mpi():
-    with pytest.raises(ConfigError, match=r"OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not: the Open MPI"):
+    with pytest.raises(
+        ConfigError, match=r"OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not: the Open MPI"
+    ):
         detect({"OMPI_COMM_WORLD_RANK": "1"})
 
 
 def test_incomplete_slurm_step():
-    with pytest.raises(ConfigError, match=r"SLURM_PROCID is set but SLURM_NTASKS is not: the Slurm variables"):
+    with pytest.raises(
+        ConfigError, match=r"SLURM_PROCID is set but SLURM_NTASKS is not: the Slurm variables"
+    ):
         detect({"SLURM_PROCID": "1", "SLURM_STEP_ID": "0"})
 
 
 @pytest.mark.parametrize(("rank", "size"), [("4", "4"), ("5", "4"), ("-1", "4"), ("0", "0")])
 def test_rank_outside_size(rank, size):
-    with pytest.raises(ConfigError, match=rf"^RANK={rank} and WORLD_SIZE={size} are inconsistent: need 0 <= rank < size\.$"):
+    with pytest.raises(
+        ConfigError, match=rf"^RANK={rank} and WORLD_SIZE={size} are inconsistent: need 0 <= rank < size\.$"
+    ):
         detect({"RANK": rank, "WORLD_SIZE": size})
 
 
@@ -151,8 +167,14 @@ def test_hora_rank_outside_size():
     [
         ({"RANK": "zero", "WORLD_SIZE": "2"}, r"^RANK='zero' is not a whole number \(torchrun sets it"),
         ({"RANK": "0", "WORLD_SIZE": "2.0"}, r"^WORLD_SIZE='2\.0' is not a whole number"),
-        ({"HORA_RANK": "0", "HORA_SIZE": "2", "HORA_LOCAL_RANK": "x"}, r"^HORA_LOCAL_RANK='x' is not a whole number \(hora"),
-        ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "two"}, r"^OMPI_COMM_WORLD_SIZE='two' is not a whole number \(Open MPI"),
+        (
+            {"HORA_RANK": "0", "HORA_SIZE": "2", "HORA_LOCAL_RANK": "x"},
+            r"^HORA_LOCAL_RANK='x' is not a whole number \(hora",
+        ),
+        (
+            {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "two"},
+            r"^OMPI_COMM_WORLD_SIZE='two' is not a whole number \(Open MPI",
+        ),
         ({**SLURM, "SLURM_LOCALID": "?"}, r"^SLURM_LOCALID='\?' is not a whole number \(Slurm"),
     ],
 )

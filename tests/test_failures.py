@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+
 from failure_workers import (
     attack_worker,
     duplicate_name_worker,
@@ -18,7 +19,6 @@ from failure_workers import (
     raising_worker,
 )
 from harness import run_failing, run_ranks, stderr_of
-
 from hora._runtime.auth import Role, new_secret
 from hora._runtime.connections import PeerListener, connect_peers
 

@@ -18,17 +18,51 @@ from hora._transport.base import DTYPES
 from hora.errors import HoraError
 
 try:  # like Horovod, serialise objects with cloudpickle when it is there (lambdas, local classes)
-    import cloudpickle as _pickler  # type: ignore[import-not-found]
+    import cloudpickle as _pickler
 except ImportError:  # pragma: no cover - depends on the environment
     _pickler = pickle
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
-    "is_homogeneous", "Average", "Max", "Min", "Product", "Sum", "GroupHandle",
-    "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
-    "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
-    "broadcast_async_", "broadcast_object", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "join", "poll", "reducescatter", "reducescatter_async", "synchronize",
+    "Average",
+    "GroupHandle",
+    "Max",
+    "Min",
+    "Product",
+    "Sum",
+    "allgather",
+    "allgather_async",
+    "allgather_object",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "alltoall",
+    "alltoall_async",
+    "barrier",
+    "broadcast",
+    "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
+    "broadcast_object",
+    "cross_rank",
+    "cross_size",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "init",
+    "is_homogeneous",
+    "is_initialized",
+    "join",
+    "local_rank",
+    "local_size",
+    "poll",
+    "rank",
+    "reducescatter",
+    "reducescatter_async",
+    "shutdown",
+    "size",
+    "synchronize",
 ]
 
 Average = ReduceOp.AVERAGE
@@ -68,8 +102,10 @@ def _array(tensor: Any, what: str) -> np.ndarray:
 
 def _inplace(tensor: Any, what: str) -> np.ndarray:
     if not isinstance(tensor, np.ndarray) or not tensor.flags.c_contiguous or not tensor.flags.writeable:
-        raise UnsupportedError(f"{what} works in place and needs a writeable C-contiguous numpy array; "
-                               "use the variant without the trailing underscore for other inputs")
+        raise UnsupportedError(
+            f"{what} works in place and needs a writeable C-contiguous numpy array; "
+            "use the variant without the trailing underscore for other inputs"
+        )
     return _array(tensor, what)
 
 
@@ -84,13 +120,29 @@ def _resolve_op(average: bool | None, op: int | None, default: ReduceOp = Averag
     return op
 
 
-def _reduce_request(kind: Kind, ctx: Context, arr: np.ndarray, name: str | None, op: ReduceOp,
-                    prescale: float, postscale: float) -> Request:
+def _reduce_request(
+    kind: Kind,
+    ctx: Context,
+    arr: np.ndarray,
+    name: str | None,
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+) -> Request:
     if arr.dtype == np.bool_ and (op is Average or prescale != 1.0 or postscale != 1.0):
-        raise UnsupportedError(f"{kind.value} of a bool array supports Sum (or), Min (and), Max (or) and "
-                               "Product (and) without scale factors")
-    return Request(kind, name if name is not None else ctx.auto_name(kind.value), arr.dtype.name, arr.shape,
-                   int(op), prescale=float(prescale), postscale=float(postscale))
+        raise UnsupportedError(
+            f"{kind.value} of a bool array supports Sum (or), Min (and), Max (or) and "
+            "Product (and) without scale factors"
+        )
+    return Request(
+        kind,
+        name if name is not None else ctx.auto_name(kind.value),
+        arr.dtype.name,
+        arr.shape,
+        int(op),
+        prescale=float(prescale),
+        postscale=float(postscale),
+    )
 
 
 def _submit(ctx: Context, *entries: Entry) -> None:
@@ -98,42 +150,77 @@ def _submit(ctx: Context, *entries: Entry) -> None:
 
 
 # -- allreduce -----------------------------------------------------------------------------------------------------
-def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None, op: int | None = None,
-                    prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+def allreduce_async(
+    tensor: Any,
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
     """Start reducing ``tensor`` across all ranks (default op: Average). Returns a handle for :func:`synchronize`."""
     ctx = current()
     arr = _array(tensor, "allreduce")
-    req = _reduce_request(Kind.ALLREDUCE, ctx, arr, name, _resolve_op(average, op), prescale_factor, postscale_factor)
+    req = _reduce_request(
+        Kind.ALLREDUCE, ctx, arr, name, _resolve_op(average, op), prescale_factor, postscale_factor
+    )
     entry = Entry(req, arr, np.empty_like(arr))
     _submit(ctx, entry)
     return entry.handle
 
 
-def allreduce_async_(tensor: np.ndarray, average: bool | None = None, name: str | None = None, op: int | None = None,
-                     prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+def allreduce_async_(
+    tensor: np.ndarray,
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
     """In-place :func:`allreduce_async`: the result is written into ``tensor``."""
     ctx = current()
     arr = _inplace(tensor, "allreduce_")
-    req = _reduce_request(Kind.ALLREDUCE, ctx, arr, name, _resolve_op(average, op), prescale_factor, postscale_factor)
+    req = _reduce_request(
+        Kind.ALLREDUCE, ctx, arr, name, _resolve_op(average, op), prescale_factor, postscale_factor
+    )
     entry = Entry(req, arr, arr)
     _submit(ctx, entry)
     return entry.handle
 
 
-def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: int | None = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+def allreduce(
+    tensor: Any,
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> np.ndarray:
     """Reduce ``tensor`` across all ranks and return the result (a new array)."""
-    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))  # type: ignore[no-any-return]
+    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
 
 
-def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None = None, op: int | None = None,
-               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+def allreduce_(
+    tensor: np.ndarray,
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> np.ndarray:
     """Reduce ``tensor`` in place across all ranks; returns ``tensor``."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))  # type: ignore[no-any-return]
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
 
 
-def _grouped(tensors: Sequence[Any], average: bool | None, name: str | None, op: int | None, prescale: float,
-             postscale: float, inplace: bool) -> GroupHandle:
+def _grouped(
+    tensors: Sequence[Any],
+    average: bool | None,
+    name: str | None,
+    op: int | None,
+    prescale: float,
+    postscale: float,
+    inplace: bool,
+) -> GroupHandle:
     ctx = current()
     resolved = _resolve_op(average, op)
     base = name if name is not None else ctx.auto_name("grouped_allreduce")
@@ -146,29 +233,51 @@ def _grouped(tensors: Sequence[Any], average: bool | None, name: str | None, op:
     return GroupHandle([e.handle for e in entries])
 
 
-def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
-                            op: int | None = None, prescale_factor: float = 1.0,
-                            postscale_factor: float = 1.0) -> GroupHandle:
+def grouped_allreduce_async(
+    tensors: Sequence[Any],
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> GroupHandle:
     """Start reducing a list of tensors as one group (submitted together, negotiated together)."""
     return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, inplace=False)
 
 
-def grouped_allreduce_async_(tensors: Sequence[np.ndarray], average: bool | None = None, name: str | None = None,
-                             op: int | None = None, prescale_factor: float = 1.0,
-                             postscale_factor: float = 1.0) -> GroupHandle:
+def grouped_allreduce_async_(
+    tensors: Sequence[np.ndarray],
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> GroupHandle:
     return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, inplace=True)
 
 
-def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
-                      op: int | None = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0) -> list[np.ndarray]:
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor))  # type: ignore[no-any-return]
+def grouped_allreduce(
+    tensors: Sequence[Any],
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[np.ndarray]:
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor))
 
 
-def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = None, name: str | None = None,
-                       op: int | None = None, prescale_factor: float = 1.0,
-                       postscale_factor: float = 1.0) -> list[np.ndarray]:
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor))  # type: ignore[no-any-return]
+def grouped_allreduce_(
+    tensors: Sequence[np.ndarray],
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[np.ndarray]:
+    return synchronize(
+        grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor)
+    )
 
 
 # -- allgather / broadcast / alltoall / reducescatter -------------------------------------------------------------------
@@ -178,14 +287,16 @@ def allgather_async(tensor: Any, name: str | None = None) -> Handle:
     arr = _array(tensor, "allgather")
     if arr.ndim == 0:
         arr = arr.reshape(1)
-    req = Request(Kind.ALLGATHER, name if name is not None else ctx.auto_name("allgather"), arr.dtype.name, arr.shape)
+    req = Request(
+        Kind.ALLGATHER, name if name is not None else ctx.auto_name("allgather"), arr.dtype.name, arr.shape
+    )
     entry = Entry(req, arr)
     _submit(ctx, entry)
     return entry.handle
 
 
 def allgather(tensor: Any, name: str | None = None) -> np.ndarray:
-    return synchronize(allgather_async(tensor, name))  # type: ignore[no-any-return]
+    return synchronize(allgather_async(tensor, name))
 
 
 def _broadcast(tensor: Any, root_rank: int, name: str | None, inplace: bool) -> Handle:
@@ -193,8 +304,13 @@ def _broadcast(tensor: Any, root_rank: int, name: str | None, inplace: bool) -> 
     arr = _inplace(tensor, "broadcast_") if inplace else _array(tensor, "broadcast")
     if not 0 <= int(root_rank) < ctx.size:
         raise ValueError(f"broadcast root_rank={root_rank} is out of range: there are {ctx.size} ranks")
-    req = Request(Kind.BROADCAST, name if name is not None else ctx.auto_name("broadcast"), arr.dtype.name,
-                  arr.shape, root=int(root_rank))
+    req = Request(
+        Kind.BROADCAST,
+        name if name is not None else ctx.auto_name("broadcast"),
+        arr.dtype.name,
+        arr.shape,
+        root=int(root_rank),
+    )
     out = arr if inplace else (arr.copy() if ctx.rank == root_rank else np.empty_like(arr))
     entry = Entry(req, arr, out)
     _submit(ctx, entry)
@@ -211,11 +327,11 @@ def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> np.ndarray:
-    return synchronize(broadcast_async(tensor, root_rank, name))  # type: ignore[no-any-return]
+    return synchronize(broadcast_async(tensor, root_rank, name))
 
 
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> np.ndarray:
-    return synchronize(broadcast_async_(tensor, root_rank, name))  # type: ignore[no-any-return]
+    return synchronize(broadcast_async_(tensor, root_rank, name))
 
 
 def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None) -> Handle:
@@ -227,16 +343,25 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None) -> 
         raise ValueError("alltoall needs a tensor with at least one dimension")
     if splits is None:
         if arr.shape[0] % ctx.size:
-            raise ValueError(f"alltoall without splits needs the first dimension ({arr.shape[0]}) to be divisible by "
-                             f"the number of ranks ({ctx.size}); pass splits=[rows for rank 0, rank 1, ...]")
+            raise ValueError(
+                f"alltoall without splits needs the first dimension ({arr.shape[0]}) to be divisible by "
+                f"the number of ranks ({ctx.size}); pass splits=[rows for rank 0, rank 1, ...]"
+            )
         split_list = [arr.shape[0] // ctx.size] * ctx.size
     else:
         split_list = [int(s) for s in np.asarray(splits).reshape(-1)]
         if len(split_list) != ctx.size or min(split_list, default=0) < 0 or sum(split_list) != arr.shape[0]:
-            raise ValueError(f"alltoall splits {split_list} must have one non-negative entry per rank ({ctx.size}) "
-                             f"summing to the first dimension ({arr.shape[0]})")
-    req = Request(Kind.ALLTOALL, name if name is not None else ctx.auto_name("alltoall"), arr.dtype.name, arr.shape,
-                  splits=tuple(split_list))
+            raise ValueError(
+                f"alltoall splits {split_list} must have one non-negative entry per rank ({ctx.size}) "
+                f"summing to the first dimension ({arr.shape[0]})"
+            )
+    req = Request(
+        Kind.ALLTOALL,
+        name if name is not None else ctx.auto_name("alltoall"),
+        arr.dtype.name,
+        arr.shape,
+        splits=tuple(split_list),
+    )
     entry = Entry(req, arr)
     _submit(ctx, entry)
     return entry.handle
@@ -249,23 +374,35 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None) -> Any:
     return (output, received) if splits is not None else output
 
 
-def reducescatter_async(tensor: Any, op: int = Average, name: str | None = None, prescale_factor: float = 1.0,
-                        postscale_factor: float = 1.0) -> Handle:
+def reducescatter_async(
+    tensor: Any,
+    op: int = Average,
+    name: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
     """Start reducing ``tensor`` across ranks; rank r receives its share of the first dimension (lower ranks take
     the remainder)."""
     ctx = current()
     arr = _array(tensor, "reducescatter")
     if arr.ndim == 0:
         arr = arr.reshape(1)
-    req = _reduce_request(Kind.REDUCESCATTER, ctx, arr, name, _resolve_op(None, op), prescale_factor, postscale_factor)
+    req = _reduce_request(
+        Kind.REDUCESCATTER, ctx, arr, name, _resolve_op(None, op), prescale_factor, postscale_factor
+    )
     entry = Entry(req, arr)
     _submit(ctx, entry)
     return entry.handle
 
 
-def reducescatter(tensor: Any, op: int = Average, name: str | None = None, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0) -> np.ndarray:
-    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))  # type: ignore[no-any-return]
+def reducescatter(
+    tensor: Any,
+    op: int = Average,
+    name: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> np.ndarray:
+    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
 
 
 # -- synchronisation ---------------------------------------------------------------------------------------------------

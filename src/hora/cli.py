@@ -10,7 +10,7 @@ from hora.config import describe_settings
 from hora.errors import HoraError
 
 
-def _run_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _run_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run",
         help="start a command as N ranks",
@@ -19,16 +19,38 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         + describe_settings(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-np", "--num-proc", dest="np", type=int, help="number of ranks (default: the slots of -H)")
-    p.add_argument("-H", "--hosts", help="host:slots list; this version runs on this machine only (localhost:N)")
-    p.add_argument("--output-filename", metavar="DIR", help="also write each rank's output to DIR/rank.<r>/{stdout,stderr}")
-    p.add_argument("--start-timeout", type=float, metavar="SECONDS",
-                   help="seconds every rank may take to reach the rendezvous (default 30; HORA_START_TIMEOUT)")
-    p.add_argument("--transport", choices=["auto", "shm", "tcp"], help="data plane between ranks (default auto)")
-    p.add_argument("--log-level", choices=["trace", "debug", "info", "warning", "error", "fatal"],
-                   help="level of hora's own log messages in the workers")
-    p.add_argument("--rendezvous-port", type=int, default=0, metavar="PORT",
-                   help="port of the launcher's rendezvous store on 127.0.0.1 (default: a free port)")
+    p.add_argument(
+        "-np", "--num-proc", dest="np", type=int, help="number of ranks (default: the slots of -H)"
+    )
+    p.add_argument(
+        "-H", "--hosts", help="host:slots list; this version runs on this machine only (localhost:N)"
+    )
+    p.add_argument(
+        "--output-filename",
+        metavar="DIR",
+        help="also write each rank's output to DIR/rank.<r>/{stdout,stderr}",
+    )
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="seconds every rank may take to reach the rendezvous (default 30; HORA_START_TIMEOUT)",
+    )
+    p.add_argument(
+        "--transport", choices=["auto", "shm", "tcp"], help="data plane between ranks (default auto)"
+    )
+    p.add_argument(
+        "--log-level",
+        choices=["trace", "debug", "info", "warning", "error", "fatal"],
+        help="level of hora's own log messages in the workers",
+    )
+    p.add_argument(
+        "--rendezvous-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="port of the launcher's rendezvous store on 127.0.0.1 (default: a free port)",
+    )
     p.add_argument("--verbose", action="store_true", help="print what the launcher does")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
 
@@ -50,11 +72,25 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("hora run: give the command to start, e.g. hora run -np 2 python train.py")
-    settings = {k: v for k, v in {"start_timeout": args.start_timeout, "transport": args.transport,
-                                  "log_level": args.log_level.upper() if args.log_level else None}.items() if v is not None}
+    settings = {
+        k: v
+        for k, v in {
+            "start_timeout": args.start_timeout,
+            "transport": args.transport,
+            "log_level": args.log_level.upper() if args.log_level else None,
+        }.items()
+        if v is not None
+    }
     try:
-        result = run_command(command, np=args.np, hosts=args.hosts, output_filename=args.output_filename,
-                             verbose=args.verbose, rendezvous_port=args.rendezvous_port, **settings)
+        result = run_command(
+            command,
+            np=args.np,
+            hosts=args.hosts,
+            output_filename=args.output_filename,
+            verbose=args.verbose,
+            rendezvous_port=args.rendezvous_port,
+            **settings,
+        )
     except HoraError as exc:
         print(f"hora run: {exc}", file=sys.stderr)
         return 2

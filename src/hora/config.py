@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -37,8 +38,8 @@ def _parse_bool(text: str) -> bool:
 
 def _parse_positive_float(text: str) -> float:
     value = float(text)
-    if value <= 0:
-        raise ValueError("expected a number > 0")
+    if not (value > 0 and math.isfinite(value)):  # also refuses nan and inf: every wait needs a real limit
+        raise ValueError("expected a finite number > 0")
     return value
 
 
@@ -177,7 +178,9 @@ class Config:
     )
 
     @classmethod
-    def resolve(cls, env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
+    def resolve(
+        cls, env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
+    ) -> Config:
         """Read every setting from ``env`` (default ``os.environ``), then apply explicit ``overrides``."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
@@ -190,12 +193,15 @@ class Config:
                     except ValueError as exc:
                         problems.append(f"{name}={env[name]!r} is not valid: {exc}")
                     break
-        known = {f.name for f in dataclasses.fields(cls)}
+        fields = {f.name: f for f in dataclasses.fields(cls)}
         for key, value in (overrides or {}).items():
-            if key not in known:
-                problems.append(f"unknown setting {key!r}; known settings: {', '.join(sorted(known))}")
+            if key not in fields:
+                problems.append(f"unknown setting {key!r}; known settings: {', '.join(sorted(fields))}")
             elif value is not None:
-                values[key] = value
+                try:  # an argument is checked and normalised exactly like its environment variable
+                    values[key] = fields[key].metadata["parse"](str(value))
+                except ValueError as exc:
+                    problems.append(f"{key}={value!r} is not valid: {exc}")
         if problems:
             raise ConfigError("invalid hora settings:\n  " + "\n  ".join(problems))
         config = cls(**values)
@@ -208,6 +214,13 @@ class Config:
         if data.get("secret"):
             data["secret"] = "<hidden>"
         return data
+
+    @classmethod
+    def env_for(cls, settings: Mapping[str, Any]) -> dict[str, str]:
+        """Explicit settings as ``HORA_*`` variables for a launcher's workers, validated first. Every given setting
+        is exported, defaults included, so an explicit argument beats a variable the workers would inherit."""
+        resolved = cls.resolve(env={}, overrides=settings)
+        return {env_names(k)[0]: str(getattr(resolved, k)) for k, v in settings.items() if v is not None}
 
     def to_env(self) -> dict[str, str]:
         """The settings as ``HORA_*`` environment variables (what a launcher hands its workers)."""

@@ -43,8 +43,12 @@ __all__ = ["Engine"]
 
 log = logging.getLogger(__name__)
 
-_ERRORS: dict[str, type[CollectiveError]] = {"mismatch": MismatchError, "duplicate": MismatchError,
-                                             "shutdown": ShutdownError, "join": CollectiveError}
+_ERRORS: dict[str, type[CollectiveError]] = {
+    "mismatch": MismatchError,
+    "duplicate": MismatchError,
+    "shutdown": ShutdownError,
+    "join": CollectiveError,
+}
 
 
 class Engine:
@@ -163,7 +167,7 @@ class Engine:
         else:
             self._send(0, "req", [r.to_wire() for r in requests])
 
-    def _send(self, peer: int, kind: str, payload: list) -> None:  # type: ignore[type-arg]
+    def _send(self, peer: int, kind: str, payload: list) -> None:
         send_frame(self._control[peer], encode(kind, payload))
 
     def _dispatch(self, responses: list[Response]) -> None:
@@ -196,7 +200,10 @@ class Engine:
             if self._coordinator is not None:
                 self._coordinator.leave(peer, reason)
             else:
-                self._fail(ShutdownError(f"{reason}; no collective can run after the coordinator shut down"), quiet=True)
+                self._fail(
+                    ShutdownError(f"{reason}; no collective can run after the coordinator shut down"),
+                    quiet=True,
+                )
         elif kind == "abort":
             raise PeerLostError(str(payload[0]))
         else:
@@ -259,8 +266,11 @@ class Engine:
         with self._lock:
             pending, self._pending = list(self._pending.values()), {}
         for e in pending:
-            e.handle._set_error(ShutdownError(f"'{e.request.name}' was still pending when hora was shut down on "
-                                              f"rank {self.rank}"))
+            e.handle._set_error(
+                ShutdownError(
+                    f"'{e.request.name}' was still pending when hora was shut down on rank {self.rank}"
+                )
+            )
         for peer in list(self._control):
             try:
                 self._send(peer, "bye", [f"rank {self.rank} shut down"])

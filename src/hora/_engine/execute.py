@@ -23,7 +23,9 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1)
 
 
-def _scaled_reduce(plane: DataPlane, req: Request, src: np.ndarray, dst: np.ndarray, counts: list[int] | None) -> None:
+def _scaled_reduce(
+    plane: DataPlane, req: Request, src: np.ndarray, dst: np.ndarray, counts: list[int] | None
+) -> None:
     op, pre, post = req.op, req.prescale, req.postscale
     if op == ReduceOp.AVERAGE:
         op, post = ReduceOp.SUM, post / plane.size
@@ -68,14 +70,20 @@ def execute(plane: DataPlane, resp: Response, entry: Entry | None) -> Any:
         _scaled_reduce(plane, req, _flat(src), _flat(out), [r * row for r in rows])
         return out
     if kind is Kind.BROADCAST:
-        out = entry.output if entry.output is not None else (src.copy() if me == req.root else np.empty_like(src))
+        out = (
+            entry.output
+            if entry.output is not None
+            else (src.copy() if me == req.root else np.empty_like(src))
+        )
         plane.broadcast(_flat(out).view(np.uint8), req.root)
         return out
     nbytes = row * dtype.itemsize
     if kind is Kind.ALLGATHER:
         assert resp.first_dims is not None
         out = np.empty((sum(resp.first_dims), *req.shape[1:]), dtype)
-        plane.allgather(_flat(src).view(np.uint8), _flat(out).view(np.uint8), [d * nbytes for d in resp.first_dims])
+        plane.allgather(
+            _flat(src).view(np.uint8), _flat(out).view(np.uint8), [d * nbytes for d in resp.first_dims]
+        )
         return out
     if kind is Kind.ALLTOALL:
         assert resp.splits is not None

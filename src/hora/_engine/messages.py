@@ -51,13 +51,33 @@ class Request:
     process_set: int = 0
 
     def to_wire(self) -> list[Any]:
-        return [self.kind.value, self.name, self.dtype, list(self.shape), int(self.op), self.root,
-                self.prescale, self.postscale, None if self.splits is None else list(self.splits), self.process_set]
+        return [
+            self.kind.value,
+            self.name,
+            self.dtype,
+            list(self.shape),
+            int(self.op),
+            self.root,
+            self.prescale,
+            self.postscale,
+            None if self.splits is None else list(self.splits),
+            self.process_set,
+        ]
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> Request:
-        return cls(Kind(w[0]), str(w[1]), str(w[2]), tuple(int(x) for x in w[3]), int(w[4]), int(w[5]),
-                   float(w[6]), float(w[7]), None if w[8] is None else tuple(int(x) for x in w[8]), int(w[9]))
+        return cls(
+            Kind(w[0]),
+            str(w[1]),
+            str(w[2]),
+            tuple(int(x) for x in w[3]),
+            int(w[4]),
+            int(w[5]),
+            float(w[6]),
+            float(w[7]),
+            None if w[8] is None else tuple(int(x) for x in w[8]),
+            int(w[9]),
+        )
 
 
 @dataclass
@@ -74,8 +94,15 @@ class Response:
     last_joined: int = -1
 
     def to_wire(self) -> list[Any]:
-        return [self.request.to_wire(), self.error, self.error_kind, self.first_dims, self.splits, self.joined,
-                self.last_joined]
+        return [
+            self.request.to_wire(),
+            self.error,
+            self.error_kind,
+            self.first_dims,
+            self.splits,
+            self.joined,
+            self.last_joined,
+        ]
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> Response:
@@ -88,6 +115,8 @@ def encode(kind: str, payload: list[Any]) -> bytes:
 
 def decode(frame: bytes) -> tuple[str, list[Any]]:
     data = json.loads(frame)
-    if not (isinstance(data, list) and len(data) == 2 and isinstance(data[0], str) and isinstance(data[1], list)):
+    if not (
+        isinstance(data, list) and len(data) == 2 and isinstance(data[0], str) and isinstance(data[1], list)
+    ):
         raise ValueError("control message is not [kind, payload]")
     return data[0], data[1]

@@ -74,8 +74,12 @@ class Coordinator:
             if not entry:
                 self._since[req.name] = time.monotonic()
             if rank in entry:
-                self._error(req, f"{req.kind.value} '{req.name}' was submitted twice by rank {rank} before it "
-                                 "completed; names must be unique among pending collectives.", "duplicate")
+                self._error(
+                    req,
+                    f"{req.kind.value} '{req.name}' was submitted twice by rank {rank} before it "
+                    "completed; names must be unique among pending collectives.",
+                    "duplicate",
+                )
                 continue
             entry[rank] = req
             if self._gone:
@@ -88,6 +92,8 @@ class Coordinator:
         self._gone[rank] = reason
         for name in list(self._table):
             self._fail_gone(name)
+        if self._joined:  # a join can no longer complete: every rank must join, and one has left
+            self._fail_join()
 
     def pending(self) -> dict[str, tuple[float, list[int]]]:
         """name -> (seconds waiting, ranks that submitted it): what a stall inspector reports."""
@@ -100,7 +106,17 @@ class Coordinator:
         return out
 
     # -- internals --------------------------------------------------------------------------------------------
+    def _fail_join(self) -> None:
+        self._joined = []
+        gone = format_ranks(self._gone)
+        self._out.append(Response(Request(Kind.JOIN, "join"), error=f"join() cannot complete: {gone} shut down "
+                                  f"({'; '.join(sorted(set(self._gone.values())))}).", error_kind="shutdown"))
+
     def _join(self, rank: int) -> None:
+        if self._gone:
+            self._joined.append(rank)
+            self._fail_join()
+            return
         if rank not in self._joined:
             self._joined.append(rank)
         for name in list(self._table):
@@ -115,9 +131,14 @@ class Coordinator:
         self._since.pop(name, None)
         req = next(iter(entry.values()))
         gone = format_ranks(self._gone)
-        self._out.append(Response(req, error=f"{req.kind.value} '{name}' cannot complete: {gone} shut down "
-                                             f"({'; '.join(sorted(set(self._gone.values())))}).",
-                                  error_kind="shutdown"))
+        self._out.append(
+            Response(
+                req,
+                error=f"{req.kind.value} '{name}' cannot complete: {gone} shut down "
+                f"({'; '.join(sorted(set(self._gone.values())))}).",
+                error_kind="shutdown",
+            )
+        )
 
     def _error(self, req: Request, message: str, kind: str = "mismatch") -> None:
         self._out.append(Response(req, error=message, error_kind=kind))
@@ -136,19 +157,27 @@ class Coordinator:
         first = entry[ranks[0]]
         kinds = {r: entry[r].kind for r in ranks}
         if len(set(kinds.values())) > 1:
-            return Response(first, error=self._mismatch("collective", name, "operation", kinds, lambda k: k.value))
+            return Response(
+                first, error=self._mismatch("collective", name, "operation", kinds, lambda k: k.value)
+            )
         kind = first.kind
         for label, get, fmt in _FIELDS[kind]:
             values = {r: get(entry[r]) for r in ranks}
             if len(set(values.values())) > 1:
                 return Response(first, error=self._mismatch(kind.value, name, label, values, fmt))
         if kind is Kind.BROADCAST and not 0 <= first.root < self.size:
-            return Response(first, error=f"broadcast '{name}' has root_rank {first.root}, but there are only "
-                                         f"{self.size} ranks (0..{self.size - 1}).")
+            return Response(
+                first,
+                error=f"broadcast '{name}' has root_rank {first.root}, but there are only "
+                f"{self.size} ranks (0..{self.size - 1}).",
+            )
         if joined and kind is not Kind.ALLREDUCE:
-            return Response(first, error=f"{kind.value} '{name}' cannot run: {format_ranks(joined)} already "
-                                         "called join(); while ranks are joined only allreduce can run.",
-                            error_kind="join")
+            return Response(
+                first,
+                error=f"{kind.value} '{name}' cannot run: {format_ranks(joined)} already "
+                "called join(); while ranks are joined only allreduce can run.",
+                error_kind="join",
+            )
         response = Response(first, joined=sorted(joined))
         if kind is Kind.ALLGATHER:
             response.first_dims = [entry[r].shape[0] if entry[r].shape else 1 for r in range(self.size)]
@@ -156,8 +185,11 @@ class Coordinator:
             response.splits = [list(entry[r].splits or ()) for r in range(self.size)]
             bad = [r for r in range(self.size) if len(response.splits[r]) != self.size]
             if bad:
-                return Response(first, error=f"alltoall '{name}' needs {self.size} splits per rank, one per "
-                                             f"destination; {format_ranks(bad)} gave another number.")
+                return Response(
+                    first,
+                    error=f"alltoall '{name}' needs {self.size} splits per rank, one per "
+                    f"destination; {format_ranks(bad)} gave another number.",
+                )
         return response
 
     @staticmethod
@@ -166,5 +198,8 @@ class Coordinator:
         for r, v in values.items():
             groups.setdefault(v, []).append(r)
         parts = [f"{fmt(v)} on {format_ranks(rs)}" for v, rs in groups.items()]
-        return (f"{kind} '{name}' has {label} {parts[0]} but " + " and ".join(parts[1:])
-                + f"; all ranks must submit the same {label.split(' (')[0]}.")
+        return (
+            f"{kind} '{name}' has {label} {parts[0]} but "
+            + " and ".join(parts[1:])
+            + f"; all ranks must submit the same {label.split(' (')[0]}."
+        )

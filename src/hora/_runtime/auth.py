@@ -106,9 +106,13 @@ def client_handshake(sock: socket.socket, secret: bytes, role: Role, rank: int, 
             )
         server_proof = recv_exact(sock, MAC_BYTES, "server")
         if not hmac.compare_digest(server_proof, _mac(secret, b"s", client_nonce, server_nonce, ident)):
-            raise AuthenticationError("the server could not prove it knows the job secret; refusing to talk to it")
-    except socket.timeout as exc:
+            raise AuthenticationError(
+                "the server could not prove it knows the job secret; refusing to talk to it"
+            )
+    except TimeoutError as exc:
         raise AuthenticationError(f"handshake with the server timed out after {timeout:g}s") from exc
+    except PeerLostError as exc:
+        raise ProtocolError(f"the server closed the connection during the handshake ({exc})") from exc
     finally:
         sock.settimeout(previous)
 
@@ -137,13 +141,15 @@ def server_handshake(
         try:
             role = Role(role_value)
         except ValueError:
-            role = None  # type: ignore[assignment]
+            role = None
         if role is None or (roles is not None and role not in roles):
             _send_quietly(sock, b"\x00")
-            raise AuthenticationError(f"a client asked for role {role_value}, which this server does not serve")
+            raise AuthenticationError(
+                f"a client asked for role {role_value}, which this server does not serve"
+            )
         sock.sendall(b"\x01" + _mac(secret, b"s", client_nonce, server_nonce, ident))
         return role, rank
-    except socket.timeout as exc:
+    except TimeoutError as exc:
         raise AuthenticationError(f"a client did not complete the handshake within {timeout:g}s") from exc
     except PeerLostError as exc:
         raise ProtocolError(f"a client left during the handshake ({exc})") from exc

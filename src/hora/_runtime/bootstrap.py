@@ -73,7 +73,9 @@ def read_secret(config: Config) -> bytes | None:
     try:
         secret = bytes.fromhex(text.strip())
     except ValueError:
-        raise ConfigError(f"{source} must be hex (e.g. from 'python -c \"import secrets; print(secrets.token_hex(32))\"')") from None
+        raise ConfigError(
+            f"{source} must be hex (e.g. from 'python -c \"import secrets; print(secrets.token_hex(32))\"')"
+        ) from None
     if len(secret) < 16:
         raise ConfigError(f"{source} is {len(secret)} bytes; use at least 32 random bytes")
     return secret
@@ -110,7 +112,9 @@ def start_bootstrap(config: Config, info: LaunchInfo, deadline: float) -> Bootst
             )
         if not config.rendezvous_port:
             raise ConfigError("HORA_RENDEZVOUS_ADDR is set but HORA_RENDEZVOUS_PORT is not.")
-        return Bootstrap(config.rendezvous_addr, config.rendezvous_port, secret, config.job_id or info.job_key)
+        return Bootstrap(
+            config.rendezvous_addr, config.rendezvous_port, secret, config.job_id or info.job_key
+        )
     if not info.job_key:
         raise ConfigError(
             f"this process is rank {info.rank} of {info.size} ({info.source}) but nothing tells hora where the "
@@ -121,7 +125,9 @@ def start_bootstrap(config: Config, info: LaunchInfo, deadline: float) -> Bootst
     path = runtime_dir(config) / f"job-{digest}.json"
     if info.rank == 0:
         secret = secret or os.urandom(32)
-        host = config.bind_addr or (_local_addr_towards(info.master_addr) if info.master_addr else "127.0.0.1")
+        host = config.bind_addr or (
+            _local_addr_towards(info.master_addr) if info.master_addr else "127.0.0.1"
+        )
         server = RendezvousServer(secret, host=host, max_frame_bytes=config.max_frame_bytes)
         addr, port = server.start()
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -37,7 +37,9 @@ class PeerListener:
         return host, port
 
     def start_accepting(self, expected: set[tuple[Role, int]], deadline: float) -> None:
-        self._thread = threading.Thread(target=self._accept, args=(expected, deadline), name="hora-accept", daemon=True)
+        self._thread = threading.Thread(
+            target=self._accept, args=(expected, deadline), name="hora-accept", daemon=True
+        )
         self._thread.start()
 
     def wait(self) -> dict[tuple[Role, int], socket.socket]:
@@ -62,7 +64,7 @@ class PeerListener:
                 self.sock.settimeout(left)
                 try:
                     conn, addr = self.sock.accept()
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 try:
                     role, rank = server_handshake(conn, self._secret, timeout=min(left, 5.0))

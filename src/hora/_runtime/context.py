@@ -96,8 +96,13 @@ def init(**settings: Any) -> None:
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
-        log.debug("rank %d/%d initialised (%s, %s transport)", _current.rank, _current.size, launch.source,
-                  _current.transport)
+        log.debug(
+            "rank %d/%d initialised (%s, %s transport)",
+            _current.rank,
+            _current.size,
+            launch.source,
+            _current.transport,
+        )
 
 
 def shutdown() -> None:
@@ -141,7 +146,9 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
     prefix = f"{boot.job_id}/{config.attempt}/g{generation}/"
     cleanup: list[Any] = []
     try:
-        store = RendezvousClient(boot.addr, boot.port, boot.secret, rank, prefix, deadline, config.max_frame_bytes)
+        store = RendezvousClient(
+            boot.addr, boot.port, boot.secret, rank, prefix, deadline, config.max_frame_bytes
+        )
         cleanup.append(store)
         bind = config.bind_addr or ("127.0.0.1" if _is_loopback(boot.addr) else _route_to(boot.addr))
         listener = PeerListener(bind, boot.secret)
@@ -174,11 +181,21 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         if transport == "tcp":
             expected |= {(Role.DATA, r) for r in range(rank + 1, size)}
         listener.start_accepting(expected, deadline)
-        dialed_control = connect_peers([(0, peers[0]["addr"], peers[0]["port"])] if rank else [], Role.CONTROL,
-                                       rank, boot.secret, deadline)
+        dialed_control = connect_peers(
+            [(0, peers[0]["addr"], peers[0]["port"])] if rank else [],
+            Role.CONTROL,
+            rank,
+            boot.secret,
+            deadline,
+        )
         cleanup.extend(dialed_control.values())
-        dialed_data = connect_peers([(r, peers[r]["addr"], peers[r]["port"]) for r in range(rank)]
-                                    if transport == "tcp" else [], Role.DATA, rank, boot.secret, deadline)
+        dialed_data = connect_peers(
+            [(r, peers[r]["addr"], peers[r]["port"]) for r in range(rank)] if transport == "tcp" else [],
+            Role.DATA,
+            rank,
+            boot.secret,
+            deadline,
+        )
         cleanup.extend(dialed_data.values())
         accepted = listener.wait()
         cleanup.extend(accepted.values())
@@ -210,8 +227,21 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
                 pass
         boot.close()
         raise
-    return Context(config, launch, rank, size, topo["local_rank"], topo["local_size"], topo["cross_rank"],
-                   topo["cross_size"], hostname, transport, engine, peers, boot if boot.server else None)
+    return Context(
+        config,
+        launch,
+        rank,
+        size,
+        topo["local_rank"],
+        topo["local_size"],
+        topo["cross_rank"],
+        topo["cross_size"],
+        hostname,
+        transport,
+        engine,
+        peers,
+        boot if boot.server else None,
+    )
 
 
 def _ranks(rs: list[int]) -> str:
@@ -238,8 +268,10 @@ def _topology(peers: list[dict[str, Any]], rank: int, source: str) -> dict[str, 
         lr, ls = local[p["host"]].index(r), len(local[p["host"]])
         hint = p.get("hint") or [None, None]
         if (hint[0] is not None and hint[0] != lr) or (hint[1] is not None and hint[1] != ls):
-            problems.append(f"rank {r} on {p['host']}: launcher says local rank {hint[0]} of {hint[1]}, "
-                            f"hosts at the rendezvous give {lr} of {ls}")
+            problems.append(
+                f"rank {r} on {p['host']}: launcher says local rank {hint[0]} of {hint[1]}, "
+                f"hosts at the rendezvous give {lr} of {ls}"
+            )
     if problems:
         raise ConfigError(
             f"the {source} launcher's local ranks disagree with the hosts the ranks reported:\n  "
@@ -249,14 +281,21 @@ def _topology(peers: list[dict[str, Any]], rank: int, source: str) -> dict[str, 
     my_host = peers[rank]["host"]
     local_rank, local_size = local[my_host].index(rank), len(local[my_host])
     cross = [h for h in hosts if len(local[h]) > local_rank]
-    return {"hosts": hosts, "local_rank": local_rank, "local_size": local_size,
-            "cross_rank": cross.index(my_host), "cross_size": len(cross)}
+    return {
+        "hosts": hosts,
+        "local_rank": local_rank,
+        "local_size": local_size,
+        "cross_rank": cross.index(my_host),
+        "cross_size": len(cross),
+    }
 
 
 def _choose_transport(config: Config, hosts: list[str]) -> str:
     if config.transport == "shm" and len(hosts) > 1:
-        raise ConfigError(f"HORA_TRANSPORT=shm needs every rank on one host, but ranks run on {len(hosts)} hosts "
-                          f"({', '.join(hosts)}); use tcp or auto.")
+        raise ConfigError(
+            f"HORA_TRANSPORT=shm needs every rank on one host, but ranks run on {len(hosts)} hosts "
+            f"({', '.join(hosts)}); use tcp or auto."
+        )
     if config.transport == "auto":
         return "shm" if len(hosts) == 1 else "tcp"
     return config.transport
@@ -267,12 +306,22 @@ def _store_barrier(store: RendezvousClient, key: str, n: int, deadline: float, r
     try:
         store.wait([key], max(deadline - time.monotonic(), 0.0), at_least=n)
     except _MissingKeys:
-        raise RendezvousError(f"rank {rank}: not every rank finished start-up ('{key}') before the start timeout; "
-                              "another rank probably failed — see its error") from None
+        raise RendezvousError(
+            f"rank {rank}: not every rank finished start-up ('{key}') before the start timeout; "
+            "another rank probably failed — see its error"
+        ) from None
 
 
-def _shm_plane(config: Config, store: RendezvousClient, boot: Bootstrap, peers: list[dict[str, Any]],
-               rank: int, size: int, generation: int, deadline: float) -> ShmPlane:
+def _shm_plane(
+    config: Config,
+    store: RendezvousClient,
+    boot: Bootstrap,
+    peers: list[dict[str, Any]],
+    rank: int,
+    size: int,
+    generation: int,
+    deadline: float,
+) -> ShmPlane:
     tag = hashlib.sha256(f"{boot.job_id}/{config.attempt}/{generation}".encode()).hexdigest()[:20]
     name = f"hora-{tag}"
     pids = [(int(p["pid"]), int(p["start"])) for p in peers]

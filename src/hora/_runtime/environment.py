@@ -41,7 +41,9 @@ def _int(env: Mapping[str, str], name: str, source: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a whole number ({source} sets it to the process's rank/size)") from None
+        raise ConfigError(
+            f"{name}={text!r} is not a whole number ({source} sets it to the process's rank/size)"
+        ) from None
 
 
 def _opt_int(env: Mapping[str, str], name: str, source: str) -> int | None:
@@ -84,14 +86,23 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
         lr = _opt_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "Open MPI")
         ls = _opt_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "Open MPI")
         _check_local(lr, ls, ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"), size)
-        key = env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_ess_base_jobid") or env.get("OMPI_MCA_orte_hnp_uri", "")
+        key = (
+            env.get("PMIX_NAMESPACE")
+            or env.get("OMPI_MCA_ess_base_jobid")
+            or env.get("OMPI_MCA_orte_hnp_uri", "")
+        )
         return LaunchInfo("openmpi", rank, size, lr, ls, job_key=f"ompi:{key}" if key else "")
     if env.get("RANK", "") != "" or env.get("WORLD_SIZE", "") != "":
         rank, size = _pair(env, "RANK", "WORLD_SIZE", "torchrun")
         lr, ls = _opt_int(env, "LOCAL_RANK", "torchrun"), _opt_int(env, "LOCAL_WORLD_SIZE", "torchrun")
         _check_local(lr, ls, ("LOCAL_RANK", "LOCAL_WORLD_SIZE"), size)
         master = env.get("MASTER_ADDR", "")
-        parts = [env.get("TORCHELASTIC_RUN_ID", ""), master, env.get("MASTER_PORT", ""), env.get("TORCHELASTIC_RESTART_COUNT", "0")]
+        parts = [
+            env.get("TORCHELASTIC_RUN_ID", ""),
+            master,
+            env.get("MASTER_PORT", ""),
+            env.get("TORCHELASTIC_RESTART_COUNT", "0"),
+        ]
         key = "torchrun:" + ":".join(parts) if any(parts[:3]) else ""
         return LaunchInfo("torchrun", rank, size, lr, ls, job_key=key, master_addr=master)
     if env.get("SLURM_STEP_ID", "") != "" and env.get("SLURM_PROCID", "") != "":
@@ -99,7 +110,9 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
         lr = _opt_int(env, "SLURM_LOCALID", "Slurm")
         ls = None
         per_node = env.get("SLURM_TASKS_PER_NODE", "")
-        if per_node.isdigit():  # homogeneous "4"; heterogeneous forms like "2(x3),1" leave it to the rendezvous
+        if (
+            per_node.isdigit()
+        ):  # homogeneous "4"; heterogeneous forms like "2(x3),1" leave it to the rendezvous
             ls = int(per_node)
         _check_local(lr, ls, ("SLURM_LOCALID", "SLURM_TASKS_PER_NODE"), size)
         key = f"slurm:{env.get('SLURM_JOB_ID', '')}.{env['SLURM_STEP_ID']}"

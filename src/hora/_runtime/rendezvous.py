@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from hora._runtime.auth import Role, client_handshake, recv_frame, send_frame, server_handshake
-from hora.errors import AuthenticationError, HoraError, ProtocolError, RendezvousError
+from hora.errors import AuthenticationError, HoraError, PeerLostError, ProtocolError, RendezvousError
 
 __all__ = ["RendezvousClient", "RendezvousServer", "connect_with_retry"]
 
@@ -95,7 +95,9 @@ class RendezvousServer:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn,), name="hora-rendezvous-client", daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(conn,), name="hora-rendezvous-client", daemon=True
+            ).start()
 
     def _serve(self, conn: socket.socket) -> None:
         with self._cond:
@@ -108,8 +110,8 @@ class RendezvousServer:
             while True:
                 try:
                     frame = recv_frame(conn, self._max_frame, "rendezvous client")
-                except HoraError:
-                    return  # client went away
+                except PeerLostError:
+                    return  # the client went away
                 try:
                     request = json.loads(frame)
                     if not isinstance(request, dict):
@@ -160,7 +162,11 @@ class RendezvousServer:
                     self._cond.wait(left)
                 if ready():
                     return {"ok": True, "values": {k: self._data[k] for k in keys}}
-                missing = [k for k in keys if k not in self._data or (minimum is not None and int(self._data[k]) < int(minimum))]
+                missing = [
+                    k
+                    for k in keys
+                    if k not in self._data or (minimum is not None and int(self._data[k]) < int(minimum))
+                ]
                 return {"ok": False, "missing": missing, "closed": self._closed}
         raise ValueError(f"unknown op {op!r}")
 
@@ -185,7 +191,7 @@ def connect_with_retry(
             raise RendezvousError(f"could not reach {what} at {addr}:{port}: {last or 'timed out'}")
         try:
             sock = socket.create_connection((addr, port), timeout=min(left, 10.0))
-        except (ConnectionRefusedError, socket.timeout, OSError) as exc:
+        except (TimeoutError, ConnectionRefusedError, OSError) as exc:
             last = exc
             time.sleep(min(delay, max(left, 0)))
             delay = min(delay * 2, 0.5)
@@ -204,12 +210,21 @@ class RendezvousClient:
     """A connection to the rendezvous store whose keys all live under ``prefix``."""
 
     def __init__(
-        self, addr: str, port: int, secret: bytes, rank: int, prefix: str, deadline: float, max_frame_bytes: int = 1 << 20
+        self,
+        addr: str,
+        port: int,
+        secret: bytes,
+        rank: int,
+        prefix: str,
+        deadline: float,
+        max_frame_bytes: int = 1 << 20,
     ) -> None:
         self.addr, self.port, self.prefix, self.rank = addr, port, prefix, rank
         self._max_frame = max_frame_bytes
         self._lock = threading.Lock()
-        self._sock = connect_with_retry(addr, port, secret, Role.RENDEZVOUS, rank, deadline, "the rendezvous store")
+        self._sock = connect_with_retry(
+            addr, port, secret, Role.RENDEZVOUS, rank, deadline, "the rendezvous store"
+        )
 
     def _call(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         with self._lock:
@@ -219,13 +234,13 @@ class RendezvousClient:
                 reply = json.loads(recv_frame(self._sock, self._max_frame, "the rendezvous store"))
             except (OSError, HoraError) as exc:
                 raise RendezvousError(f"lost the rendezvous store at {self.addr}:{self.port}: {exc}") from exc
-        return reply  # type: ignore[no-any-return]
+        return reply
 
     def set(self, key: str, value: str) -> None:
         self._call({"op": "set", "key": self.prefix + key, "value": value}, 10.0)
 
     def get(self, key: str) -> str | None:
-        return self._call({"op": "get", "key": self.prefix + key}, 10.0)["value"]  # type: ignore[no-any-return]
+        return self._call({"op": "get", "key": self.prefix + key}, 10.0)["value"]
 
     def add(self, key: str, amount: int = 1) -> int:
         return int(self._call({"op": "add", "key": self.prefix + key, "amount": amount}, 10.0)["value"])

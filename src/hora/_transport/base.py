@@ -33,7 +33,12 @@ DTYPES: dict[str, np.dtype] = {
 }
 HALF = (DTYPES["float16"], DTYPES["bfloat16"])
 
-_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.PRODUCT: np.multiply}
+_UFUNCS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.PRODUCT: np.multiply,
+}
 
 
 def reduce_into(acc: np.ndarray, x: np.ndarray, op: int) -> None:
@@ -86,7 +91,7 @@ class DataPlane(ABC):
         """Send ``send_counts[r]`` bytes to rank r; receive ``recv_counts[r]`` bytes from rank r into ``dst`` in
         rank order. ``max_block`` is the largest block any rank sends any other (for transports that step)."""
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str) -> None:  # noqa: B027 - optional: a transport without peers has nothing to do
         """Make peers blocked in a collective with this rank fail quickly (this rank is giving up)."""
 
     @abstractmethod
@@ -113,7 +118,9 @@ class SelfPlane(DataPlane):
     def broadcast(self, buf: np.ndarray, root: int) -> None:
         pass
 
-    def alltoall(self, src: np.ndarray, send_counts: list[int], dst: np.ndarray, recv_counts: list[int], max_block: int) -> None:
+    def alltoall(
+        self, src: np.ndarray, send_counts: list[int], dst: np.ndarray, recv_counts: list[int], max_block: int
+    ) -> None:
         dst[...] = src
 
     def close(self) -> None:

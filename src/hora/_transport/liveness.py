@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["process_start_time", "process_alive"]
+__all__ = ["process_alive", "process_start_time"]
 
 
 def process_start_time(pid: int) -> int:

@@ -86,9 +86,11 @@ class ShmPlane(DataPlane):
             fd = os.open(path, os.O_RDWR)
             if os.fstat(fd).st_size != total:
                 os.close(fd)
-                raise ProtocolError(f"shared-memory segment {path} has the wrong size; is another job using the name?")
+                raise ProtocolError(
+                    f"shared-memory segment {path} has the wrong size; is another job using the name?"
+                )
         try:
-            self._mm = mmap.mmap(fd, total)
+            self._mm: mmap.mmap | None = mmap.mmap(fd, total)
         finally:
             os.close(fd)
         self._created = create
@@ -98,7 +100,9 @@ class ShmPlane(DataPlane):
         if create:
             meta[:] = (_MAGIC, size, self._chunk)
         elif tuple(meta) != (_MAGIC, size, self._chunk):
-            raise ProtocolError(f"shared-memory segment {path} was made by an incompatible hora or another job")
+            raise ProtocolError(
+                f"shared-memory segment {path} was made by an incompatible hora or another job"
+            )
         self._abort = np.ndarray((1,), np.int64, buffer=self._mm, offset=_ABORT_OFF)
         self._reason = u8[_REASON_OFF : _REASON_OFF + _REASON_LEN]
         self._ctr = np.ndarray((size,), np.int64, buffer=self._mm, offset=_CTR_OFF, strides=(_LINE,))
@@ -186,9 +190,12 @@ class ShmPlane(DataPlane):
                     self.abort(message)
                     raise PeerLostError(message)
                 if now - start > self._timeout:
-                    message = (f"{self.what} waited {self._timeout:g}s for " + ", ".join(f"rank {r}" for r in late)
-                               + " inside the shared-memory transport; the peer is alive but stuck "
-                               "(raise HORA_OP_TIMEOUT_SECONDS if it is just slow)")
+                    message = (
+                        f"{self.what} waited {self._timeout:g}s for "
+                        + ", ".join(f"rank {r}" for r in late)
+                        + " inside the shared-memory transport; the peer is alive but stuck "
+                        "(raise HORA_OP_TIMEOUT_SECONDS if it is just slow)"
+                    )
                     self.abort(message)
                     raise TimeoutError(message)
 
@@ -264,7 +271,9 @@ class ShmPlane(DataPlane):
             for r in range(self.size):
                 m = min(chunk, counts[r] - lo)
                 if m > 0:
-                    dst[offs[r] + lo : offs[r] + lo + m] = (src[lo : lo + m] if r == me else self._bufs[r][b][:m])
+                    dst[offs[r] + lo : offs[r] + lo + m] = (
+                        src[lo : lo + m] if r == me else self._bufs[r][b][:m]
+                    )
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
         n, chunk = buf.size, self._chunk
@@ -278,7 +287,9 @@ class ShmPlane(DataPlane):
             if self.rank != root:
                 buf[lo : lo + m] = self._bufs[root][b][:m]
 
-    def alltoall(self, src: np.ndarray, send_counts: list[int], dst: np.ndarray, recv_counts: list[int], max_block: int) -> None:
+    def alltoall(
+        self, src: np.ndarray, send_counts: list[int], dst: np.ndarray, recv_counts: list[int], max_block: int
+    ) -> None:
         me, cap = self.rank, self._sub
         sd, rd = offsets(send_counts), offsets(recv_counts)
         for k in range(-(-max_block // cap)):
@@ -294,5 +305,3 @@ class ShmPlane(DataPlane):
                 m = min(cap, recv_counts[j] - lo)
                 if m > 0:
                     dst[rd[j] + lo : rd[j] + lo + m] = self._bufs[j][b][me * cap : me * cap + m]
-
-

@@ -9,6 +9,7 @@ piece as it arrives, so network and arithmetic overlap. Receives go straight int
 
 from __future__ import annotations
 
+import builtins
 import socket
 import threading
 from collections import deque
@@ -23,7 +24,7 @@ __all__ = ["TcpPlane"]
 
 
 def _bytes(a: np.ndarray) -> memoryview:
-    return memoryview(a.view(np.uint8))
+    return memoryview(a.view(np.uint8))  # type: ignore[arg-type]
 
 
 class _Sender:
@@ -89,7 +90,9 @@ class _SendFailed(Exception):
 class TcpPlane(DataPlane):
     """Ring collectives over ``socks`` (peer rank -> connected, authenticated socket)."""
 
-    def __init__(self, rank: int, size: int, socks: dict[int, socket.socket], chunk_bytes: int, op_timeout: float) -> None:
+    def __init__(
+        self, rank: int, size: int, socks: dict[int, socket.socket], chunk_bytes: int, op_timeout: float
+    ) -> None:
         self.rank, self.size = rank, size
         self._socks = socks
         self._chunk = max(4096, chunk_bytes)
@@ -110,9 +113,11 @@ class TcpPlane(DataPlane):
         if a.size:
             try:
                 recv_into_exact(self._socks[peer], _bytes(a), f"rank {peer}")
-            except socket.timeout:
-                raise TimeoutError(f"{self.what} waited {self._timeout:g}s for data from rank {peer} over TCP; "
-                                   "the peer is alive but stuck (raise HORA_OP_TIMEOUT_SECONDS if it is just slow)") from None
+            except builtins.TimeoutError:
+                raise TimeoutError(
+                    f"{self.what} waited {self._timeout:g}s for data from rank {peer} over TCP; "
+                    "the peer is alive but stuck (raise HORA_OP_TIMEOUT_SECONDS if it is just slow)"
+                ) from None
             except PeerLostError as exc:
                 raise PeerLostError(f"rank {peer} left during {self.what}: {exc}") from None
 
@@ -121,8 +126,12 @@ class TcpPlane(DataPlane):
             self._sender.wait()
         except _SendFailed as failed:
             if isinstance(failed.exc, socket.timeout):
-                raise TimeoutError(f"{self.what}: sending to rank {failed.peer} stalled for {self._timeout:g}s") from None
-            raise PeerLostError(f"rank {failed.peer} left during {self.what} (send failed: {failed.exc})") from None
+                raise TimeoutError(
+                    f"{self.what}: sending to rank {failed.peer} stalled for {self._timeout:g}s"
+                ) from None
+            raise PeerLostError(
+                f"rank {failed.peer} left during {self.what} (send failed: {failed.exc})"
+            ) from None
 
     def _scratch_for(self, dtype: np.dtype, n: int) -> np.ndarray:
         need = n * dtype.itemsize
@@ -186,7 +195,9 @@ class TcpPlane(DataPlane):
                 self._send(self._next, piece)
         self._wait_sends()
 
-    def alltoall(self, src: np.ndarray, send_counts: list[int], dst: np.ndarray, recv_counts: list[int], max_block: int) -> None:
+    def alltoall(
+        self, src: np.ndarray, send_counts: list[int], dst: np.ndarray, recv_counts: list[int], max_block: int
+    ) -> None:
         n, me = self.size, self.rank
         sd, rd = offsets(send_counts), offsets(recv_counts)
         dst[rd[me] : rd[me] + recv_counts[me]] = src[sd[me] : sd[me] + send_counts[me]]
@@ -214,5 +225,3 @@ class TcpPlane(DataPlane):
                 pass
             s.close()
         self._socks = {}
-
-

@@ -26,7 +26,7 @@ from hora.runner.launch import Failure, LaunchSpec, RunResult, launch
 __all__ = ["Failure", "RunError", "RunResult", "run", "run_command"]
 
 try:
-    import cloudpickle as _pickler  # type: ignore[import-not-found]
+    import cloudpickle as _pickler
 except ImportError:  # pragma: no cover - optional
     _pickler = pickle
 
@@ -51,12 +51,16 @@ def resolve_hosts(np: int | None, hosts: str | Sequence[HostSlots] | None) -> tu
     if slots:
         remote = [h.host for h in slots if not is_local_host(h.host)]
         if remote:
-            raise ConfigError(f"host {remote[0]!r} is not this machine; this version of hora run starts ranks on "
-                              "this machine only (use -H localhost:N)")
+            raise ConfigError(
+                f"host {remote[0]!r} is not this machine; this version of hora run starts ranks on "
+                "this machine only (use -H localhost:N)"
+            )
         total = sum(h.slots for h in slots)
         if np > total:
-            raise ConfigError(f"-np {np} is more than the {total} slots given by -H; raise the slot count "
-                              f"(e.g. -H localhost:{np}) or lower -np")
+            raise ConfigError(
+                f"-np {np} is more than the {total} slots given by -H; raise the slot count "
+                f"(e.g. -H localhost:{np}) or lower -np"
+            )
     return np, "localhost"
 
 
@@ -80,8 +84,20 @@ def run_command(
     many seconds, first dumping every rank's Python stacks to its stderr.
     """
     n, hostname = resolve_hosts(np, hosts)
-    spec = LaunchSpec(list(command), n, hostname, env, settings, output_filename, capture, True, verbose,
-                      timeout=timeout, cwd=cwd, rendezvous_port=rendezvous_port)
+    spec = LaunchSpec(
+        list(command),
+        n,
+        hostname,
+        env,
+        settings,
+        output_filename,
+        capture,
+        True,
+        verbose,
+        timeout=timeout,
+        cwd=cwd,
+        rendezvous_port=rendezvous_port,
+    )
     return launch(spec)
 
 

@@ -15,7 +15,9 @@ import sys
 
 
 def main() -> None:
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # hora.runner.run(timeout=...) dumps stacks this way
+    faulthandler.register(
+        signal.SIGUSR1, all_threads=True
+    )  # hora.runner.run(timeout=...) dumps stacks this way
     directory = sys.argv[1]
     rank = int(os.environ["HORA_RANK"])
     with open(os.path.join(directory, "fn.pkl"), "rb") as f:

@@ -23,11 +23,19 @@ def parse_hosts(text: str) -> list[HostSlots]:
         item = item.strip()
         if not item:
             continue
-        host, sep, slots = item.rpartition(":")
-        if not sep:
+        if item.startswith("["):  # [ipv6]:slots
+            host, _, slots = item[1:].partition("]")
+            slots = slots.removeprefix(":") or "1"
+        elif item.count(":") > 1:  # a bare IPv6 address has one slot; write [addr]:N for more
             host, slots = item, "1"
-        if not host or not slots.isdigit() or int(slots) < 1:
-            raise ConfigError(f"-H entry {item!r} is not host:slots with slots >= 1 (e.g. -H localhost:4,node2:4)")
+        else:
+            host, sep, slots = item.rpartition(":")
+            if not sep:
+                host, slots = item, "1"
+        if not host or not (slots.isascii() and slots.isdigit()) or int(slots) < 1:
+            raise ConfigError(
+                f"-H entry {item!r} is not host:slots with slots >= 1 (e.g. -H localhost:4,node2:4)"
+            )
         if any(h.host == host for h in out):
             raise ConfigError(f"-H names host {host!r} twice")
         out.append(HostSlots(host, int(slots)))

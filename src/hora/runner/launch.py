@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hora._runtime.auth import new_secret
 from hora._runtime.rendezvous import RendezvousServer
@@ -34,6 +35,7 @@ from hora.runner.output import OutputPump
 __all__ = ["Failure", "LaunchSpec", "RunResult", "launch"]
 
 _PR_SET_PDEATHSIG = 1
+_prctl: Any
 try:
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):  # pragma: no cover - not Linux
@@ -108,12 +110,19 @@ class RunResult:
         elif self.root_cause is None:
             return ""
         else:
-            head = (f"hora run: rank {self.root_cause.rank} failed first (the root cause, below); "
-                    "the other ranks were stopped.")
+            head = (
+                f"hora run: rank {self.root_cause.rank} failed first (the root cause, below); "
+                "the other ranks were stopped."
+            )
         lines = ["=" * 78, head]
         rc = self.root_cause
         if rc is not None:
-            lines += [f"  rank  : {rc.rank}", f"  host  : {rc.host}", f"  pid   : {rc.pid}", f"  exit  : {rc.describe()}"]
+            lines += [
+                f"  rank  : {rc.rank}",
+                f"  host  : {rc.host}",
+                f"  pid   : {rc.pid}",
+                f"  exit  : {rc.describe()}",
+            ]
             if rc.tail:
                 lines.append("  last stderr lines:")
                 lines += [f"    {t}" for t in rc.tail[-12:]]
@@ -139,7 +148,9 @@ def _free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def worker_env(spec: LaunchSpec, rank: int, rdv: tuple[str, int], secret: bytes, job_id: str, master_port: int) -> dict[str, str]:
+def worker_env(
+    spec: LaunchSpec, rank: int, rdv: tuple[str, int], secret: bytes, job_id: str, master_port: int
+) -> dict[str, str]:
     """Everything a worker gets: hora's variables, torchrun's names and Horovod's, plus the settings."""
     env = dict(os.environ if spec.env is None else spec.env)
     n = spec.np
@@ -161,7 +172,7 @@ def worker_env(spec: LaunchSpec, rank: int, rdv: tuple[str, int], secret: bytes,
         MASTER_PORT=str(master_port),
         PYTHONUNBUFFERED="1",
     )
-    env.update(Config.resolve(env={}, overrides=dict(spec.settings)).to_env())
+    env.update(Config.env_for(spec.settings))
     return env
 
 
@@ -292,8 +303,10 @@ def launch(spec: LaunchSpec) -> RunResult:
     try:
         rdv = server.bind()
     except OSError as exc:
-        raise ConfigError(f"cannot listen on 127.0.0.1:{spec.rendezvous_port} for the rendezvous: {exc.strerror}. "
-                          "Choose another --rendezvous-port, or leave it out to use a free port.") from None
+        raise ConfigError(
+            f"cannot listen on 127.0.0.1:{spec.rendezvous_port} for the rendezvous: {exc.strerror}. "
+            "Choose another --rendezvous-port, or leave it out to use a free port."
+        ) from None
     job = _Job(spec)
     master_port = _free_port()
     previous: dict[int, object] = {}
@@ -315,8 +328,14 @@ def launch(spec: LaunchSpec) -> RunResult:
         for rank in range(spec.np):
             env = worker_env(spec, rank, rdv, secret, job_id, master_port)
             proc = subprocess.Popen(
-                list(spec.command), env=env, cwd=spec.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_child_setup,  # noqa: PLW1509
+                list(spec.command),
+                env=env,
+                cwd=spec.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=_child_setup,
             )
             job.procs.append(proc)
             job.pump.add(rank, proc.stdout, proc.stderr)  # type: ignore[arg-type]
@@ -346,8 +365,8 @@ def launch(spec: LaunchSpec) -> RunResult:
         if exits is not None:
             exits.close()
         if in_main:
-            for s, h in previous.items():
-                signal.signal(s, h)  # type: ignore[arg-type]
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)  # type: ignore[arg-type]
         server.shutdown()
     job.pump.join(timeout=5.0)
     for f in job.failures:
@@ -359,5 +378,13 @@ def launch(spec: LaunchSpec) -> RunResult:
         exit_code = 128 + job.interrupted
     else:
         exit_code = root.exit_code if root else 0
-    return RunResult(exit_code, job.returncodes, root, job.failures, job.interrupted, timed_out,
-                     job.pump.lines if spec.capture else {}, job_id)
+    return RunResult(
+        exit_code,
+        job.returncodes,
+        root,
+        job.failures,
+        job.interrupted,
+        timed_out,
+        job.pump.lines if spec.capture else {},
+        job_id,
+    )

@@ -1,0 +1,107 @@
+"""The public names, pinned, and what ``import hora`` must not do (checked in fresh interpreters)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import hora
+import hora.numpy as hvd
+
+NUMPY_API = [
+    "Adasum",
+    "Average",
+    "GroupHandle",
+    "Handle",
+    "Max",
+    "Min",
+    "Product",
+    "Sum",
+    "allgather",
+    "allgather_async",
+    "allgather_object",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "alltoall",
+    "alltoall_async",
+    "barrier",
+    "broadcast",
+    "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
+    "broadcast_object",
+    "cross_rank",
+    "cross_size",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "init",
+    "is_homogeneous",
+    "is_initialized",
+    "join",
+    "local_rank",
+    "local_size",
+    "poll",
+    "rank",
+    "reducescatter",
+    "reducescatter_async",
+    "shutdown",
+    "size",
+    "synchronize",
+]
+
+HORA_API = ["Config", "__version__", "errors", "init", "is_initialized", "shutdown"]
+
+
+def _fresh(code: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_numpy_all_is_pinned():
+    assert sorted(NUMPY_API) == NUMPY_API
+    assert hvd.__all__ == NUMPY_API
+    assert len(set(hvd.__all__)) == len(hvd.__all__)
+
+
+def test_numpy_all_names_exist():
+    missing = [n for n in hvd.__all__ if not hasattr(hvd, n)]
+    assert missing == []
+
+
+def test_numpy_reduce_ops_have_horovods_values():
+    assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == (0, 1, 2, 3, 4, 5)
+
+
+def test_hora_all_is_pinned():
+    assert sorted(hora.__all__) == HORA_API
+    assert all(hasattr(hora, n) for n in hora.__all__)
+
+
+def test_import_does_not_import_torch():
+    out = _fresh("import hora, hora.numpy, sys; print('torch' in sys.modules)")
+    assert out == "False"
+
+
+def test_import_hora_imports_no_framework():
+    code = (
+        "import hora, sys; "
+        "print(sorted(m for m in ('torch', 'tensorflow', 'jax', 'mxnet', 'keras') if m in sys.modules))"
+    )
+    assert _fresh(code) == "[]"
+
+
+def test_import_starts_no_thread_and_sets_no_environment_variable():
+    code = (
+        "import json, os, threading\n"
+        "env, threads = dict(os.environ), threading.enumerate()\n"
+        "import hora, hora.numpy, hora.runner\n"
+        "changed = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))\n"
+        "print(json.dumps({'threads': [t.name for t in threading.enumerate() if t not in threads], 'env': changed}))\n"
+    )
+    assert json.loads(_fresh(code)) == {"threads": [], "env": []}
