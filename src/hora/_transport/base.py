@@ -14,7 +14,7 @@ import numpy as np
 
 from hora._engine.messages import ReduceOp
 
-__all__ = ["DTYPES", "DataPlane", "even_counts", "offsets", "reduce_into"]
+__all__ = ["DTYPES", "DataPlane", "combine", "even_counts", "offsets", "reduce_into"]
 
 DTYPES: dict[str, np.dtype] = {
     name: np.dtype(t)
@@ -44,6 +44,11 @@ _UFUNCS = {
 def reduce_into(acc: np.ndarray, x: np.ndarray, op: int) -> None:
     """``acc = acc (op) x`` elementwise, in place. For bool, Sum/Max are OR and Product/Min are AND."""
     _UFUNCS[ReduceOp(op)](acc, x, out=acc)
+
+
+def combine(a: np.ndarray, b: np.ndarray, out: np.ndarray, op: int) -> None:
+    """``out = a (op) b`` elementwise."""
+    _UFUNCS[ReduceOp(op)](a, b, out=out)
 
 
 def even_counts(n: int, parts: int) -> list[int]:

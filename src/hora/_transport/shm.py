@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from hora._transport.base import HALF, DataPlane, offsets, reduce_into
+from hora._transport.base import HALF, DataPlane, combine, offsets, reduce_into
 from hora._transport.liveness import process_alive
 from hora.errors import PeerLostError, ProtocolError, TimeoutError
 
@@ -231,23 +231,24 @@ class ShmPlane(DataPlane):
             mine, lo = views[me], k * cap
             for r in range(size):
                 m = min(cap, counts[r] - lo)
-                if m > 0:
+                if m > 0 and r != me:  # the owner reduces its own slice straight from src: one copy less
                     mine[r * cap : r * cap + m] = src[offs[r] + lo : offs[r] + lo + m]
             self._barrier()
             m = min(cap, counts[me] - lo)
             seg = slice(me * cap, me * cap + max(m, 0))
             if m > 0:
+                own = src[offs[me] + lo : offs[me] + lo + m]
+                others = [views[j][seg] for j in range(size) if j != me]
                 if widen:
                     acc = self._scratch[:m]
-                    acc[:] = views[0][seg]
-                    for j in range(1, size):
-                        reduce_into(acc, views[j][seg], op)
+                    acc[:] = own
+                    for other in others:
+                        reduce_into(acc, other, op)
                     mine[seg] = acc
                 else:
-                    acc = mine[seg]
-                    for j in range(size):
-                        if j != me:
-                            reduce_into(acc, views[j][seg], op)
+                    combine(own, others[0], mine[seg], op)
+                    for other in others[1:]:
+                        reduce_into(mine[seg], other, op)
             if gather:
                 self._barrier()
                 for r in range(size):
