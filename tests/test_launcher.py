@@ -140,3 +140,14 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
         if alive(p):
             os.kill(p, signal.SIGKILL)
     assert not any(alive(p) for p in workers)
+
+
+def test_launcher_sweeps_shared_memory_a_crashed_rank_left_behind():
+    # A rank that dies between creating its job's segment and sharing it leaves a named segment; stand in for it.
+    code = ("import os; from hora._transport.shm import job_prefix, segment_path\n"
+            "open(segment_path(job_prefix(os.environ['HORA_JOB_ID']) + '0-1'), 'wb').close()\n"
+            "os.kill(os.getpid(), 9)")
+    proc = hora_run("-np", "1", "--verbose", sys.executable, "-c", code)
+    assert proc.returncode == 137
+    assert "removed shared memory hora-" in proc.stderr
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("hora-")]

@@ -204,9 +204,7 @@ class Config:
                     problems.append(f"{key}={value!r} is not valid: {exc}")
         if problems:
             raise ConfigError("invalid hora settings:\n  " + "\n  ".join(problems))
-        config = cls(**values)
-        log.debug("resolved settings: %s", config.public_dict())
-        return config
+        return cls(**values)
 
     def public_dict(self) -> dict[str, Any]:
         """The settings without secrets, for logs."""

@@ -8,7 +8,6 @@ connections, sets up shared memory, and starts the engine thread.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ from hora._runtime.environment import LaunchInfo, detect
 from hora._runtime.rendezvous import RendezvousClient, _MissingKeys
 from hora._transport.base import DataPlane, SelfPlane
 from hora._transport.liveness import process_start_time
-from hora._transport.shm import ShmPlane
+from hora._transport.shm import ShmPlane, job_prefix
 from hora._transport.tcp import TcpPlane
 from hora.config import Config
 from hora.errors import ConfigError, NotInitializedError, RendezvousError
@@ -90,6 +89,7 @@ def init(**settings: Any) -> None:
             return
         config = Config.resolve(overrides=settings)
         _configure_logging(config.log_level)
+        log.debug("settings: %s", config.public_dict())
         launch = detect()
         _generation += 1
         _current = _start(config, launch, _generation)
@@ -322,8 +322,7 @@ def _shm_plane(
     generation: int,
     deadline: float,
 ) -> ShmPlane:
-    tag = hashlib.sha256(f"{boot.job_id}/{config.attempt}/{generation}".encode()).hexdigest()[:20]
-    name = f"hora-{tag}"
+    name = f"{job_prefix(boot.job_id)}{config.attempt}-{generation}"
     pids = [(int(p["pid"]), int(p["start"])) for p in peers]
     plane: ShmPlane | None = None
     try:

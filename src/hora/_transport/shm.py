@@ -23,6 +23,7 @@ Memory ordering: written for x86-64 (TSO), where a store to the counter after th
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import time
@@ -33,7 +34,7 @@ from hora._transport.base import HALF, DataPlane, combine, offsets, reduce_into
 from hora._transport.liveness import process_alive
 from hora.errors import PeerLostError, ProtocolError, TimeoutError
 
-__all__ = ["ShmPlane", "segment_path"]
+__all__ = ["ShmPlane", "job_prefix", "segment_path", "sweep"]
 
 _MAGIC = 0x484F52415348_4D31  # "HORASHM1"
 _ABORT_OFF = 64
@@ -46,6 +47,28 @@ SHM_DIR = "/dev/shm"
 
 def segment_path(name: str) -> str:
     return os.path.join(SHM_DIR, name)
+
+
+def job_prefix(job_id: str) -> str:
+    """Every segment of a job starts with this, so its launcher can sweep what a crash left behind."""
+    return "hora-" + hashlib.sha256(job_id.encode()).hexdigest()[:16] + "-"
+
+
+def sweep(job_id: str) -> list[str]:
+    """Remove the job's segments that are still named (a rank died between creating and sharing one)."""
+    removed: list[str] = []
+    prefix = job_prefix(job_id)
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(prefix)]
+    except FileNotFoundError:
+        return removed
+    for n in names:
+        try:
+            os.unlink(os.path.join(SHM_DIR, n))
+            removed.append(n)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def _layout(size: int, chunk: int) -> tuple[int, int, int]:

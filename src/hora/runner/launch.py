@@ -28,6 +28,7 @@ from typing import Any
 
 from hora._runtime.auth import new_secret
 from hora._runtime.rendezvous import RendezvousServer
+from hora._transport.shm import sweep
 from hora.config import Config
 from hora.errors import ConfigError
 from hora.runner.output import OutputPump
@@ -368,6 +369,8 @@ def launch(spec: LaunchSpec) -> RunResult:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)  # type: ignore[arg-type]
         server.shutdown()
+        for name in sweep(job_id):
+            job.log(f"removed shared memory {name} that a crashed rank left behind")
     job.pump.join(timeout=5.0)
     for f in job.failures:
         f.tail = list(job.pump.tails.get(f.rank, []))
