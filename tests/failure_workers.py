@@ -51,15 +51,22 @@ def mismatch_worker(kind: str) -> tuple[str, str, float]:
 
 
 def duplicate_name_worker() -> str:
+    """Rank 0 submits 'dup' twice; rank 1 submits it only after the barrier, so the first cannot have completed."""
     hvd.init()
-    h = hvd.allreduce_async(np.ones(3), name="dup")
-    try:
-        hvd.allreduce_async(np.ones(3), name="dup")
-    except MismatchError as exc:
-        message = str(exc)
+    message = ""
+    if hvd.rank() == 0:
+        h = hvd.allreduce_async(np.ones(3), name="dup")
+        try:
+            hvd.allreduce_async(np.ones(3), name="dup")
+        except MismatchError as exc:
+            message = str(exc)
+        else:
+            raise AssertionError("a duplicate name in flight was accepted")
+        hvd.barrier()
+        hvd.synchronize(h)
     else:
-        raise AssertionError("a duplicate name in flight was accepted")
-    hvd.synchronize(h)
+        hvd.barrier()
+        hvd.allreduce(np.ones(3), name="dup")
     hvd.shutdown()
     return message
 
@@ -149,3 +156,12 @@ def attack_port(addr: str, port: int, secret: bytes) -> None:
         client_handshake(s, secret, Role.RENDEZVOUS, 0, timeout=10)
         s.sendall((2**31).to_bytes(8, "big"))
         assert _closed_by_server(s)
+
+
+def hang_worker() -> None:
+    """Rank 0 waits for a collective rank 1 never submits: a hang, for the time-limit test."""
+    hvd.init()
+    if hvd.rank() == 0:
+        hvd.allreduce(np.ones(1), name="only-rank-0")
+    else:
+        time.sleep(600)
