@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _pickler = pickle
 
 __all__ = [
+    "Adasum",
     "Average",
     "GroupHandle",
     "Max",

@@ -25,7 +25,7 @@ from hora._runtime.rendezvous import RendezvousServer
 from hora.config import Config
 from hora.errors import ConfigError, RendezvousError
 
-__all__ = ["Bootstrap", "read_secret", "runtime_dir", "start_bootstrap"]
+__all__ = ["Bootstrap", "local_addr_towards", "read_secret", "runtime_dir", "start_bootstrap"]
 
 
 @dataclass
@@ -91,7 +91,7 @@ def runtime_dir(config: Config) -> Path:
     return path
 
 
-def _local_addr_towards(host: str) -> str:
+def local_addr_towards(host: str) -> str:
     """The local address the kernel would use to reach ``host`` (no packet is sent)."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -126,7 +126,7 @@ def start_bootstrap(config: Config, info: LaunchInfo, deadline: float) -> Bootst
     if info.rank == 0:
         secret = secret or os.urandom(32)
         host = config.bind_addr or (
-            _local_addr_towards(info.master_addr) if info.master_addr else "127.0.0.1"
+            local_addr_towards(info.master_addr) if info.master_addr else "127.0.0.1"
         )
         server = RendezvousServer(secret, host=host, max_frame_bytes=config.max_frame_bytes)
         addr, port = server.start()

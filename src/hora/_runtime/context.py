@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hora._engine.engine import Engine
+from hora._engine.negotiation import format_ranks
 from hora._runtime.auth import Role
-from hora._runtime.bootstrap import Bootstrap, start_bootstrap
+from hora._runtime.bootstrap import Bootstrap, local_addr_towards, start_bootstrap
 from hora._runtime.connections import PeerListener, connect_peers
 from hora._runtime.environment import LaunchInfo, detect
 from hora._runtime.rendezvous import RendezvousClient, _MissingKeys
@@ -150,7 +151,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
             boot.addr, boot.port, boot.secret, rank, prefix, deadline, config.max_frame_bytes
         )
         cleanup.append(store)
-        bind = config.bind_addr or ("127.0.0.1" if _is_loopback(boot.addr) else _route_to(boot.addr))
+        bind = config.bind_addr or ("127.0.0.1" if _is_loopback(boot.addr) else local_addr_towards(boot.addr))
         listener = PeerListener(bind, boot.secret)
         cleanup.append(listener)
         me = {
@@ -167,7 +168,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         except _MissingKeys as exc:
             missing = [int(k.split("/")[1]) for k in exc.missing]
             raise RendezvousError(
-                f"rank {rank}: {_ranks(missing)} never arrived at the rendezvous within {config.start_timeout:g}s "
+                f"rank {rank}: {format_ranks(missing)} never arrived at the rendezvous within {config.start_timeout:g}s "
                 f"({launch.source} launched {size} ranks). Check that every rank was started and calls hora.init(); "
                 "raise HORA_START_TIMEOUT (hora run --start-timeout) if start-up is just slow."
             ) from None
@@ -242,19 +243,6 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         peers,
         boot if boot.server else None,
     )
-
-
-def _ranks(rs: list[int]) -> str:
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
-
-
-def _route_to(addr: str) -> str:
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((addr, 9))
-            return str(s.getsockname()[0])
-    except OSError:
-        return "0.0.0.0"
 
 
 def _topology(peers: list[dict[str, Any]], rank: int, source: str) -> dict[str, Any]:
