@@ -13,7 +13,20 @@ import numpy as np
 
 from hora._engine.handle import Entry, Handle
 from hora._engine.messages import Kind, ReduceOp, Request
-from hora._runtime.context import Context, current, init, is_initialized, shutdown
+from hora._runtime.context import (
+    Context,
+    cross_rank,
+    cross_size,
+    current,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
 from hora._transport.base import DTYPES
 from hora.errors import HoraError
 
@@ -463,43 +476,3 @@ def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
         out.append(pickle.loads(data[pos : pos + n].tobytes()))
         pos += n
     return out
-
-
-# -- topology --------------------------------------------------------------------------------------------------------
-def rank() -> int:
-    """This process's rank, 0..size()-1."""
-    return current().rank
-
-
-def size() -> int:
-    """The number of ranks."""
-    return current().size
-
-
-def local_rank() -> int:
-    """This process's rank among the ranks on its host."""
-    return current().local_rank
-
-
-def local_size() -> int:
-    """The number of ranks on this host."""
-    return current().local_size
-
-
-def cross_rank() -> int:
-    """The index of this host among the hosts that have a rank with this local rank."""
-    return current().cross_rank
-
-
-def cross_size() -> int:
-    """The number of hosts that have a rank with this process's local rank."""
-    return current().cross_size
-
-
-def is_homogeneous() -> bool:
-    """True when every host runs the same number of ranks."""
-    ctx = current()
-    counts: dict[str, int] = {}
-    for p in ctx.peers:
-        counts[p["host"]] = counts.get(p["host"], 0) + 1
-    return len(set(counts.values())) <= 1

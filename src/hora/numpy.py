@@ -5,7 +5,7 @@ public face for numpy arrays (``tests/test_public_api.py`` pins the names).
 """
 
 from hora import _frontend
-from hora._engine.handle import Handle
+from hora._engine.handle import Handle as Handle  # re-exported
 from hora._frontend import *  # noqa: F403
 
 __all__ = sorted([*_frontend.__all__, "Handle"])

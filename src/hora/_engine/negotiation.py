@@ -109,8 +109,14 @@ class Coordinator:
     def _fail_join(self) -> None:
         self._joined = []
         gone = format_ranks(self._gone)
-        self._out.append(Response(Request(Kind.JOIN, "join"), error=f"join() cannot complete: {gone} shut down "
-                                  f"({'; '.join(sorted(set(self._gone.values())))}).", error_kind="shutdown"))
+        self._out.append(
+            Response(
+                Request(Kind.JOIN, "join"),
+                error=f"join() cannot complete: {gone} shut down "
+                f"({'; '.join(sorted(set(self._gone.values())))}).",
+                error_kind="shutdown",
+            )
+        )
 
     def _join(self, rank: int) -> None:
         if self._gone:

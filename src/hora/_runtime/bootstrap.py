@@ -125,9 +125,7 @@ def start_bootstrap(config: Config, info: LaunchInfo, deadline: float) -> Bootst
     path = runtime_dir(config) / f"job-{digest}.json"
     if info.rank == 0:
         secret = secret or os.urandom(32)
-        host = config.bind_addr or (
-            local_addr_towards(info.master_addr) if info.master_addr else "127.0.0.1"
-        )
+        host = config.bind_addr or (local_addr_towards(info.master_addr) if info.master_addr else "127.0.0.1")
         server = RendezvousServer(secret, host=host, max_frame_bytes=config.max_frame_bytes)
         addr, port = server.start()
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -31,7 +31,20 @@ from hora._transport.tcp import TcpPlane
 from hora.config import Config
 from hora.errors import ConfigError, NotInitializedError, RendezvousError
 
-__all__ = ["Context", "current", "init", "is_initialized", "shutdown"]
+__all__ = [
+    "Context",
+    "cross_rank",
+    "cross_size",
+    "current",
+    "init",
+    "is_homogeneous",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "rank",
+    "shutdown",
+    "size",
+]
 
 log = logging.getLogger("hora")
 
@@ -127,6 +140,46 @@ def current() -> Context:
     if ctx is None:
         raise NotInitializedError("hora is not initialized: call hora.init() first (e.g. 'hvd.init()')")
     return ctx
+
+
+# -- topology --------------------------------------------------------------------------------------------------------
+def rank() -> int:
+    """This process's rank, 0..size()-1."""
+    return current().rank
+
+
+def size() -> int:
+    """The number of ranks."""
+    return current().size
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its host."""
+    return current().local_rank
+
+
+def local_size() -> int:
+    """The number of ranks on this host."""
+    return current().local_size
+
+
+def cross_rank() -> int:
+    """The index of this host among the hosts that have a rank with this local rank."""
+    return current().cross_rank
+
+
+def cross_size() -> int:
+    """The number of hosts that have a rank with this process's local rank."""
+    return current().cross_size
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of ranks."""
+    ctx = current()
+    counts: dict[str, int] = {}
+    for p in ctx.peers:
+        counts[p["host"]] = counts.get(p["host"], 0) + 1
+    return len(set(counts.values())) <= 1
 
 
 # -- start-up -------------------------------------------------------------------------------------------------
