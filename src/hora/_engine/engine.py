@@ -157,6 +157,8 @@ class Engine:
                     self._dispatch(self._coordinator.take())
         except HoraError as exc:
             self._fail(exc)
+        except OSError as exc:  # a control connection broke while sending (the reads report it themselves)
+            self._fail(PeerLostError(f"rank {self.rank} lost its control connection: {exc}"))
         except Exception as exc:  # a bug: still fail every handle rather than hang the user
             log.exception("hora engine crashed")
             self._fail(HoraInternalError(f"the hora engine on rank {self.rank} crashed: {exc!r}"))
