@@ -13,6 +13,7 @@ from typing import IO
 __all__ = ["OutputPump"]
 
 TAIL_LINES = 20
+MAX_LINE = 64 * 1024  # bytes of an unfinished line kept before it is forwarded anyway
 
 
 class OutputPump:
@@ -87,6 +88,9 @@ class OutputPump:
             f.flush()
         buf = self._partial[(rank, stream)] + data
         *complete, rest = buf.split(b"\n")
+        if len(rest) > MAX_LINE:  # no newline for a long while (progress bars): pass it on rather than hoard it
+            complete.append(rest)
+            rest = b""
         self._partial[(rank, stream)] = rest
         for line in complete:
             self._emit(rank, stream, line.decode(errors="replace"))
