@@ -164,6 +164,23 @@ def _submit(ctx: Context, *entries: Entry) -> None:
 
 
 # -- allreduce -----------------------------------------------------------------------------------------------------
+def _allreduce(
+    tensor: Any,
+    average: bool | None,
+    name: str | None,
+    op: int | None,
+    prescale: float,
+    postscale: float,
+    inplace: bool,
+) -> Handle:
+    ctx = current()
+    arr = _inplace(tensor, "allreduce_") if inplace else _array(tensor, "allreduce")
+    req = _reduce_request(Kind.ALLREDUCE, ctx, arr, name, _resolve_op(average, op), prescale, postscale)
+    entry = Entry(req, arr, arr if inplace else np.empty_like(arr))
+    _submit(ctx, entry)
+    return entry.handle
+
+
 def allreduce_async(
     tensor: Any,
     average: bool | None = None,
@@ -173,14 +190,7 @@ def allreduce_async(
     postscale_factor: float = 1.0,
 ) -> Handle:
     """Start reducing ``tensor`` across all ranks (default op: Average). Returns a handle for :func:`synchronize`."""
-    ctx = current()
-    arr = _array(tensor, "allreduce")
-    req = _reduce_request(
-        Kind.ALLREDUCE, ctx, arr, name, _resolve_op(average, op), prescale_factor, postscale_factor
-    )
-    entry = Entry(req, arr, np.empty_like(arr))
-    _submit(ctx, entry)
-    return entry.handle
+    return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, inplace=False)
 
 
 def allreduce_async_(
@@ -192,14 +202,7 @@ def allreduce_async_(
     postscale_factor: float = 1.0,
 ) -> Handle:
     """In-place :func:`allreduce_async`: the result is written into ``tensor``."""
-    ctx = current()
-    arr = _inplace(tensor, "allreduce_")
-    req = _reduce_request(
-        Kind.ALLREDUCE, ctx, arr, name, _resolve_op(average, op), prescale_factor, postscale_factor
-    )
-    entry = Entry(req, arr, arr)
-    _submit(ctx, entry)
-    return entry.handle
+    return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, inplace=True)
 
 
 def allreduce(
