@@ -11,12 +11,7 @@ from hora._engine.handle import Entry
 from hora._engine.messages import Kind, ReduceOp, Request, Response
 from hora._transport.base import DTYPES, DataPlane, even_counts
 
-__all__ = ["execute", "reducescatter_rows"]
-
-
-def reducescatter_rows(first_dim: int, size: int) -> list[int]:
-    """Rows of a reducescatter result per rank: as even as possible, lower ranks taking the remainder."""
-    return even_counts(first_dim, size)
+__all__ = ["execute"]
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -65,7 +60,7 @@ def execute(plane: DataPlane, resp: Response, entry: Entry | None) -> Any:
         _scaled_reduce(plane, req, _flat(src), _flat(out), None)
         return out
     if kind is Kind.REDUCESCATTER:
-        rows = reducescatter_rows(req.shape[0] if req.shape else 1, size)
+        rows = even_counts(req.shape[0] if req.shape else 1, size)  # lower ranks take the remainder
         out = np.empty((rows[me], *req.shape[1:]), dtype)
         _scaled_reduce(plane, req, _flat(src), _flat(out), [r * row for r in rows])
         return out

@@ -17,7 +17,7 @@ import socket
 import stat
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from hora._runtime.environment import LaunchInfo
@@ -36,7 +36,6 @@ class Bootstrap:
     job_id: str
     server: RendezvousServer | None = None
     published: Path | None = None
-    _done: bool = field(default=False, repr=False)
 
     def unpublish(self) -> None:
         """Remove the bootstrap file (once every rank has connected) so no later job can read it."""

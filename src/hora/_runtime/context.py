@@ -183,6 +183,10 @@ def is_homogeneous() -> bool:
 
 
 # -- start-up -------------------------------------------------------------------------------------------------
+def _left(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.0)
+
+
 def _is_loopback(addr: str) -> bool:
     return addr.startswith("127.") or addr in ("localhost", "::1")
 
@@ -217,7 +221,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         }
         store.set(f"rank/{rank}", json.dumps(me))
         try:
-            raw = store.wait([f"rank/{r}" for r in range(size)], max(deadline - time.monotonic(), 0.0))
+            raw = store.wait([f"rank/{r}" for r in range(size)], _left(deadline))
         except _MissingKeys as exc:
             missing = [int(k.split("/")[1]) for k in exc.missing]
             raise RendezvousError(
@@ -345,7 +349,7 @@ def _choose_transport(config: Config, hosts: list[str]) -> str:
 def _store_barrier(store: RendezvousClient, key: str, n: int, deadline: float, rank: int) -> None:
     store.add(key, 1)
     try:
-        store.wait([key], max(deadline - time.monotonic(), 0.0), at_least=n)
+        store.wait([key], _left(deadline), at_least=n)
     except _MissingKeys:
         raise RendezvousError(
             f"rank {rank}: not every rank finished start-up ('{key}') before the start timeout; "
@@ -371,7 +375,7 @@ def _shm_plane(
             plane = ShmPlane(name, 0, size, config.shm_chunk_bytes, pids, config.op_timeout, create=True)
             store.set("shm", name)
         else:
-            store.wait(["shm"], max(deadline - time.monotonic(), 0.0))
+            store.wait(["shm"], _left(deadline))
             plane = ShmPlane(name, rank, size, config.shm_chunk_bytes, pids, config.op_timeout, create=False)
         _store_barrier(store, "shm-attached", size, deadline, rank)
     except BaseException:

@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from hora._transport.base import HALF, DataPlane, combine, offsets, reduce_into
+from hora._transport.base import HALF, DataPlane, combine, even_counts, offsets, reduce_into
 from hora._transport.liveness import process_alive
 from hora.errors import PeerLostError, ProtocolError, TimeoutError
 
@@ -116,7 +116,6 @@ class ShmPlane(DataPlane):
             self._mm: mmap.mmap | None = mmap.mmap(fd, total)
         finally:
             os.close(fd)
-        self._created = create
         self._unlinked = not create
         u8 = np.frombuffer(self._mm, dtype=np.uint8)
         meta = np.ndarray((3,), np.int64, buffer=self._mm, offset=0)
@@ -233,9 +232,7 @@ class ShmPlane(DataPlane):
 
     # -- collectives --------------------------------------------------------------------------------------------
     def allreduce(self, src: np.ndarray, dst: np.ndarray, op: int) -> None:
-        n = src.size
-        base, extra = divmod(n, self.size)
-        self._reduce(src, dst, [base + (1 if i < extra else 0) for i in range(self.size)], op, gather=True)
+        self._reduce(src, dst, even_counts(src.size, self.size), op, gather=True)
 
     def reducescatter(self, src: np.ndarray, dst: np.ndarray, counts: list[int], op: int) -> None:
         self._reduce(src, dst, counts, op, gather=False)

@@ -88,7 +88,9 @@ class OutputPump:
             f.flush()
         buf = self._partial[(rank, stream)] + data
         *complete, rest = buf.split(b"\n")
-        if len(rest) > MAX_LINE:  # no newline for a long while (progress bars): pass it on rather than hoard it
+        if (
+            len(rest) > MAX_LINE
+        ):  # no newline for a long while (progress bars): pass it on rather than hoard it
             complete.append(rest)
             rest = b""
         self._partial[(rank, stream)] = rest
