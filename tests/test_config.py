@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from hora.config import Config, _parse_bool, describe_settings, env_names
+from hora.config import Config, _parse_bool, describe_settings, env_names, parse_value
 from hora.errors import ConfigError
 
 
@@ -19,6 +19,14 @@ def test_defaults_without_environment():
     assert cfg.shm_chunk_bytes == 2 << 20
     assert cfg.tcp_chunk_bytes == 1 << 20
     assert cfg.max_frame_bytes == 64 << 20
+    assert cfg.fusion_threshold == 64 * 1024 * 1024
+    assert cfg.cycle_time_ms == 1.0
+    assert cfg.cache_capacity == 1024
+    assert cfg.stall_check_disable is False
+    assert cfg.stall_check_time == 60.0
+    assert cfg.stall_shutdown_time == 0.0
+    assert cfg.timeline == ""
+    assert cfg.timeline_mark_cycles is False
     assert cfg.log_level == "WARNING"
     assert cfg.hostname == ""
     assert cfg.rendezvous_port == 0
@@ -252,6 +260,14 @@ def _non_default_config() -> Config:
         shm_chunk_bytes=4096,
         tcp_chunk_bytes=8192,
         max_frame_bytes=1 << 16,
+        fusion_threshold=0,
+        cycle_time_ms=2.5,
+        cache_capacity=0,
+        stall_check_disable=True,
+        stall_check_time=30.0,
+        stall_shutdown_time=90.0,
+        timeline="/tmp/hora-timeline.json",
+        timeline_mark_cycles=True,
         log_level="DEBUG",
         hostname="node7",
         rendezvous_addr="10.0.0.1",
@@ -287,3 +303,207 @@ def test_public_dict_hides_secret():
     assert public["job_id"] == "job42"
     assert cfg.secret == "ab" * 32  # the config itself still holds it
     assert Config().public_dict()["secret"] == ""
+
+
+def test_to_env_renders_bools_as_digits():
+    env = Config(stall_check_disable=True, timeline_mark_cycles=True).to_env()
+    assert env == {"HORA_STALL_CHECK_DISABLE": "1", "HORA_TIMELINE_MARK_CYCLES": "1"}
+
+
+def test_public_dict_has_the_engine_settings():
+    public = _non_default_config().public_dict()
+    assert public["fusion_threshold"] == 0
+    assert public["stall_check_disable"] is True
+    assert public["timeline"] == "/tmp/hora-timeline.json"
+
+
+# --- engine settings -------------------------------------------------------------------------------------------
+
+# setting, HORA_* name, HOROVOD_* alias, a valid text, the value it gives
+ENGINE = [
+    ("fusion_threshold", "HORA_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "1048576", 1 << 20),
+    ("cycle_time_ms", "HORA_CYCLE_TIME", "HOROVOD_CYCLE_TIME", "3.5", 3.5),
+    ("cache_capacity", "HORA_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "16", 16),
+    ("stall_check_disable", "HORA_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE", "1", True),
+    ("stall_check_time", "HORA_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS", "12", 12.0),
+    ("stall_shutdown_time", "HORA_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "120", 120.0),
+    ("timeline", "HORA_TIMELINE", "HOROVOD_TIMELINE", "/tmp/t.json", "/tmp/t.json"),
+    ("timeline_mark_cycles", "HORA_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", "true", True),
+    ("op_timeout", "HORA_OP_TIMEOUT_SECONDS", "HOROVOD_GLOO_TIMEOUT_SECONDS", "45", 45.0),
+]
+ENGINE_IDS = [row[0] for row in ENGINE]
+
+
+@pytest.mark.parametrize(("field", "hora_name", "horovod", "text", "value"), ENGINE, ids=ENGINE_IDS)
+def test_engine_env_names(field, hora_name, horovod, text, value):
+    assert env_names(field) == (hora_name, horovod)
+
+
+@pytest.mark.parametrize(("field", "hora_name", "horovod", "text", "value"), ENGINE, ids=ENGINE_IDS)
+def test_engine_setting_from_hora_name(field, hora_name, horovod, text, value):
+    cfg = Config.resolve(env={hora_name: text})
+    assert getattr(cfg, field) == value
+    assert type(getattr(cfg, field)) is type(value)
+
+
+@pytest.mark.parametrize(("field", "hora_name", "horovod", "text", "value"), ENGINE, ids=ENGINE_IDS)
+def test_engine_setting_from_horovod_alias(field, hora_name, horovod, text, value):
+    assert getattr(Config.resolve(env={horovod: text}), field) == value
+
+
+@pytest.mark.parametrize(("field", "hora_name", "horovod", "text", "value"), ENGINE, ids=ENGINE_IDS)
+def test_engine_setting_hora_name_wins(field, hora_name, horovod, text, value):
+    default = getattr(Config(), field)
+    default_text = {bool: "0", str: ""}.get(type(default), str(default))
+    # the HORA_* name holds the default, the alias another value (and comes first in the mapping): HORA_* wins
+    assert getattr(Config.resolve(env={horovod: text, hora_name: default_text}), field) == default
+    # and the alias is not even parsed when the HORA_* name is set
+    assert getattr(Config.resolve(env={hora_name: text, horovod: "bogus"}), field) == value
+
+
+@pytest.mark.parametrize(("field", "hora_name", "horovod", "text", "value"), ENGINE, ids=ENGINE_IDS)
+def test_engine_setting_argument_beats_environment(field, hora_name, horovod, text, value):
+    default = getattr(Config(), field)
+    assert getattr(Config.resolve(env={hora_name: text}, overrides={field: default}), field) == default
+    assert getattr(Config.resolve(env={horovod: text}, overrides={field: default}), field) == default
+
+
+@pytest.mark.parametrize(
+    ("field", "text", "reason"),
+    [
+        ("fusion_threshold", "-1", "expected a whole number >= 0"),
+        ("fusion_threshold", "1.5", "invalid literal"),
+        ("fusion_threshold", "64MB", "invalid literal"),
+        ("cycle_time_ms", "-0.5", "expected a finite number >= 0"),
+        ("cycle_time_ms", "nan", "expected a finite number >= 0"),
+        ("cycle_time_ms", "inf", "expected a finite number >= 0"),
+        ("cycle_time_ms", "fast", "could not convert"),
+        ("cache_capacity", "-3", "expected a whole number >= 0"),
+        ("cache_capacity", "lots", "invalid literal"),
+        ("stall_check_disable", "maybe", "expected one of"),
+        ("stall_check_time", "0", "expected a finite number > 0"),
+        ("stall_check_time", "-60", "expected a finite number > 0"),
+        ("stall_check_time", "inf", "expected a finite number > 0"),
+        ("stall_shutdown_time", "-1", "expected a finite number >= 0"),
+        ("stall_shutdown_time", "nan", "expected a finite number >= 0"),
+        ("timeline_mark_cycles", "2", "expected one of"),
+        ("op_timeout", "0", "expected a finite number > 0"),
+    ],
+)
+def test_engine_setting_rejects(field, text, reason):
+    for name in env_names(field):
+        with pytest.raises(ConfigError, match=rf"{name}={text!r} is not valid: {reason}"):
+            Config.resolve(env={name: text})
+    with pytest.raises(ConfigError, match=rf"{field}={text!r} is not valid: {reason}"):
+        Config.resolve(env={}, overrides={field: text})
+    with pytest.raises(ValueError, match=reason):
+        parse_value(field, text)
+
+
+@pytest.mark.parametrize(
+    ("field", "text", "value"),
+    [
+        ("fusion_threshold", "0", 0),
+        ("fusion_threshold", " 67108864 ", 64 << 20),
+        ("cycle_time_ms", "0", 0.0),
+        ("cycle_time_ms", "-0", 0.0),
+        ("cycle_time_ms", "0.1", 0.1),
+        ("cache_capacity", "0", 0),
+        ("stall_check_time", "0.5", 0.5),
+        ("stall_shutdown_time", "0", 0.0),
+        ("stall_check_disable", "yes", True),
+        ("stall_check_disable", "0", False),
+        ("timeline", "", ""),
+        ("timeline", "relative/t.json", "relative/t.json"),
+    ],
+)
+def test_engine_setting_edge_values(field, text, value):
+    assert getattr(Config.resolve(env={env_names(field)[0]: text}), field) == value
+
+
+@pytest.mark.parametrize("field", ["stall_check_disable", "timeline_mark_cycles"])
+@pytest.mark.parametrize(("given", "value"), [(True, True), (False, False), ("1", True), (0, False), ("on", True)])
+def test_bool_setting_round_trips_through_overrides(field, given, value):
+    env = {env_names(field)[0]: "0" if value else "1"}  # the argument must beat the environment either way
+    assert getattr(Config.resolve(env=env, overrides={field: given}), field) is value
+
+
+def test_env_for_renders_bools_as_digits_and_is_read_back():
+    settings = {"stall_check_disable": True, "timeline_mark_cycles": False, "fusion_threshold": 2 << 20}
+    env = Config.env_for(settings)
+    assert env == {
+        "HORA_STALL_CHECK_DISABLE": "1",
+        "HORA_TIMELINE_MARK_CYCLES": "0",
+        "HORA_FUSION_THRESHOLD": "2097152",
+    }
+    cfg = Config.resolve(env={**env, "HOROVOD_STALL_CHECK_DISABLE": "0", "HOROVOD_FUSION_THRESHOLD": "7"})
+    assert (cfg.stall_check_disable, cfg.timeline_mark_cycles, cfg.fusion_threshold) == (True, False, 2 << 20)
+
+
+def test_env_for_validates():
+    with pytest.raises(ConfigError, match=r"cycle_time_ms=-1 is not valid"):
+        Config.env_for({"cycle_time_ms": -1})
+
+
+# --- the stall times against each other -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"HORA_STALL_SHUTDOWN_TIME_SECONDS": "30"}, ["HORA_STALL_SHUTDOWN_TIME_SECONDS=30", "default"]),
+        (
+            {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "5", "HOROVOD_STALL_CHECK_TIME_SECONDS": "10"},
+            ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=5", "HOROVOD_STALL_CHECK_TIME_SECONDS=10"],
+        ),
+        (
+            {"HORA_STALL_SHUTDOWN_TIME_SECONDS": "9.5", "HORA_STALL_CHECK_TIME_SECONDS": "10"},
+            ["HORA_STALL_SHUTDOWN_TIME_SECONDS=9.5", "HORA_STALL_CHECK_TIME_SECONDS=10"],
+        ),
+    ],
+)
+def test_stall_shutdown_time_below_check_time_is_rejected(env, named):
+    with pytest.raises(ConfigError) as info:
+        Config.resolve(env=env)
+    message = str(info.value)
+    for text in named:
+        assert text in message
+    # whichever names were used, the message names both variables and the way out
+    assert "HORA_STALL_SHUTDOWN_TIME_SECONDS" in message and "HORA_STALL_CHECK_TIME_SECONDS" in message
+    assert "set the shutdown time to 0" in message
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"HORA_STALL_SHUTDOWN_TIME_SECONDS": "0"},
+        {"HORA_STALL_SHUTDOWN_TIME_SECONDS": "60"},  # equal to the default check time
+        {"HORA_STALL_SHUTDOWN_TIME_SECONDS": "61"},
+        {"HORA_STALL_SHUTDOWN_TIME_SECONDS": "10", "HOROVOD_STALL_CHECK_TIME_SECONDS": "5"},
+    ],
+)
+def test_stall_shutdown_time_accepted(env):
+    Config.resolve(env=env)
+
+
+def test_stall_check_by_argument():
+    with pytest.raises(ConfigError, match=r"stall_shutdown_time=5 is less than stall_check_time=7\.5"):
+        Config.resolve(env={}, overrides={"stall_shutdown_time": 5, "stall_check_time": 7.5})
+    # an argument can also repair what the environment says
+    cfg = Config.resolve(env={"HORA_STALL_SHUTDOWN_TIME_SECONDS": "30"}, overrides={"stall_check_time": 20})
+    assert (cfg.stall_check_time, cfg.stall_shutdown_time) == (20.0, 30.0)
+
+
+def test_stall_check_is_not_confused_by_an_invalid_value():
+    with pytest.raises(ConfigError) as info:
+        Config.resolve(env={"HORA_STALL_CHECK_TIME_SECONDS": "x", "HORA_STALL_SHUTDOWN_TIME_SECONDS": "10"})
+    assert str(info.value).splitlines()[1:] == [
+        "  HORA_STALL_CHECK_TIME_SECONDS='x' is not valid: could not convert string to float: 'x'"
+    ]
+
+
+def test_env_for_checks_only_stall_times_given_together():
+    # the workers may inherit HORA_STALL_CHECK_TIME_SECONDS=5: the launcher cannot judge 10 alone
+    assert Config.env_for({"stall_shutdown_time": 10}) == {"HORA_STALL_SHUTDOWN_TIME_SECONDS": "10.0"}
+    with pytest.raises(ConfigError, match="stall_shutdown_time=10 is less than stall_check_time=20"):
+        Config.env_for({"stall_shutdown_time": 10, "stall_check_time": 20})

@@ -3,11 +3,57 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from hora import __version__
-from hora.config import describe_settings
-from hora.errors import HoraError
+from hora.config import Config, describe_settings, env_names, parse_value
+from hora.errors import ConfigError, HoraError
+
+#: The flag of ``hora run`` that sets each setting (the flag's value is exported as the setting's HORA_* variable).
+FLAGS = {
+    "start_timeout": "--start-timeout",
+    "transport": "--transport",
+    "log_level": "--log-level",
+    "fusion_threshold": "--fusion-threshold-mb",
+    "cycle_time_ms": "--cycle-time-ms",
+    "cache_capacity": "--cache-capacity",
+    "timeline": "--timeline-filename",
+    "timeline_mark_cycles": "--timeline-mark-cycles",
+    "stall_check_disable": "--no-stall-check",
+    "stall_check_time": "--stall-check-warning-time-seconds",
+    "stall_shutdown_time": "--stall-check-shutdown-time-seconds",
+}
+
+#: Settings the launcher itself gives every worker; what the launcher's environment says of them does not matter.
+_SET_BY_LAUNCHER = ("hostname", "rendezvous_addr", "rendezvous_port", "secret", "job_id")
+
+
+def _setting_type(setting: str) -> Callable[[str], Any]:
+    """An argparse ``type`` that checks a flag's value exactly as the setting's environment variable is checked."""
+
+    def parse(text: str) -> Any:
+        try:
+            return parse_value(setting, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} is not valid: {exc}") from None
+
+    return parse
+
+
+def _megabytes(text: str) -> int:
+    """``--fusion-threshold-mb``: a number of MiB (whole or not) as bytes."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid: expected a finite number of MB >= 0")
+    return int(value * 1024 * 1024)
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,7 +78,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--start-timeout",
-        type=float,
+        type=_setting_type("start_timeout"),
         metavar="SECONDS",
         help="seconds every rank may take to reach the rendezvous (default 30; HORA_START_TIMEOUT)",
     )
@@ -43,6 +89,61 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "--log-level",
         choices=["trace", "debug", "info", "warning", "error", "fatal"],
         help="level of hora's own log messages in the workers",
+    )
+    engine = p.add_argument_group(
+        "engine settings",
+        "Each flag sets the HORA_* variable named in its help for the workers; without the flag,\n"
+        "the workers read that variable or its HOROVOD_* alias from the environment.",
+    )
+    engine.add_argument(
+        "--fusion-threshold-mb",
+        type=_megabytes,
+        metavar="MB",
+        help="fuse ready tensors into buffers of up to MB MiB; 0 disables fusion (default 64; HORA_FUSION_THRESHOLD, "
+        "in bytes)",
+    )
+    engine.add_argument(
+        "--cycle-time-ms",
+        type=_setting_type("cycle_time_ms"),
+        metavar="MS",
+        help="milliseconds between the engine's negotiation cycles (default 1; HORA_CYCLE_TIME)",
+    )
+    engine.add_argument(
+        "--cache-capacity",
+        type=_setting_type("cache_capacity"),
+        metavar="N",
+        help="entries in the response cache; 0 disables it (default 1024; HORA_CACHE_CAPACITY)",
+    )
+    engine.add_argument(
+        "--timeline-filename",
+        metavar="PATH",
+        help="record a timeline in PATH, relative to this directory (default: none; HORA_TIMELINE)",
+    )
+    engine.add_argument(
+        "--timeline-mark-cycles",
+        action="store_true",
+        default=None,
+        help="mark every engine cycle in the timeline (HORA_TIMELINE_MARK_CYCLES)",
+    )
+    engine.add_argument(
+        "--no-stall-check",
+        action="store_true",
+        default=None,
+        help="turn off the stall check (HORA_STALL_CHECK_DISABLE)",
+    )
+    engine.add_argument(
+        "--stall-check-warning-time-seconds",
+        type=_setting_type("stall_check_time"),
+        metavar="S",
+        help="warn when a collective has waited S seconds for some ranks (default 60; "
+        "HORA_STALL_CHECK_TIME_SECONDS)",
+    )
+    engine.add_argument(
+        "--stall-check-shutdown-time-seconds",
+        type=_setting_type("stall_shutdown_time"),
+        metavar="S",
+        help="shut the job down when a collective has waited S seconds for some ranks; 0 never, else at least the "
+        "warning time (default 0; HORA_STALL_SHUTDOWN_TIME_SECONDS)",
     )
     p.add_argument(
         "--rendezvous-port",
@@ -72,15 +173,11 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("hora run: give the command to start, e.g. hora run -np 2 python train.py")
-    settings = {
-        k: v
-        for k, v in {
-            "start_timeout": args.start_timeout,
-            "transport": args.transport,
-            "log_level": args.log_level.upper() if args.log_level else None,
-        }.items()
-        if v is not None
-    }
+    settings = _settings(args)
+    problem = _check_settings(settings)
+    if problem:
+        print(f"hora run: {problem}", file=sys.stderr)
+        return 2
     try:
         result = run_command(
             command,
@@ -101,6 +198,51 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if report:
         print(report, file=sys.stderr, flush=True)
     return result.exit_code
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given by flags (those not given are left to the workers' environment)."""
+    timeline = args.timeline_filename
+    if timeline:  # the workers may run elsewhere: they get the path as the launcher's directory sees it
+        timeline = os.path.abspath(timeline)
+    given = {
+        "start_timeout": args.start_timeout,
+        "transport": args.transport,
+        "log_level": args.log_level.upper() if args.log_level else None,
+        "fusion_threshold": args.fusion_threshold_mb,
+        "cycle_time_ms": args.cycle_time_ms,
+        "cache_capacity": args.cache_capacity,
+        "timeline": timeline,
+        "timeline_mark_cycles": args.timeline_mark_cycles,
+        "stall_check_disable": args.no_stall_check,
+        "stall_check_time": args.stall_check_warning_time_seconds,
+        "stall_shutdown_time": args.stall_check_shutdown_time_seconds,
+    }
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _check_settings(settings: dict[str, Any]) -> str:
+    """Resolve the settings the workers will see (this environment, then the flags), so a bad value or a bad
+    combination stops the launcher with one message instead of every rank; empty when all is well."""
+    env = dict(os.environ)
+    for setting in _SET_BY_LAUNCHER:
+        for name in env_names(setting):
+            env.pop(name, None)
+    try:
+        env.update(Config.env_for(settings))
+        Config.resolve(env=env)
+    except ConfigError as exc:
+        message = str(exc)
+        for setting, flag in FLAGS.items():  # "stall_check_time=30" came from a flag: say which
+            if setting in settings:
+                message = re.sub(rf"\b{setting}=", f"{flag} ", message)
+        notes = [
+            f"{flag} sets {env_names(setting)[0]}"
+            for setting, flag in FLAGS.items()
+            if setting in settings and env_names(setting)[0] in message
+        ]
+        return message + (f"\n({'; '.join(notes)})" if notes else "")
+    return ""
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,7 +19,7 @@ from typing import Any
 
 from hora.errors import ConfigError
 
-__all__ = ["Config", "describe_settings", "env_names"]
+__all__ = ["Config", "describe_settings", "env_names", "parse_value"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,20 @@ def _parse_positive_float(text: str) -> float:
     value = float(text)
     if not (value > 0 and math.isfinite(value)):  # also refuses nan and inf: every wait needs a real limit
         raise ValueError("expected a finite number > 0")
+    return value
+
+
+def _parse_non_negative_float(text: str) -> float:
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):  # nan fails the comparison
+        raise ValueError("expected a finite number >= 0")
+    return value + 0.0  # -0.0 becomes 0.0
+
+
+def _parse_non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("expected a whole number >= 0")
     return value
 
 
@@ -88,6 +102,7 @@ class Config:
         300.0,
         _parse_positive_float,
         "HORA_OP_TIMEOUT_SECONDS",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS",
         help="Seconds a rank waits for a peer inside an already negotiated collective before raising.",
     )
     transport: str = _setting(
@@ -113,6 +128,63 @@ class Config:
         _parse_positive_int,
         "HORA_MAX_FRAME_BYTES",
         help="Largest control or rendezvous frame accepted from a peer; longer length fields are rejected unread.",
+    )
+    fusion_threshold: int = _setting(
+        64 * 1024 * 1024,
+        _parse_non_negative_int,
+        "HORA_FUSION_THRESHOLD",
+        "HOROVOD_FUSION_THRESHOLD",
+        help="Largest fusion buffer in bytes: ready tensors are packed into one collective up to this size (0 disables fusion).",
+    )
+    cycle_time_ms: float = _setting(
+        1.0,
+        _parse_non_negative_float,
+        "HORA_CYCLE_TIME",
+        "HOROVOD_CYCLE_TIME",
+        help="Milliseconds between the engine's negotiation cycles.",
+    )
+    cache_capacity: int = _setting(
+        1024,
+        _parse_non_negative_int,
+        "HORA_CACHE_CAPACITY",
+        "HOROVOD_CACHE_CAPACITY",
+        help="Entries in the response cache, which lets repeated collectives skip negotiation (0 disables the cache).",
+    )
+    stall_check_disable: bool = _setting(
+        False,
+        _parse_bool,
+        "HORA_STALL_CHECK_DISABLE",
+        "HOROVOD_STALL_CHECK_DISABLE",
+        help="Turn off the stall check (the warning about collectives some ranks submitted and others did not).",
+    )
+    stall_check_time: float = _setting(
+        60.0,
+        _parse_positive_float,
+        "HORA_STALL_CHECK_TIME_SECONDS",
+        "HOROVOD_STALL_CHECK_TIME_SECONDS",
+        help="Seconds a collective may wait for ranks that have not submitted it before the stall check warns.",
+    )
+    stall_shutdown_time: float = _setting(
+        0.0,
+        _parse_non_negative_float,
+        "HORA_STALL_SHUTDOWN_TIME_SECONDS",
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+        help="Seconds a collective may wait for the missing ranks before the stall check shuts the job down "
+        "(0: never). If set, it must not be less than the stall check time.",
+    )
+    timeline: str = _setting(
+        "",
+        str,
+        "HORA_TIMELINE",
+        "HOROVOD_TIMELINE",
+        help="File to record the engine's timeline in (empty: no timeline).",
+    )
+    timeline_mark_cycles: bool = _setting(
+        False,
+        _parse_bool,
+        "HORA_TIMELINE_MARK_CYCLES",
+        "HOROVOD_TIMELINE_MARK_CYCLES",
+        help="Mark the start of every engine cycle in the timeline.",
     )
     log_level: str = _setting(
         "WARNING",
@@ -182,26 +254,8 @@ class Config:
         cls, env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
     ) -> Config:
         """Read every setting from ``env`` (default ``os.environ``), then apply explicit ``overrides``."""
-        env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        problems: list[str] = []
-        for f in dataclasses.fields(cls):
-            for name in f.metadata["env"]:
-                if name in env:
-                    try:
-                        values[f.name] = f.metadata["parse"](env[name])
-                    except ValueError as exc:
-                        problems.append(f"{name}={env[name]!r} is not valid: {exc}")
-                    break
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        for key, value in (overrides or {}).items():
-            if key not in fields:
-                problems.append(f"unknown setting {key!r}; known settings: {', '.join(sorted(fields))}")
-            elif value is not None:
-                try:  # an argument is checked and normalised exactly like its environment variable
-                    values[key] = fields[key].metadata["parse"](str(value))
-                except ValueError as exc:
-                    problems.append(f"{key}={value!r} is not valid: {exc}")
+        values, sources, problems = _read(os.environ if env is None else env, overrides or {})
+        problems += _cross_check(values, sources, with_defaults=True)
         if problems:
             raise ConfigError("invalid hora settings:\n  " + "\n  ".join(problems))
         return cls(**values)
@@ -217,8 +271,13 @@ class Config:
     def env_for(cls, settings: Mapping[str, Any]) -> dict[str, str]:
         """Explicit settings as ``HORA_*`` variables for a launcher's workers, validated first. Every given setting
         is exported, defaults included, so an explicit argument beats a variable the workers would inherit."""
-        resolved = cls.resolve(env={}, overrides=settings)
-        return {env_names(k)[0]: str(getattr(resolved, k)) for k, v in settings.items() if v is not None}
+        values, sources, problems = _read({}, settings)
+        # Only settings given together are checked against each other here: one that is not given comes from the
+        # workers' environment, which the workers check when they resolve their Config.
+        problems += _cross_check(values, sources, with_defaults=False)
+        if problems:
+            raise ConfigError("invalid hora settings:\n  " + "\n  ".join(problems))
+        return {env_names(k)[0]: _render(values[k]) for k, v in settings.items() if v is not None}
 
     def to_env(self) -> dict[str, str]:
         """The settings as ``HORA_*`` environment variables (what a launcher hands its workers)."""
@@ -227,8 +286,75 @@ class Config:
             value = getattr(self, f.name)
             if value == f.default:
                 continue
-            out[f.metadata["env"][0]] = str(int(value) if isinstance(value, bool) else value)
+            out[f.metadata["env"][0]] = _render(value)
         return out
+
+
+def _render(value: Any) -> str:
+    """A setting's value as its environment variable spells it (bools as 0/1)."""
+    return str(int(value) if isinstance(value, bool) else value)
+
+
+def _read(
+    env: Mapping[str, str], overrides: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """Parse the settings found in ``env`` and ``overrides``.
+
+    Returns (values, sources, problems): ``sources`` names the variable or argument each value came from, or is
+    empty for a setting that was given an invalid value (which ``values`` then lacks).
+    """
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    problems: list[str] = []
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    for f in fields.values():
+        for name in f.metadata["env"]:  # declaration order: the HORA_* name before its HOROVOD_* alias
+            if name in env:
+                try:
+                    values[f.name] = f.metadata["parse"](env[name])
+                    sources[f.name] = name
+                except ValueError as exc:
+                    sources[f.name] = ""
+                    problems.append(f"{name}={env[name]!r} is not valid: {exc}")
+                break
+    for key, value in overrides.items():
+        if key not in fields:
+            problems.append(f"unknown setting {key!r}; known settings: {', '.join(sorted(fields))}")
+        elif value is not None:
+            try:  # an argument is checked and normalised exactly like its environment variable
+                values[key] = fields[key].metadata["parse"](str(value))
+                if sources.get(key) != "":  # a broken variable stays an error even when an argument overrides it
+                    sources[key] = key
+            except ValueError as exc:
+                values.pop(key, None)
+                sources[key] = ""
+                problems.append(f"{key}={value!r} is not valid: {exc}")
+    return values, sources, problems
+
+
+def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str], with_defaults: bool) -> list[str]:
+    """Problems between settings that are valid one by one. A setting that was not given takes its default when
+    ``with_defaults`` and is not checked otherwise; one given an invalid value is not checked."""
+
+    def get(name: str) -> tuple[float, str] | None:
+        if sources.get(name) == "":
+            return None
+        if name in values:
+            return values[name], f"{sources[name]}={values[name]:g}"
+        if with_defaults:
+            default = getattr(Config(), name)
+            return default, f"the default {env_names(name)[0]}={default:g}"
+        return None
+
+    problems = []
+    shutdown, check = get("stall_shutdown_time"), get("stall_check_time")
+    if shutdown is not None and check is not None and 0 < shutdown[0] < check[0]:
+        problems.append(
+            f"{shutdown[1]} is less than {check[1]}: the stall shutdown time must be 0 (never) or not less "
+            "than the stall check time (Horovod, too, refuses a shutdown time below the warning time); raise "
+            "HORA_STALL_SHUTDOWN_TIME_SECONDS, lower HORA_STALL_CHECK_TIME_SECONDS, or set the shutdown time to 0"
+        )
+    return problems
 
 
 def env_names(setting: str) -> tuple[str, ...]:
@@ -236,6 +362,19 @@ def env_names(setting: str) -> tuple[str, ...]:
     for f in dataclasses.fields(Config):
         if f.name == setting:
             return tuple(f.metadata["env"])
+    raise KeyError(setting)
+
+
+def parse_value(setting: str, text: str) -> Any:
+    """Parse ``text`` as a value of ``setting`` exactly as its environment variable is parsed.
+
+    Raises:
+        ValueError: the text is not a valid value; the message says what is expected.
+        KeyError: there is no such setting.
+    """
+    for f in dataclasses.fields(Config):
+        if f.name == setting:
+            return f.metadata["parse"](text)
     raise KeyError(setting)
 
 
