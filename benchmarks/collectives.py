@@ -23,65 +23,38 @@ nccl-tests: allreduce busbw = algbw*2(N-1)/N, allgather busbw = algbw*(N-1)/N, b
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
 import os
 import platform
-import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
 import numpy as np
+from _common import (
+    emit,
+    format_gbps,
+    format_size,
+    format_time,
+    hora_command,
+    machine,
+    mpi_env,
+    mpirun_command,
+    parse_counts,
+    parse_size,
+    pattern,
+    run_ranks,
+    torch_missing,
+)
 
-MARKER = "HORA_BENCH "
 OPS = ("allreduce", "allgather", "broadcast")
 FRAMEWORKS = ("hora", "hora-tcp", "gloo", "mpi")
 LABELS = {"hora": "hora", "hora-tcp": "hora (tcp)", "gloo": "gloo", "mpi": "Open MPI"}
 DEFAULT_SIZES = "4K,64K,1M,16M,64M,256M"
-MPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
 # -- sizes and bandwidth -------------------------------------------------------------------------------------------
-def parse_size(text: str) -> int:
-    """'4K' -> 4096, '1M' -> 1048576, '512' -> 512 (bytes; binary units)."""
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    number = text[:-1] if scale > 1 else text
-    try:
-        value = int(float(number) * scale)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"size {text!r} is not a number with an optional K/M/G suffix"
-        ) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size {text!r} must be positive")
-    return value
-
-
-def format_size(nbytes: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return f"{nbytes}B"
-
-
-def format_time(seconds: float) -> str:
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.3g} µs"
-    if seconds < 1.0:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds:.3g} s"
-
-
-def format_gbps(value: float) -> str:
-    return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 100 else f"{value:.0f}"
-
-
 def bus_factor(op: str, n: int) -> float:
     """nccl-tests' bus bandwidth factor: what each link must carry relative to the message size."""
     if op == "allreduce":
@@ -95,16 +68,6 @@ def message_count(op: str, nbytes: int, n: int) -> int:
     """float32 elements per rank's *input* buffer (allgather: each rank contributes 1/N of the output)."""
     count = max(1, nbytes // 4)
     return max(1, count // n) if op == "allgather" else count
-
-
-def pattern(count: int, scale: float = 1.0, offset: float = 0.0) -> np.ndarray:
-    """Small exact integers in float32 (0..126, scaled and shifted), so sums are exact and misplaced chunks show."""
-    out = np.fmod(np.arange(count, dtype=np.float32), np.float32(127))
-    if scale != 1.0:
-        out *= np.float32(scale)
-    if offset:
-        out += np.float32(offset)
-    return out
 
 
 # -- workers -------------------------------------------------------------------------------------------------------
@@ -263,11 +226,6 @@ class MpiBackend(Backend):
         return {"version": f"{library}; mpi4py {mpi4py.__version__}"}
 
 
-def emit(backend: Backend, record: dict[str, Any]) -> None:
-    if backend.rank == 0:
-        print(MARKER + json.dumps(record), flush=True)
-
-
 def check(op: str, backend: Backend, count: int) -> tuple[np.ndarray, np.ndarray | None, bool]:
     """Run ``op`` once on a known pattern and verify the result; returns the buffers to time with and ok."""
     n, r = backend.size, backend.rank
@@ -347,12 +305,12 @@ def measure(backend: Backend, op: str, nbytes: int, args: argparse.Namespace) ->
 
 def worker(args: argparse.Namespace) -> int:
     backend: Backend = {"hora": HoraBackend, "gloo": GlooBackend, "mpi": MpiBackend}[args.worker]()
-    emit(backend, {"kind": "start", "framework": args.label, "np": backend.size, **backend.info()})
+    emit(backend.rank, {"kind": "start", "framework": args.label, "np": backend.size, **backend.info()})
     for op in args.ops:
         for nbytes in args.sizes:
-            emit(backend, measure(backend, op, nbytes, args))
+            emit(backend.rank, measure(backend, op, nbytes, args))
     backend.barrier()
-    emit(backend, {"kind": "done", "framework": args.label})
+    emit(backend.rank, {"kind": "done", "framework": args.label})
     backend.close()
     return 0
 
@@ -404,27 +362,16 @@ def launch_command(
     env = dict(os.environ)
     if framework in ("hora", "hora-tcp", "gloo"):
         transport = {"hora": "shm", "hora-tcp": "tcp"}.get(framework)
-        cmd = [sys.executable, "-m", "hora", "run", "-np", str(n)]
         if transport:
-            cmd += ["--transport", transport]
             env["HORA_TRANSPORT"] = transport
-        if framework == "gloo":
-            try:
-                import torch.distributed  # noqa: F401
-            except ImportError as exc:
-                return f"torch is not importable ({exc})"
+        if framework == "gloo" and (missing := torch_missing()):
+            return missing
         kind = "gloo" if framework == "gloo" else "hora"
-        return cmd + worker_argv(args, kind, framework), env
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        return "mpirun is not on PATH (install Open MPI, e.g. the Debian package openmpi-bin)"
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return "mpi4py is not installed (pip install mpi4py)"
-    env.update(MPI_ROOT_ENV)
-    cmd = [mpirun, "-np", str(n), *args.mpirun_args.split()]
-    return cmd + worker_argv(args, "mpi", framework), env
+        return hora_command(n, transport) + worker_argv(args, kind, framework), env
+    cmd = mpirun_command(n, args.mpirun_args)
+    if isinstance(cmd, str):
+        return cmd
+    return cmd + worker_argv(args, "mpi", framework), mpi_env(env)
 
 
 def run_framework(
@@ -434,57 +381,19 @@ def run_framework(
     launch = launch_command(args, framework, n)
     if isinstance(launch, str):
         return [], launch
-    cmd, env = launch
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
-    drain = threading.Thread(target=lambda: stderr_tail.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
-    drain.start()
-    expired = threading.Event()
 
-    def expire() -> None:
-        expired.set()
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)  # hora run and mpirun pass it on to their ranks
-        except ProcessLookupError:
-            pass
+    def progress(rec: dict[str, Any]) -> None:
+        if rec["kind"] == "result":
+            flag = "" if rec["ok"] else "  WRONG RESULT"
+            print(
+                f"  {LABELS[framework]:>10} N={n} {rec['op']:<9} {format_size(rec['size']):>5}: "
+                f"{format_time(rec['time_median_s']):>10}  busbw {rec['busbw_GBps']:7.3f} GB/s  "
+                f"({rec['iters']} iters){flag}",
+                file=sys.stderr,
+                flush=True,
+            )
 
-    timer = threading.Timer(args.timeout, expire)
-    timer.start()
-    records: list[dict[str, Any]] = []
-    try:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            at = line.find(MARKER)
-            if at < 0:
-                continue
-            rec = json.loads(line[at + len(MARKER) :])
-            records.append(rec)
-            if rec["kind"] == "result":
-                flag = "" if rec["ok"] else "  WRONG RESULT"
-                print(
-                    f"  {LABELS[framework]:>10} N={n} {rec['op']:<9} {format_size(rec['size']):>5}: "
-                    f"{format_time(rec['time_median_s']):>10}  busbw {rec['busbw_GBps']:7.3f} GB/s  "
-                    f"({rec['iters']} iters){flag}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        proc.wait()
-    finally:
-        timer.cancel()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    drain.join(timeout=5)
-    if proc.returncode != 0 or not any(r["kind"] == "done" for r in records):
-        tail = "\n".join("    " + s.rstrip() for s in list(stderr_tail)[-12:])
-        why = (
-            f"stopped after --timeout {args.timeout:g}s"
-            if expired.is_set()
-            else f"exit code {proc.returncode}"
-        )
-        return records, f"workers failed ({why}); last stderr lines:\n{tail}"
-    return records, None
+    return run_ranks(*launch, timeout=args.timeout, on_record=progress)
 
 
 def cell(rec: dict[str, Any] | None) -> str:
@@ -582,13 +491,7 @@ def driver(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(
                 {
-                    "machine": {
-                        "node": platform.node(),
-                        "cpus": os.cpu_count(),
-                        "python": platform.python_version(),
-                        "numpy": np.__version__,
-                        "copy_GBps": copy_gbps,
-                    },
+                    "machine": {**machine(), "copy_GBps": copy_gbps},
                     "args": {k: v for k, v in vars(args).items() if k not in ("worker", "label")},
                     "versions": versions,
                     "notes": notes,
@@ -645,11 +548,9 @@ def main(argv: list[str] | None = None) -> int:
         args.label = args.label or args.worker
         return worker(args)
     try:
-        args.np = [int(x) for x in args.np.split(",") if x.strip()]
-    except ValueError:
-        p.error(f"--np takes a comma-separated list of rank counts, got {args.np!r}")
-    if not args.np or min(args.np) < 1:
-        p.error("--np needs rank counts of at least 1")
+        args.np = parse_counts(args.np)
+    except argparse.ArgumentTypeError as exc:
+        p.error(str(exc))
     args.frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
     if args.tcp and "hora-tcp" not in args.frameworks:
         args.frameworks.insert(
