@@ -72,10 +72,30 @@ class DataPlane(ABC):
     size: int
     #: What is running, for error messages ("allreduce 'grad.fc1'"); the engine sets it before each call.
     what: str = "collective"
+    #: True where :meth:`allreduce_fused` copies the pieces straight into the transport (no packing by the caller
+    #: pays off); False where it packs into a temporary, so a caller with its own fusion buffer may as well pack.
+    stages_pieces: bool = False
 
     @abstractmethod
     def allreduce(self, src: np.ndarray, dst: np.ndarray, op: int) -> None:
         """``dst`` = reduction of every rank's ``src`` (``src`` may be ``dst``)."""
+
+    def allreduce_fused(self, srcs: list[np.ndarray], dsts: list[np.ndarray], op: int) -> None:
+        """Reduce the virtual concatenation of ``srcs`` (1-D, C-contiguous, one dtype) across ranks into ``dsts``
+        (same sizes; ``dsts[i]`` may be ``srcs[i]``). Every rank passes the same sizes in the same order.
+
+        This default packs the pieces into one temporary, reduces it with :meth:`allreduce` and unpacks it; a
+        transport that can stage the pieces directly overrides it.
+        """
+        if len(srcs) == 1:
+            self.allreduce(srcs[0], dsts[0], op)
+        elif srcs:
+            buf = np.concatenate(srcs)
+            self.allreduce(buf, buf, op)
+            at = 0
+            for d in dsts:
+                d[...] = buf[at : at + d.size]
+                at += d.size
 
     @abstractmethod
     def reducescatter(self, src: np.ndarray, dst: np.ndarray, counts: list[int], op: int) -> None:
@@ -113,6 +133,11 @@ class SelfPlane(DataPlane):
     def allreduce(self, src: np.ndarray, dst: np.ndarray, op: int) -> None:
         if dst is not src:
             dst[...] = src
+
+    def allreduce_fused(self, srcs: list[np.ndarray], dsts: list[np.ndarray], op: int) -> None:
+        for src, dst in zip(srcs, dsts):
+            if dst is not src:
+                dst[...] = src
 
     def reducescatter(self, src: np.ndarray, dst: np.ndarray, counts: list[int], op: int) -> None:
         dst[...] = src[: counts[0]]

@@ -10,6 +10,12 @@ reduces slice r across the slots in place (``np.add(..., out=)``, which releases
 every owner's reduced slice out. float16/bfloat16 sums over more than two ranks accumulate in float32 and round
 once.
 
+A fused allreduce (many tensors of one dtype and op) runs the same steps over the virtual concatenation of its
+pieces: staging copies from the pieces straight into the rank's slot (one ``np.concatenate(..., out=)`` per owner),
+the owner reduces its own slice reading the pieces where they are (or, where they average under 64 KiB, packs them
+into its slot first: a ufunc call per tiny piece costs more than the copy), and the gather copies every reduced
+slice straight back out into the pieces. The slot is the fusion buffer; there is no full-size temporary.
+
 Synchronisation is spin-then-sleep on one counter per rank (own cache line): spin while there are enough cores,
 yield, then back off with short sleeps, so more ranks than cores do not starve. While waiting, a rank checks an
 abort word that a failing peer sets, and whether the laggard processes are still alive (pid + start time), so a
@@ -27,6 +33,8 @@ import hashlib
 import mmap
 import os
 import time
+from bisect import bisect_left, bisect_right
+from itertools import accumulate
 
 import numpy as np
 
@@ -42,6 +50,9 @@ _REASON_OFF = 512
 _REASON_LEN = 512
 _CTR_OFF = 1024
 _LINE = 64
+#: A fused reduction whose own slice averages fewer bytes per piece packs it into the slot and reduces in place
+#: (one copy, two calls) instead of one ufunc call per piece (whose fixed cost exceeds copying this many bytes).
+_OWN_PIECE_BYTES = 64 << 10
 SHM_DIR = "/dev/shm"
 
 
@@ -71,6 +82,19 @@ def sweep(job_id: str) -> list[str]:
     return removed
 
 
+def _parts(arrs: list[np.ndarray], ends: list[int], lo: int, m: int) -> list[np.ndarray]:
+    """Views of ``arrs`` covering elements [lo, lo + m) of their virtual concatenation (piece i ends at element
+    ``ends[i]``), in order; ``m`` > 0. Only the first and last are sliced, the pieces between are whole (some may be
+    empty), so a step costs two bisections however many pieces it spans."""
+    hi = lo + m
+    i = bisect_right(ends, lo)  # the first piece ending after lo: it holds element lo
+    j = bisect_left(ends, hi, i)  # the first piece ending at or after hi: it holds element hi - 1
+    first = ends[i - 1] if i else 0
+    if i == j:
+        return [arrs[i][lo - first : hi - first]]
+    return [arrs[i][lo - first :], *arrs[i + 1 : j], arrs[j][: hi - ends[j - 1]]]
+
+
 def _layout(size: int, chunk: int) -> tuple[int, int, int]:
     unit = _LINE * size
     chunk = max(unit, (chunk + unit - 1) // unit * unit)
@@ -80,6 +104,8 @@ def _layout(size: int, chunk: int) -> tuple[int, int, int]:
 
 class ShmPlane(DataPlane):
     """Shared-memory collectives among ``size`` ranks of one host (ranks are 0..size-1 within the group)."""
+
+    stages_pieces = True  # allreduce_fused stages the pieces straight into the slot: packing is the only copy
 
     def __init__(
         self,
@@ -232,19 +258,39 @@ class ShmPlane(DataPlane):
 
     # -- collectives --------------------------------------------------------------------------------------------
     def allreduce(self, src: np.ndarray, dst: np.ndarray, op: int) -> None:
-        self._reduce(src, dst, even_counts(src.size, self.size), op, gather=True)
+        self._reduce([src], [src.size], even_counts(src.size, self.size), op, [dst], None)
+
+    def allreduce_fused(self, srcs: list[np.ndarray], dsts: list[np.ndarray], op: int) -> None:
+        # The fusion buffer is this rank's slot: staging copies straight from the pieces, gathering straight into
+        # them, so packing is the only copy and there is no full-size temporary.
+        if srcs:
+            ends = list(accumulate(s.size for s in srcs))
+            self._reduce(srcs, ends, even_counts(ends[-1], self.size), op, dsts, None)
 
     def reducescatter(self, src: np.ndarray, dst: np.ndarray, counts: list[int], op: int) -> None:
-        self._reduce(src, dst, counts, op, gather=False)
+        self._reduce([src], [src.size], counts, op, None, dst)
 
-    def _reduce(self, src: np.ndarray, dst: np.ndarray, counts: list[int], op: int, gather: bool) -> None:
-        dt, me, size = src.dtype, self.rank, self.size
+    def _reduce(
+        self,
+        srcs: list[np.ndarray],
+        ends: list[int],
+        counts: list[int],
+        op: int,
+        dsts: list[np.ndarray] | None,
+        out: np.ndarray | None,
+    ) -> None:
+        """Reduce the virtual concatenation of ``srcs`` (piece i ends at element ``ends[i]``), owner r taking the
+        ``counts[r]`` elements at its offset; then copy every owner's slice into ``dsts`` (allreduce: the same
+        pieces as ``srcs``) or this rank's slice into ``out`` (reduce-scatter)."""
+        dt, me, size = srcs[0].dtype, self.rank, self.size
         cap = self._sub // dt.itemsize
         offs = offsets(counts)
         steps = -(-max(counts) // cap) if counts else 0
         widen = dt in HALF and size > 2
         if widen and self._scratch.size < cap:
             self._scratch = np.empty(cap, np.float32)
+        # Unfused (one piece), ranges are plain slices of src and dst: no piece mapping on the hot small-array path.
+        fused, src0 = len(srcs) > 1, srcs[0]
         for k in range(steps):
             b = self._next()
             views = [self._typed(r, b, dt) for r in range(size)]
@@ -252,31 +298,54 @@ class ShmPlane(DataPlane):
             for r in range(size):
                 m = min(cap, counts[r] - lo)
                 if m > 0 and r != me:  # the owner reduces its own slice straight from src: one copy less
-                    mine[r * cap : r * cap + m] = src[offs[r] + lo : offs[r] + lo + m]
+                    a, at = offs[r] + lo, r * cap
+                    if fused:  # packing: the pieces go straight into the slot, in one call
+                        np.concatenate(_parts(srcs, ends, a, m), out=mine[at : at + m])
+                    else:
+                        mine[at : at + m] = src0[a : a + m]
             self._barrier()
             m = min(cap, counts[me] - lo)
             seg = slice(me * cap, me * cap + max(m, 0))
             if m > 0:
-                own = src[offs[me] + lo : offs[me] + lo + m]
+                a = offs[me] + lo
+                own = _parts(srcs, ends, a, m) if fused else [src0[a : a + m]]
                 others = [views[j][seg] for j in range(size) if j != me]
+                red = mine[seg]  # the owner's reduced slice goes to its slot, never to src (dst may be src)
                 if widen:
                     acc = self._scratch[:m]
-                    acc[:] = own
+                    np.concatenate(own, out=acc)
                     for other in others:
                         reduce_into(acc, other, op)
-                    mine[seg] = acc
+                    red[...] = acc
                 else:
-                    combine(own, others[0], mine[seg], op)
+                    if len(own) == 1:
+                        combine(own[0], others[0], red, op)
+                    elif m * dt.itemsize >= len(own) * _OWN_PIECE_BYTES:
+                        pos = 0
+                        for part in own:  # red = own (op) first, reading the pieces where they are
+                            n = part.size
+                            combine(part, others[0][pos : pos + n], red[pos : pos + n], op)
+                            pos += n
+                    else:  # many small pieces: packing them into the slot (one call) beats a ufunc call each
+                        np.concatenate(own, out=red)
+                        reduce_into(red, others[0], op)
                     for other in others[1:]:
-                        reduce_into(mine[seg], other, op)
-            if gather:
-                self._barrier()
+                        reduce_into(red, other, op)
+            if dsts is not None:
+                self._barrier()  # every owner has reduced: copy out (only now, so dst may be src)
                 for r in range(size):
                     m = min(cap, counts[r] - lo)
                     if m > 0:
-                        dst[offs[r] + lo : offs[r] + lo + m] = views[r][r * cap : r * cap + m]
-            elif m > 0:
-                dst[lo : lo + m] = mine[seg]
+                        a, at, view = offs[r] + lo, r * cap, views[r]
+                        if fused:
+                            for part in _parts(dsts, ends, a, m):
+                                n = part.size
+                                part[...] = view[at : at + n]
+                                at += n
+                        else:
+                            dsts[0][a : a + m] = view[at : at + m]
+            elif out is not None and m > 0:
+                out[lo : lo + m] = mine[seg]
 
     def allgather(self, src: np.ndarray, dst: np.ndarray, counts: list[int]) -> None:
         me, chunk = self.rank, self._chunk
