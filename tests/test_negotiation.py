@@ -404,48 +404,6 @@ def test_collective_pending_when_a_rank_joins_fails_with_join_error():
     assert "rank 1 already called join()" in resp.error
 
 
-# -- leave --------------------------------------------------------------------------------------------------------
-def test_leave_fails_pending_collectives():
-    coord = Coordinator(3)
-    coord.submit(0, [ar("a")])
-    coord.submit(1, [ar("a"), ar("b")])
-    coord.leave(2, "rank 2 called shutdown()")
-    responses = coord.take()
-    assert sorted(r.request.name for r in responses) == ["a", "b"]
-    for r in responses:
-        assert r.error_kind == "shutdown"
-        assert (
-            r.error
-            == f"allreduce '{r.request.name}' cannot complete: rank 2 shut down (rank 2 called shutdown())."
-        )
-    assert coord.pending() == {}
-
-
-def test_leave_fails_later_submissions():
-    coord = Coordinator(3)
-    coord.leave(2, "rank 2 called shutdown()")
-    coord.leave(1, "rank 1 called shutdown()")
-    assert coord.take() == []
-    coord.submit(0, [Request(Kind.BROADCAST, "w", "float32", (3,), root=0)])
-    [resp] = coord.take()
-    assert resp.error_kind == "shutdown"
-    assert resp.error == (
-        "broadcast 'w' cannot complete: ranks 1, 2 shut down "
-        "(rank 1 called shutdown(); rank 2 called shutdown())."
-    )
-    assert coord.pending() == {}
-
-
-def test_leave_fails_pending_join():
-    coord = Coordinator(2)
-    coord.submit(0, [Request(Kind.JOIN, "join")])
-    coord.leave(1, "rank 1 called shutdown()")
-    responses = coord.take()
-    assert len(responses) == 1
-    assert responses[0].request.kind is Kind.JOIN
-    assert responses[0].error_kind == "shutdown"
-
-
 # -- wire format --------------------------------------------------------------------------------------------------
 def test_request_round_trip():
     req = Request(

@@ -51,6 +51,8 @@ NUMPY_API = [
     "reducescatter_async",
     "shutdown",
     "size",
+    "start_timeline",
+    "stop_timeline",
     "synchronize",
 ]
 

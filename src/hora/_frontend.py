@@ -5,6 +5,7 @@ Every function goes through the engine: ``allreduce(x)`` is ``synchronize(allred
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections.abc import Sequence
 from typing import Any
@@ -76,6 +77,8 @@ __all__ = [
     "reducescatter_async",
     "shutdown",
     "size",
+    "start_timeline",
+    "stop_timeline",
     "synchronize",
 ]
 
@@ -448,6 +451,17 @@ def join() -> int:
     entry = Entry(Request(Kind.JOIN, "join"))
     _submit(ctx, entry)
     return int(entry.handle.wait())
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing a Chrome-trace timeline of every collective to ``file_path`` (rank 0 writes it). Replaces a
+    timeline that is already being written. Same as setting HORA_TIMELINE (HOROVOD_TIMELINE) before init()."""
+    current().engine.start_timeline(os.path.abspath(file_path), mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stop writing the timeline and close its file (which stays valid JSON)."""
+    current().engine.stop_timeline()
 
 
 # -- objects ------------------------------------------------------------------------------------------------------------

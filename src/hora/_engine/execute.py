@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from math import prod
 from typing import Any
 
@@ -11,7 +13,25 @@ from hora._engine.handle import Entry
 from hora._engine.messages import Kind, ReduceOp, Request, Response
 from hora._transport.base import DTYPES, DataPlane, even_counts
 
-__all__ = ["execute"]
+__all__ = ["execute", "execute_fused"]
+
+_buffers: dict[np.dtype, np.ndarray] = {}  # one reusable fusion buffer per dtype (engine thread only)
+
+
+def _fusion_buffer(dtype: np.dtype, n: int) -> np.ndarray:
+    buf = _buffers.get(dtype)
+    if buf is None or buf.size < n:
+        buf = _buffers[dtype] = np.empty(n, dtype)
+    return buf[:n]
+
+
+@contextlib.contextmanager
+def _phase(timeline: Any, names: list[str], activity: str) -> Iterator[None]:
+    if timeline is None:
+        yield
+    else:
+        with timeline.activities(names, activity):
+            yield
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -94,3 +114,47 @@ def execute(plane: DataPlane, resp: Response, entry: Entry | None) -> Any:
         )
         return out, np.asarray(received, dtype=np.int32)
     raise AssertionError(f"unknown collective {kind}")
+
+
+def execute_fused(
+    plane: DataPlane, responses: list[Response], entries: list[Entry], timeline: Any, activity: str
+) -> list[np.ndarray]:
+    """Run allreduces that agree on dtype, op and scale factors as one reduction; return each output.
+
+    The data plane reduces the virtual concatenation of the inputs: the shared-memory plane stages the pieces
+    straight into its segment (its slot *is* the fusion buffer), other planes pack into one buffer first."""
+    req = responses[0].request
+    op, pre, post = req.op, req.prescale, req.postscale
+    if op == ReduceOp.AVERAGE:
+        op, post = ReduceOp.SUM, post / plane.size
+    outs = [e.output if e.output is not None else np.empty_like(e.input) for e in entries]
+    dsts = [_flat(o) for o in outs]
+    srcs = []
+    for e in entries:
+        assert e.input is not None  # fused groups hold allreduces submitted by this rank, never a joined rank's
+        srcs.append(_flat(e.input))
+    names = [r.request.name for r in responses]
+    plane.what = f"fused allreduce of {len(names)} tensors ('{names[0]}', ...)"
+    if pre != 1.0:
+        for s, d in zip(srcs, dsts):
+            np.multiply(s, pre, out=d, casting="unsafe")
+        srcs = dsts
+    if getattr(plane, "stages_pieces", False):  # shm: packing into the segment is the transport's first copy
+        with _phase(timeline, names, activity):
+            plane.allreduce_fused(srcs, dsts, op)
+    else:
+        total = sum(s.size for s in srcs)
+        buf = _fusion_buffer(srcs[0].dtype, total)
+        with _phase(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
+            np.concatenate(srcs, out=buf)
+        with _phase(timeline, names, activity):
+            plane.allreduce(buf, buf, op)
+        with _phase(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
+            lo = 0
+            for d in dsts:
+                d[...] = buf[lo : lo + d.size]
+                lo += d.size
+    if post != 1.0:
+        for d in dsts:
+            np.multiply(d, post, out=d, casting="unsafe")
+    return outs

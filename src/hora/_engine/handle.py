@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,18 +19,25 @@ __all__ = ["Entry", "Handle"]
 class Handle:
     """The future result of one collective. ``wait()`` returns the result or raises the collective's error."""
 
-    __slots__ = ("_error", "_event", "_result", "name")
+    __slots__ = ("_driver", "_error", "_event", "_result", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._event = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
+        # The engine's "run cycles until this handle is done" (set when enqueued): the waiting thread drives.
+        self._driver: Callable[[Handle, float | None], None] | None = None
 
     def done(self) -> bool:
         return self._event.is_set()
 
     def wait(self, timeout: float | None = None) -> Any:
+        if not self._event.is_set() and self._driver is not None:
+            start = time.monotonic()
+            self._driver(self, timeout)
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - start))
         if not self._event.wait(timeout):
             raise TimeoutError(f"'{self.name}' did not complete within {timeout:g}s")
         if self._error is not None:
@@ -58,6 +67,7 @@ class Entry:
     input: np.ndarray | None = None
     output: np.ndarray | None = None
     handle: Handle = field(init=False)
+    queued_at: float = field(init=False, default=0.0)  # time.monotonic() when enqueued (stall inspection)
 
     def __post_init__(self) -> None:
         self.handle = Handle(self.request.name)

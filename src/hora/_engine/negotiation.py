@@ -61,7 +61,6 @@ class Coordinator:
         self._table: dict[str, dict[int, Request]] = {}
         self._since: dict[str, float] = {}
         self._joined: list[int] = []
-        self._gone: dict[int, str] = {}
         self._out: list[Response] = []
 
     # -- inputs -----------------------------------------------------------------------------------------------
@@ -82,18 +81,16 @@ class Coordinator:
                 )
                 continue
             entry[rank] = req
-            if self._gone:
-                self._fail_gone(req.name)
-            else:
-                self._check(req.name)
+            self._check(req.name)
 
-    def leave(self, rank: int, reason: str) -> None:
-        """``rank`` shut down: everything that still waits for it fails, and so will anything submitted later."""
-        self._gone[rank] = reason
-        for name in list(self._table):
-            self._fail_gone(name)
-        if self._joined:  # a join can no longer complete: every rank must join, and one has left
-            self._fail_join()
+    @property
+    def joined(self) -> list[int]:
+        """Ranks that called join() and wait for the others to join too."""
+        return list(self._joined)
+
+    def waiting(self, name: str) -> bool:
+        """Whether some rank has already submitted ``name`` (and it still waits for others)."""
+        return name in self._table
 
     def pending(self) -> dict[str, tuple[float, list[int]]]:
         """name -> (seconds waiting, ranks that submitted it): what a stall inspector reports."""
@@ -106,23 +103,7 @@ class Coordinator:
         return out
 
     # -- internals --------------------------------------------------------------------------------------------
-    def _fail_join(self) -> None:
-        self._joined = []
-        gone = format_ranks(self._gone)
-        self._out.append(
-            Response(
-                Request(Kind.JOIN, "join"),
-                error=f"join() cannot complete: {gone} shut down "
-                f"({'; '.join(sorted(set(self._gone.values())))}).",
-                error_kind="shutdown",
-            )
-        )
-
     def _join(self, rank: int) -> None:
-        if self._gone:
-            self._joined.append(rank)
-            self._fail_join()
-            return
         if rank not in self._joined:
             self._joined.append(rank)
         for name in list(self._table):
@@ -131,20 +112,6 @@ class Coordinator:
             last = self._joined[-1]
             self._joined = []
             self._out.append(Response(Request(Kind.JOIN, "join"), last_joined=last))
-
-    def _fail_gone(self, name: str) -> None:
-        entry = self._table.pop(name)
-        self._since.pop(name, None)
-        req = next(iter(entry.values()))
-        gone = format_ranks(self._gone)
-        self._out.append(
-            Response(
-                req,
-                error=f"{req.kind.value} '{name}' cannot complete: {gone} shut down "
-                f"({'; '.join(sorted(set(self._gone.values())))}).",
-                error_kind="shutdown",
-            )
-        )
 
     def _error(self, req: Request, message: str, kind: str = "mismatch") -> None:
         self._out.append(Response(req, error=message, error_kind=kind))

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hora._engine.engine import Engine
+from hora._engine.engine import Engine, EngineSettings
 from hora._engine.negotiation import format_ranks
 from hora._runtime.auth import Role
 from hora._runtime.bootstrap import Bootstrap, local_addr_towards, start_bootstrap
@@ -194,7 +194,7 @@ def _is_loopback(addr: str) -> bool:
 def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
     hostname = config.hostname or socket.gethostname()
     if launch.size == 1 and not config.rendezvous_addr:
-        engine = Engine(0, 1, SelfPlane(), {}, config.max_frame_bytes)
+        engine = Engine(0, 1, SelfPlane(), {}, EngineSettings(config))
         engine.start()
         return Context(config, launch, 0, 1, 0, 1, 0, 1, hostname, "self", engine)
 
@@ -275,7 +275,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         store.close()
         listener.close()
         describe = {r: f"rank {r} (host {p['host']}, pid {p['pid']})" for r, p in enumerate(peers)}
-        engine = Engine(rank, size, plane, control, config.max_frame_bytes, describe)
+        engine = Engine(rank, size, plane, control, EngineSettings(config), describe)
         engine.start()
     except BaseException:
         for obj in reversed(cleanup):
