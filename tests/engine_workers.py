@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 import hora.numpy as hvd
-from collective_workers import data
+from collective_workers import check, data, reference
 from hora.errors import StallError
 
 DTYPES = ["float32", "float64", "int32", "int64", "float16", "uint8"]
@@ -170,3 +170,63 @@ def timeline_worker(path: str, runtime: bool) -> int:
     rank = hvd.rank()
     hvd.shutdown()
     return rank
+
+
+def repeated_small_worker(rounds: int) -> int:
+    """Named small allreduces repeated round after round (after the first they are answered from the cache and,
+    on shared memory, carried in the exchange itself): every op, in place and not, several dtypes. Rank r also
+    submits r extra async tensors first, so the ranks' exchange rows are laid out differently."""
+    hvd.init()
+    me, n = hvd.rank(), hvd.size()
+    checked = 0
+    cases = [
+        ("sum.f32", "float32", hvd.Sum, (5,)),
+        ("avg.f64", "float64", hvd.Average, (3, 2)),
+        ("max.i32", "int32", hvd.Max, (7,)),
+        ("min.i8", "int8", hvd.Min, ()),
+        ("prod.i64", "int64", hvd.Product, (4,)),
+        ("or.bool", "bool", hvd.Sum, (6,)),
+        ("and.bool", "bool", hvd.Min, (6,)),
+        ("sum.bf16", "bfloat16", hvd.Sum, (9,)),
+        ("big.f32", "float32", hvd.Sum, (20_000,)),  # above the direct path's limit: the normal path
+    ]
+    for rnd in range(rounds):
+        extra = [hvd.allreduce_async(np.full(3, float(k)), name=f"extra.{me}.{k}.{rnd}") for k in range(me)]
+        for name, dtype, op, shape in cases:
+            kind = "product" if op == hvd.Product else "sum"
+            arrays = [data(r, dtype, shape, kind, salt=rnd) for r in range(n)]
+            mine = arrays[me].copy()
+            if rnd % 2:
+                out = hvd.allreduce_(mine, name=name, op=op)
+                assert out is mine
+            else:
+                out = hvd.allreduce(mine, name=name, op=op, postscale_factor=1.0)
+            check(out, reference(op, arrays, dtype), f"{name} round {rnd}")
+            checked += 1
+        # the extras were named per rank: every rank must submit them all, so each submits the others' too
+        others = [
+            hvd.allreduce_async(np.full(3, float(k)), name=f"extra.{r}.{k}.{rnd}")
+            for r in range(n)
+            if r != me
+            for k in range(r)
+        ]
+        for h in extra + others:
+            hvd.synchronize(h)
+    hvd.shutdown()
+    return checked
+
+
+def disagreeing_settings_worker(setting: str) -> str:
+    """Ranks started with different fusion thresholds or cache capacities would compute different groups or
+    exchange vectors of different lengths: init() must refuse on every rank."""
+    import os
+
+    from hora.errors import ConfigError
+
+    rank = int(os.environ["HORA_RANK"])
+    try:
+        hvd.init(**{setting: 1024 * (1 + (rank == 1))})
+    except ConfigError as exc:
+        return str(exc)
+    hvd.shutdown()
+    return "started"

@@ -9,7 +9,9 @@ import pytest
 from engine_workers import (
     cached_join_worker,
     changing_shape_worker,
+    disagreeing_settings_worker,
     random_fusion_worker,
+    repeated_small_worker,
     scaled_fusion_worker,
     stall_warning_worker,
     stall_worker,
@@ -30,6 +32,15 @@ ENGINES = {
 def test_random_tensor_sets_in_random_orders(engine, np_, transport):
     results = run_ranks(random_fusion_worker, np_, 6, 12, 11, transport=transport, **ENGINES[engine])
     assert results == [72] * np_
+
+
+@pytest.mark.parametrize(("np_", "transport"), [(2, "shm"), (3, "shm"), (4, "shm"), (3, "tcp")])
+def test_repeated_small_allreduces_every_op_and_dtype(np_, transport):
+    assert run_ranks(repeated_small_worker, np_, 6, transport=transport) == [54] * np_
+
+
+def test_repeated_small_allreduces_without_cache():
+    assert run_ranks(repeated_small_worker, 3, 4, cache_capacity=0) == [36] * 3
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
@@ -115,3 +126,16 @@ def test_timeline_shows_fusion_buffer_copies_over_tcp(tmp_path):
     run_ranks(timeline_worker, 2, str(path), False, timeline=str(path), transport="tcp")
     names = {e["name"] for e in _events(path)}
     assert {"MEMCPY_IN_FUSION_BUFFER", "TCP_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"} <= names
+
+
+@pytest.mark.parametrize(
+    ("setting", "label", "names"),
+    [
+        ("fusion_threshold", "fusion threshold", "HORA_FUSION_THRESHOLD"),
+        ("cache_capacity", "cache capacity", "HORA_CACHE_CAPACITY"),
+    ],
+)
+def test_ranks_must_agree_on_fusion_and_cache(setting, label, names):
+    results = run_ranks(disagreeing_settings_worker, 3, setting)
+    expect = f"the ranks disagree on the {label}: 1024 on ranks 0, 2 but 2048 on rank 1; set {names}"
+    assert all(r.startswith(expect) for r in results), results

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from hora._runtime.context import (
     shutdown,
     size,
 )
-from hora._transport.base import DTYPES
+from hora._transport.base import DTYPE_NAMES, DTYPES
 from hora.errors import HoraError
 
 try:  # like Horovod, serialise objects with cloudpickle when it is there (lambdas, local classes)
@@ -112,7 +113,7 @@ AnyHandle = Handle | GroupHandle
 
 def _array(tensor: Any, what: str) -> np.ndarray:
     arr = np.asarray(tensor)
-    if arr.dtype.name not in DTYPES:
+    if arr.dtype not in DTYPE_NAMES:
         raise UnsupportedError(f"{what} does not support dtype {arr.dtype}; supported: {', '.join(DTYPES)}")
     return arr if arr.flags.c_contiguous else np.array(arr, order="C")
 
@@ -154,7 +155,7 @@ def _reduce_request(
     return Request(
         kind,
         name if name is not None else ctx.auto_name(kind.value),
-        arr.dtype.name,
+        DTYPE_NAMES[arr.dtype],
         arr.shape,
         int(op),
         prescale=float(prescale),
@@ -162,8 +163,23 @@ def _reduce_request(
     )
 
 
+_local = threading.local()
+
+
 def _submit(ctx: Context, *entries: Entry) -> None:
-    ctx.engine.enqueue(entries)
+    # A blocking call is about to wait, and the waiting thread runs the engine itself: waking the engine thread
+    # would only make it compete for the same cycle (a pipe write plus a context switch, tens of µs).
+    ctx.engine.enqueue(entries, wake=not getattr(_local, "blocking", False))
+
+
+def _now(start: Callable[[], AnyHandle]) -> Any:
+    """Start a collective and wait for it (the blocking API)."""
+    _local.blocking = True
+    try:
+        handle = start()
+    finally:
+        _local.blocking = False
+    return synchronize(handle)
 
 
 # -- allreduce -----------------------------------------------------------------------------------------------------
@@ -217,7 +233,7 @@ def allreduce(
     postscale_factor: float = 1.0,
 ) -> np.ndarray:
     """Reduce ``tensor`` across all ranks and return the result (a new array)."""
-    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
+    return _now(lambda: allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
 
 
 def allreduce_(
@@ -229,7 +245,7 @@ def allreduce_(
     postscale_factor: float = 1.0,
 ) -> np.ndarray:
     """Reduce ``tensor`` in place across all ranks; returns ``tensor``."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
+    return _now(lambda: allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
 
 
 def _grouped(
@@ -284,7 +300,9 @@ def grouped_allreduce(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> list[np.ndarray]:
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor))
+    return _now(
+        lambda: grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor)
+    )
 
 
 def grouped_allreduce_(
@@ -295,8 +313,8 @@ def grouped_allreduce_(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> list[np.ndarray]:
-    return synchronize(
-        grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor)
+    return _now(
+        lambda: grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor)
     )
 
 
@@ -308,7 +326,7 @@ def allgather_async(tensor: Any, name: str | None = None) -> Handle:
     if arr.ndim == 0:
         arr = arr.reshape(1)
     req = Request(
-        Kind.ALLGATHER, name if name is not None else ctx.auto_name("allgather"), arr.dtype.name, arr.shape
+        Kind.ALLGATHER, name if name is not None else ctx.auto_name("allgather"), DTYPE_NAMES[arr.dtype], arr.shape
     )
     entry = Entry(req, arr)
     _submit(ctx, entry)
@@ -316,7 +334,7 @@ def allgather_async(tensor: Any, name: str | None = None) -> Handle:
 
 
 def allgather(tensor: Any, name: str | None = None) -> np.ndarray:
-    return synchronize(allgather_async(tensor, name))
+    return _now(lambda: allgather_async(tensor, name))
 
 
 def _broadcast(tensor: Any, root_rank: int, name: str | None, inplace: bool) -> Handle:
@@ -327,7 +345,7 @@ def _broadcast(tensor: Any, root_rank: int, name: str | None, inplace: bool) -> 
     req = Request(
         Kind.BROADCAST,
         name if name is not None else ctx.auto_name("broadcast"),
-        arr.dtype.name,
+        DTYPE_NAMES[arr.dtype],
         arr.shape,
         root=int(root_rank),
     )
@@ -347,11 +365,11 @@ def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> np.ndarray:
-    return synchronize(broadcast_async(tensor, root_rank, name))
+    return _now(lambda: broadcast_async(tensor, root_rank, name))
 
 
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> np.ndarray:
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+    return _now(lambda: broadcast_async_(tensor, root_rank, name))
 
 
 def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None) -> Handle:
@@ -378,7 +396,7 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None) -> 
     req = Request(
         Kind.ALLTOALL,
         name if name is not None else ctx.auto_name("alltoall"),
-        arr.dtype.name,
+        DTYPE_NAMES[arr.dtype],
         arr.shape,
         splits=tuple(split_list),
     )
@@ -422,7 +440,7 @@ def reducescatter(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> np.ndarray:
-    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
+    return _now(lambda: reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
 
 
 # -- synchronisation ---------------------------------------------------------------------------------------------------
@@ -440,7 +458,7 @@ def barrier() -> None:
     """Block until every rank has called barrier()."""
     ctx = current()
     entry = Entry(Request(Kind.BARRIER, ctx.auto_name("barrier")))
-    _submit(ctx, entry)
+    ctx.engine.enqueue([entry], wake=False)  # this thread waits, and runs the engine while it does
     entry.handle.wait()
 
 
@@ -449,7 +467,7 @@ def join() -> int:
     allreduces the others still run. Returns the rank that joined last."""
     ctx = current()
     entry = Entry(Request(Kind.JOIN, "join"))
-    _submit(ctx, entry)
+    ctx.engine.enqueue([entry], wake=False)
     return int(entry.handle.wait())
 
 

@@ -52,13 +52,13 @@ import numpy as np
 
 from hora._engine.cache import ResponseCache, cacheable
 from hora._engine.execute import _phase, execute, execute_fused
-from hora._engine.fusion import plan
+from hora._engine.fusion import nbytes, plan
 from hora._engine.handle import Entry, Handle
 from hora._engine.messages import Kind, ReduceOp, Request, Response, decode, encode
 from hora._engine.negotiation import Coordinator, format_ranks
 from hora._engine.timeline import Timeline
 from hora._runtime.auth import recv_frame, send_frame
-from hora._transport.base import DataPlane
+from hora._transport.base import DTYPES, HALF, DataPlane, combine, reduce_into
 from hora.errors import (
     CollectiveError,
     HoraError,
@@ -70,7 +70,7 @@ from hora.errors import (
     TimeoutError,
 )
 
-__all__ = ["Engine", "EngineSettings"]
+__all__ = ["Engine", "EngineSettings", "exchange_length", "exchange_row_bytes"]
 
 log = logging.getLogger("hora")
 
@@ -83,6 +83,23 @@ _ERRORS: dict[str, type[CollectiveError]] = {
 }
 
 _IDLE_MAX = 0.02  # the longest pause between cycles when no rank has anything in flight
+
+
+#: Cached allreduces up to this size travel inside the exchange (shared memory only), up to DIRECT_PAYLOAD_BYTES
+#: per rank and cycle: one barrier per small collective instead of the exchange's plus two more.
+DIRECT_MAX_BYTES = 64 << 10
+DIRECT_PAYLOAD_BYTES = 256 << 10
+
+
+def exchange_length(cache_capacity: int, size: int) -> int:
+    """Bytes of the exchange vector: ready and invalid bits per cache slot, three flags, a BYE flag per rank."""
+    return 2 * cache_capacity + 6 + size
+
+
+def exchange_row_bytes(cache_capacity: int, size: int) -> int:
+    """Bytes of a rank's exchange row in shared memory: the vector, then room for direct-path payloads."""
+    vector = -(-exchange_length(cache_capacity, size) // 64) * 64
+    return vector + (DIRECT_PAYLOAD_BYTES if cache_capacity else 0)
 
 
 class EngineSettings:
@@ -140,8 +157,14 @@ class Engine:
         self._next_stall_check = 0.0
         self._warned: dict[str, float] = {}
         c = cap
-        self._FULL, self._JOINED, self._BUSY, self._BYE = 2 * c, 2 * c + 1, 2 * c + 2, 2 * c + 3
-        self._vec = np.zeros(2 * c + 3 + size, np.int8)
+        self._FULL, self._JOINED, self._BUSY, self._ANY_INVALID = 2 * c, 2 * c + 1, 2 * c + 2, 2 * c + 3
+        self._MARKS, self._MARKS_NEG, self._BYE = 2 * c + 4, 2 * c + 5, 2 * c + 6
+        self._vec = np.zeros(exchange_length(c, size), np.int8)
+        self._payload_at = -(-self._vec.size // 64) * 64  # where direct-path data starts in an exchange row
+        self._marked: dict[int, int] = {}  # slot -> offset of this rank's direct-path data in this cycle
+        # min and max over ranks of how many slots they marked: equal to this rank's count means same layout
+        self._agreed_marks = (0, 0)
+        self._direct: dict[int, tuple[Response, Any]] = {}  # id(cached response) -> its direct-path facts
         self._idle = settings.cycle_time
         self._timeline: Timeline | None = None
         if rank == 0 and settings.timeline:
@@ -155,8 +178,9 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
-    def enqueue(self, entries: Iterable[Entry]) -> None:
-        """Submit entries atomically (a group either all goes in or none does)."""
+    def enqueue(self, entries: Iterable[Entry], wake: bool = True) -> None:
+        """Submit entries atomically (a group either all goes in or none does). ``wake=False`` when the caller
+        waits for them at once: its wait runs the cycles, and the engine thread sleeps on."""
         entries = list(entries)
         with self._lock:
             if self._failed is not None:
@@ -177,7 +201,8 @@ class Engine:
                 e.handle._driver = self._drive_until
                 self._pending[e.request.name] = e
             self._queue.extend(entries)
-        self._wake()
+        if wake:
+            self._wake()
 
     def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
         """Start writing a timeline (rank 0 writes; other ranks only record that one is on)."""
@@ -228,11 +253,12 @@ class Engine:
                 with self._lock:
                     deferring = self._user_drivers > 0
                 if not deferring:
-                    self._guarded_cycle()
+                    self._guarded_cycle(eager=False)
 
-    def _guarded_cycle(self) -> None:
+    def _guarded_cycle(self, eager: bool) -> None:
         """Run one cycle (in the engine thread or in a user thread waiting for its handle); on failure, fail
-        every handle and stop cycling."""
+        every handle and stop cycling. ``eager``: the waits may spin (the thread has nothing else to do)."""
+        self._plane.eager = eager
         try:
             if not self._cycle():
                 self._cycling = False
@@ -264,7 +290,7 @@ class Engine:
                 try:
                     if handle.done() or not self._cycling:
                         return
-                    self._guarded_cycle()
+                    self._guarded_cycle(eager=True)
                 finally:
                     self._drive.release()
         finally:
@@ -276,11 +302,13 @@ class Engine:
 
     def _pause(self) -> None:
         """Wait for local work, at most the idle period. Work in flight goes straight to the next exchange, which
-        waits for the peers itself."""
+        waits for the peers itself. While a user thread drives, sleep until it leaves (it wakes this thread if
+        work remains): waking up only to find the cycle taken would steal the GIL from the spinning driver."""
         with self._lock:
-            busy = (bool(self._pending) and self._user_drivers == 0) or self._stopping
+            driven = self._user_drivers > 0
+            busy = (bool(self._pending) and not driven) or self._stopping
         if not busy:
-            select.select([self._wake_r], [], [], self._idle)
+            select.select([self._wake_r], [], [], _IDLE_MAX if driven else self._idle)
         try:
             while os.read(self._wake_r, 4096):
                 pass
@@ -297,55 +325,174 @@ class Engine:
         now = time.monotonic()
         for e in new:
             self._classify(e)
-        vec, cap = self._vec, self._s.cache_capacity
-        vec[:] = 0
+        cap = self._s.cache_capacity
+        row = self._plane.exchange_begin()
+        vec = self._vec if row is None else row[: self._vec.size]  # shared memory: filled in place
+        F = self._FULL
+        vec[:F] = 0
+        flags = [0] * (vec.size - F)  # FULL JOINED BUSY ANY_INVALID MARKS MARKS_NEG BYE...
         if self._cached_ready:
             if self._s.stall_check:
                 half = self._s.stall_check_time / 2
                 self._invalid.update(s for s, e in self._cached_ready.items() if now - e.queued_at > half)
             vec[list(self._cached_ready)] = 1
+            if row is not None:
+                self._marked = self._pack_direct(row)
+                count = min(len(self._marked), 127)
+                flags[self._MARKS - F], flags[self._MARKS_NEG - F] = count, -count
         if self._invalid:
             vec[[cap + s for s in self._invalid]] = -1
+            flags[self._ANY_INVALID - F] = -1
             self._invalid.clear()
         if self._uncached or self._stall_fatal is not None:
-            vec[self._FULL] = -1
+            flags[0] = -1
         if self._joined:
-            vec[self._JOINED] = -1
+            flags[self._JOINED - F] = -1
         if busy:
-            vec[self._BUSY] = -1
+            flags[self._BUSY - F] = -1
         if stopping:
-            vec[self._BYE + self.rank] = -1
+            flags[self._BYE + self.rank - F] = -1
+        vec[F:] = flags
         self._plane.what = "hora's negotiation exchange"
-        self._plane.allreduce(vec, vec, ReduceOp.MIN)
+        rows = None
+        if row is None:
+            self._plane.exchange_min(vec)
+        else:
+            rows = self._plane.exchange_end()
+            np.minimum.reduce(rows[:, : self._vec.size], axis=0, out=self._vec)
+            vec = self._vec
+        flags = vec[F:].tolist()
+        full, joined, busy_anywhere, any_invalid = flags[0], flags[1], flags[2], flags[3]
+        self._agreed_marks = (flags[4], -flags[5])
 
-        byes = [r for r in range(self.size) if vec[self._BYE + r]]
-        if byes:
-            self._on_bye(byes, stopping)
+        if any(flags[self._BYE - F :]):
+            self._on_bye([r for r in range(self.size) if flags[self._BYE - F + r]], stopping)
             return False
-        self._idle = self._s.cycle_time if vec[self._BUSY] else min(max(self._idle, 1e-3) * 2, _IDLE_MAX)
-        if timeline is not None and vec[self._BUSY]:
+        self._idle = self._s.cycle_time if busy_anywhere else min(max(self._idle, 1e-3) * 2, _IDLE_MAX)
+        if timeline is not None and busy_anywhere:
             timeline.mark_cycle()
 
         ready: list[tuple[Response, Entry | None]] = []
-        if cap:
+        if cap and self._cached_ready:
+            assert self._cache is not None
+            if any_invalid:
+                for slot in np.flatnonzero(vec[cap : 2 * cap]).tolist():
+                    self._cache.evict(slot)
+                    self._demote(slot)
+            if joined:  # while a rank is joined, everything goes through the coordinator
+                for slot in list(self._cached_ready):
+                    self._demote(slot)
+            else:
+                direct = []
+                for slot in sorted(self._cached_ready):  # what is ready everywhere is ready here: few to look at
+                    agreed = vec[slot]
+                    if agreed <= 0:
+                        continue
+                    entry = self._cached_ready.pop(slot)
+                    self._cache.touch(slot)
+                    if agreed == 2:  # every rank put its data in its exchange row
+                        direct.append((slot, entry))
+                    else:
+                        ready.append((self._cache.response(slot), entry))
+                if direct:
+                    assert rows is not None
+                    self._run_direct(direct, rows, timeline)
+        elif cap and any_invalid:
             assert self._cache is not None
             for slot in np.flatnonzero(vec[cap : 2 * cap]).tolist():
                 self._cache.evict(slot)
-                self._demote(slot)
-            if vec[self._JOINED]:  # while a rank is joined, everything goes through the coordinator
-                for slot in list(self._cached_ready):
-                    self._demote(slot)
-            for slot in np.flatnonzero(vec[:cap] > 0).tolist():
-                entry = self._cached_ready.pop(slot)
-                self._cache.touch(slot)
-                ready.append((self._cache.response(slot), entry))
-        if vec[self._FULL]:
+        if full:
             ready.extend(self._full_round(timeline))
         if ready:
             self._execute_all(ready, timeline)
         if self.rank == 0 and self._s.stall_check:
             self._inspect_stalls(now)
         return True
+
+    # -- direct path: tiny cached allreduces ride in the exchange itself ------------------------------------------
+    def _pack_direct(self, row: np.ndarray) -> dict[int, int]:
+        """Put the data of this rank's ready tiny cached allreduces after the vector in its exchange row, in slot
+        order, and mark them 2 instead of 1: where every rank marked 2, the exchange has carried every rank's
+        data and each rank reduces it from the rows, with no further barrier. Returns slot -> offset."""
+        assert self._cache is not None
+        pos, limit = self._payload_at, row.size
+        marked: dict[int, int] = {}
+        for slot in sorted(self._cached_ready):
+            info = self._direct_info(slot)
+            if info is None:
+                continue
+            n = info[1]
+            if pos + n > limit:
+                break
+            src = self._cached_ready[slot].input
+            assert src is not None
+            row[pos : pos + n] = src.reshape(-1).view(np.int8)
+            row[slot] = 2
+            marked[slot] = pos
+            pos += -(-n // 8) * 8
+        return marked
+
+    def _direct_info(self, slot: int) -> tuple[np.dtype, int, int, float] | None:
+        """(dtype, bytes, op, postscale) of a cached allreduce small enough for the direct path, else None."""
+        assert self._cache is not None
+        resp = self._cache.response(slot)
+        info = self._direct.get(id(resp))
+        if info is None or info[0] is not resp:
+            req = resp.request
+            ok = (
+                req.kind is Kind.ALLREDUCE
+                and req.prescale == 1.0
+                and nbytes(resp) <= DIRECT_MAX_BYTES
+                and not (DTYPES[req.dtype] in HALF and self.size > 2)  # would need float32 accumulation
+            )
+            op, post = req.op, req.postscale
+            if op == ReduceOp.AVERAGE:
+                op, post = ReduceOp.SUM, post / self.size
+            info = (resp, (DTYPES[req.dtype], nbytes(resp), op, post) if ok else None)
+            if len(self._direct) > 4 * max(self._s.cache_capacity, 1):
+                self._direct.clear()
+            self._direct[id(resp)] = info
+        return info[1]
+
+    def _run_direct(self, direct: list[tuple[int, Entry]], rows: np.ndarray, timeline: Timeline | None) -> None:
+        assert self._cache is not None
+        mine = self._marked
+        low, high = self._agreed_marks
+        if low == high == len(mine) < 127:
+            offsets = [mine] * self.size  # every rank marked the same slots, so placed them where this rank did
+        else:
+            offsets = []
+            for r in range(self.size):  # where rank r put each slot: its own marked slots, in slot order
+                at, pos = {}, self._payload_at
+                for slot in np.flatnonzero(rows[r, : self._s.cache_capacity] == 2).tolist():
+                    at[slot] = pos
+                    pos += -(-nbytes(self._cache.response(slot)) // 8) * 8
+                offsets.append(at)
+        self._plane.what = "a small allreduce in hora's negotiation exchange"
+        with self._lock:
+            for _, entry in direct:
+                self._pending.pop(entry.request.name, None)
+        for slot, entry in direct:
+            info = self._direct_info(slot)
+            assert info is not None and entry.input is not None
+            dtype, n, op, post = info
+            out = entry.output if entry.output is not None else np.empty_like(entry.input)
+            flat = out.reshape(-1)
+            parts = [rows[r, offsets[r][slot] : offsets[r][slot] + n].view(dtype) for r in range(self.size)]
+            if timeline is not None:
+                timeline.start(entry.request.name, "allreduce", _args(entry.request))
+                timeline.activity_start(entry.request.name, self._transport_activity(Kind.ALLREDUCE))
+            if self.size == 1:
+                flat[...] = parts[0]
+            else:
+                combine(parts[0], parts[1], flat, op)  # rank order on every rank: bitwise identical results
+                for p in parts[2:]:
+                    reduce_into(flat, p, op)
+            if post != 1.0:
+                np.multiply(flat, post, out=flat, casting="unsafe")
+            if timeline is not None:
+                timeline.end(entry.request.name)
+            entry.handle._set_result(out)
 
     def _classify(self, entry: Entry) -> None:
         req = entry.request

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hora._engine.engine import Engine, EngineSettings
+from hora._engine.engine import Engine, EngineSettings, exchange_row_bytes
 from hora._engine.negotiation import format_ranks
 from hora._runtime.auth import Role
 from hora._runtime.bootstrap import Bootstrap, local_addr_towards, start_bootstrap
@@ -218,6 +218,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
             "addr": listener.address[0],
             "port": listener.address[1],
             "hint": [launch.local_rank, launch.local_size],
+            "engine": [config.fusion_threshold, config.cache_capacity],
         }
         store.set(f"rank/{rank}", json.dumps(me))
         try:
@@ -230,6 +231,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
                 "raise HORA_START_TIMEOUT (hora run --start-timeout) if start-up is just slow."
             ) from None
         peers = [json.loads(raw[f"rank/{r}"]) for r in range(size)]
+        _check_engine_settings(peers)
         topo = _topology(peers, rank, launch.source)
         transport = _choose_transport(config, topo["hosts"])
 
@@ -335,6 +337,24 @@ def _topology(peers: list[dict[str, Any]], rank: int, source: str) -> dict[str, 
     }
 
 
+def _check_engine_settings(peers: list[dict[str, Any]]) -> None:
+    """Every rank must fuse and cache alike: they compute the same groups and exchange vectors of one length."""
+    for i, (label, names) in enumerate(
+        [
+            ("fusion threshold", "HORA_FUSION_THRESHOLD / HOROVOD_FUSION_THRESHOLD"),
+            ("cache capacity", "HORA_CACHE_CAPACITY / HOROVOD_CACHE_CAPACITY"),
+        ]
+    ):
+        groups: dict[int, list[int]] = {}
+        for r, p in enumerate(peers):
+            groups.setdefault(int(p["engine"][i]), []).append(r)
+        if len(groups) > 1:
+            parts = [f"{v} on {format_ranks(rs)}" for v, rs in groups.items()]
+            raise ConfigError(
+                f"the ranks disagree on the {label}: {' but '.join(parts)}; set {names} alike for every rank"
+            )
+
+
 def _choose_transport(config: Config, hosts: list[str]) -> str:
     if config.transport == "shm" and len(hosts) > 1:
         raise ConfigError(
@@ -369,14 +389,19 @@ def _shm_plane(
 ) -> ShmPlane:
     name = f"{job_prefix(boot.job_id)}{config.attempt}-{generation}"
     pids = [(int(p["pid"]), int(p["start"])) for p in peers]
+    exchange = exchange_row_bytes(config.cache_capacity, size)
     plane: ShmPlane | None = None
     try:
         if rank == 0:
-            plane = ShmPlane(name, 0, size, config.shm_chunk_bytes, pids, config.op_timeout, create=True)
+            plane = ShmPlane(
+                name, 0, size, config.shm_chunk_bytes, pids, config.op_timeout, True, exchange
+            )
             store.set("shm", name)
         else:
             store.wait(["shm"], _left(deadline))
-            plane = ShmPlane(name, rank, size, config.shm_chunk_bytes, pids, config.op_timeout, create=False)
+            plane = ShmPlane(
+                name, rank, size, config.shm_chunk_bytes, pids, config.op_timeout, False, exchange
+            )
         _store_barrier(store, "shm-attached", size, deadline, rank)
     except BaseException:
         if plane is not None:

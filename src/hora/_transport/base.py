@@ -14,7 +14,7 @@ import numpy as np
 
 from hora._engine.messages import ReduceOp
 
-__all__ = ["DTYPES", "DataPlane", "combine", "even_counts", "offsets", "reduce_into"]
+__all__ = ["DTYPES", "DTYPE_NAMES", "DataPlane", "combine", "even_counts", "offsets", "reduce_into"]
 
 DTYPES: dict[str, np.dtype] = {
     name: np.dtype(t)
@@ -32,6 +32,8 @@ DTYPES: dict[str, np.dtype] = {
     }.items()
 }
 HALF = (DTYPES["float16"], DTYPES["bfloat16"])
+#: dtype -> its name in DTYPES (``np.dtype.name`` costs microseconds per call in numpy 2)
+DTYPE_NAMES: dict[np.dtype, str] = {dt: name for name, dt in DTYPES.items()}
 
 _UFUNCS = {
     ReduceOp.SUM: np.add,
@@ -72,6 +74,9 @@ class DataPlane(ABC):
     size: int
     #: What is running, for error messages ("allreduce 'grad.fc1'"); the engine sets it before each call.
     what: str = "collective"
+    #: Whether waits may spin (holding the GIL) before yielding: the engine sets it when the waiting thread is a
+    #: user thread blocked on its own collective anyway, and clears it in the background engine thread.
+    eager: bool = True
     #: True where :meth:`allreduce_fused` copies the pieces straight into the transport (no packing by the caller
     #: pays off); False where it packs into a temporary, so a caller with its own fusion buffer may as well pack.
     stages_pieces: bool = False
@@ -115,6 +120,18 @@ class DataPlane(ABC):
     ) -> None:
         """Send ``send_counts[r]`` bytes to rank r; receive ``recv_counts[r]`` bytes from rank r into ``dst`` in
         rank order. ``max_block`` is the largest block any rank sends any other (for transports that step)."""
+
+    def exchange_min(self, vec: np.ndarray) -> None:
+        """The engine's cycle exchange: ``vec`` (int8) becomes the elementwise minimum over ranks."""
+        self.allreduce(vec, vec, ReduceOp.MIN)
+
+    def exchange_begin(self) -> np.ndarray | None:
+        """A plane that can show every rank's exchange row (shared memory) returns this rank's row to fill; then
+        :meth:`exchange_end` returns all rows. Others return ``None`` and the engine uses :meth:`exchange_min`."""
+        return None
+
+    def exchange_end(self) -> np.ndarray:
+        raise NotImplementedError
 
     def abort(self, reason: str) -> None:  # noqa: B027 - optional: a transport without peers has nothing to do
         """Make peers blocked in a collective with this rank fail quickly (this rank is giving up)."""

@@ -95,11 +95,14 @@ def _parts(arrs: list[np.ndarray], ends: list[int], lo: int, m: int) -> list[np.
     return [arrs[i][lo - first :], *arrs[i + 1 : j], arrs[j][: hi - ends[j - 1]]]
 
 
-def _layout(size: int, chunk: int) -> tuple[int, int, int]:
+def _layout(size: int, chunk: int, exchange: int) -> tuple[int, int, int, int, int]:
+    """(exchange area offset, exchange row bytes, data offset, chunk, total bytes)."""
     unit = _LINE * size
     chunk = max(unit, (chunk + unit - 1) // unit * unit)
-    header = (_CTR_OFF + _LINE * size + 4095) // 4096 * 4096
-    return header, chunk, header + 2 * size * chunk
+    xoff = (_CTR_OFF + _LINE * size + 4095) // 4096 * 4096
+    xlen = (exchange + _LINE - 1) // _LINE * _LINE
+    data = (xoff + 2 * size * xlen + 4095) // 4096 * 4096
+    return xoff, xlen, data, chunk, data + 2 * size * chunk
 
 
 class ShmPlane(DataPlane):
@@ -116,11 +119,12 @@ class ShmPlane(DataPlane):
         peers: list[tuple[int, int]],
         op_timeout: float,
         create: bool,
+        exchange_bytes: int = 0,
     ) -> None:
         self.rank, self.size, self.name = rank, size, name
         self._peers = peers  # (pid, start time) per rank
         self._timeout = op_timeout
-        header, self._chunk, total = _layout(size, chunk_bytes)
+        xoff, self._xlen, header, self._chunk, total = _layout(size, chunk_bytes, exchange_bytes)
         self._sub = self._chunk // size  # bytes per owner (or destination) per step, a multiple of 64
         path = segment_path(name)
         if create:
@@ -158,10 +162,17 @@ class ShmPlane(DataPlane):
             [u8[header + (2 * r + b) * self._chunk : header + (2 * r + b + 1) * self._chunk] for b in (0, 1)]
             for r in range(size)
         ]
+        # the engine's exchange vectors: [parity][rank][xlen] int8, read by every rank after one barrier
+        self._xrows = [
+            np.ndarray((size, self._xlen), np.int8, buffer=self._mm, offset=xoff + p * size * self._xlen)
+            for p in (0, 1)
+        ]
+        self._xstep = 0
         self._epoch = 0
         self._step = 0
         ncpu = os.cpu_count() or 1
         self._spins = 4000 if size <= ncpu else 20
+        self._lazy_spins = min(self._spins, 100)
         self._yields = 50 if size <= ncpu else 5
         self._scratch = np.empty(0, np.float32)
 
@@ -180,6 +191,7 @@ class ShmPlane(DataPlane):
         if self._mm is None:
             return
         self._bufs = []
+        self._xrows = []
         del self._abort, self._reason, self._ctr
         mm, self._mm = self._mm, None
         try:
@@ -200,6 +212,27 @@ class ShmPlane(DataPlane):
         self._step += 1
         return self._step & 1
 
+    def exchange_begin(self) -> np.ndarray:
+        """This rank's row (int8) for the next exchange, to fill in place (vector first, payload after)."""
+        return self._xrows[self._xstep & 1][self.rank]
+
+    def exchange_end(self) -> np.ndarray:
+        """One barrier; then every rank's row of this exchange, shape (size, row bytes). Rows alternate by parity
+        like the data buffers, so they stay valid until this rank's exchange after next: a faster rank cannot
+        overwrite them before every rank has passed the next exchange's barrier."""
+        rows = self._xrows[self._xstep & 1]
+        self._xstep += 1
+        self._barrier()
+        return rows
+
+    def exchange_min(self, vec: np.ndarray) -> None:
+        n = vec.size
+        if n > self._xlen:
+            super().exchange_min(vec)
+            return
+        self.exchange_begin()[:n] = vec
+        np.minimum.reduce(self.exchange_end()[:, :n], axis=0, out=vec)
+
     def _barrier(self) -> None:
         self._epoch += 1
         v = self._epoch
@@ -207,7 +240,8 @@ class ShmPlane(DataPlane):
         ctr[self.rank] = v
         if ctr.min() >= v:
             return
-        for _ in range(self._spins):
+        # Spinning holds the GIL: only worth it when the waiting thread has nothing else to let run.
+        for _ in range(self._spins if self.eager else self._lazy_spins):
             if ctr.min() >= v:
                 return
         self._wait_slow(v)
