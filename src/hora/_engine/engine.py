@@ -89,6 +89,9 @@ _IDLE_MAX = 0.02  # the longest pause between cycles when no rank has anything i
 #: per rank and cycle: one barrier per small collective instead of the exchange's plus two more.
 DIRECT_MAX_BYTES = 64 << 10
 DIRECT_PAYLOAD_BYTES = 256 << 10
+#: ... and only in cycles with at most this many ready cached collectives: the direct path costs a few µs of
+#: Python per tensor, more than a fused reduction's per-tensor cost once there are many.
+DIRECT_MAX_TENSORS = 4
 
 
 def exchange_length(cache_capacity: int, size: int) -> int:
@@ -142,6 +145,7 @@ class Engine:
         self._failed: HoraError | None = None
         self._stopping = False
         self._wake_r, self._wake_w = os.pipe()
+        self._wake_pending = False
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         for sock in self._control.values():
@@ -238,6 +242,9 @@ class Engine:
                 pass
 
     def _wake(self) -> None:
+        if self._wake_pending:  # already woken and not yet up: one write is enough (each costs a context switch)
+            return
+        self._wake_pending = True
         try:
             os.write(self._wake_w, b"x")
         except (BlockingIOError, OSError):
@@ -303,12 +310,19 @@ class Engine:
     def _pause(self) -> None:
         """Wait for local work, at most the idle period. Work in flight goes straight to the next exchange, which
         waits for the peers itself. While a user thread drives, sleep until it leaves (it wakes this thread if
-        work remains): waking up only to find the cycle taken would steal the GIL from the spinning driver."""
+        work remains): waking up only to find the cycle taken would steal the GIL from the spinning driver.
+
+        Woken by new asynchronous work, wait HORA_CYCLE_TIME before the cycle (Horovod's cycle time), so that a
+        burst of submissions (a backward pass) is negotiated and fused together rather than one by one. A thread
+        that waits for its handle does not pay this: it drives the cycle itself at once."""
         with self._lock:
             driven = self._user_drivers > 0
             busy = (bool(self._pending) and not driven) or self._stopping
         if not busy:
-            select.select([self._wake_r], [], [], _IDLE_MAX if driven else self._idle)
+            woken = select.select([self._wake_r], [], [], _IDLE_MAX if driven else self._idle)[0]
+            if woken and not driven and self._s.cycle_time > 0:
+                time.sleep(self._s.cycle_time)
+        self._wake_pending = False  # before draining: a later enqueue writes again, an earlier one is queued
         try:
             while os.read(self._wake_r, 4096):
                 pass
@@ -336,7 +350,7 @@ class Engine:
                 half = self._s.stall_check_time / 2
                 self._invalid.update(s for s, e in self._cached_ready.items() if now - e.queued_at > half)
             vec[list(self._cached_ready)] = 1
-            if row is not None:
+            if row is not None and len(self._cached_ready) <= DIRECT_MAX_TENSORS:
                 self._marked = self._pack_direct(row)
                 count = min(len(self._marked), 127)
                 flags[self._MARKS - F], flags[self._MARKS_NEG - F] = count, -count
