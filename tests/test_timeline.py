@@ -143,6 +143,8 @@ def test_out_of_order_calls_keep_nesting_valid(tl):
     tl.negotiate_start("x", "allgather")
     tl.start("x", "allgather")  # ends the negotiation first
     tl.negotiate_end("x")  # not negotiating any more: ignored
+    tl.negotiate_start("z", "broadcast")
+    tl.negotiate_start("z", "broadcast")  # already negotiating (a second rank's request): ignored
     tl.activity_start("x", "QUEUE")
     tl.activity_start("x", "MEMCPY_OUT_FUSION_BUFFER")  # ends QUEUE first
     tl.start("y", "allreduce")
@@ -158,6 +160,7 @@ def test_out_of_order_calls_keep_nesting_valid(tl):
         ("B", "MEMCPY_OUT_FUSION_BUFFER"),
     ]  # fmt: skip
     assert track(events, pids["y"]) == [("B", "ALLREDUCE"), ("E", "ALLREDUCE"), ("B", "ALLREDUCE")]
+    assert track(events, pids["z"]) == [("B", "NEGOTIATE_BROADCAST")]
 
 
 def test_activities_context_manager(tl):
@@ -372,10 +375,8 @@ def test_sigkill_leaves_valid_json(tmp_path, flushes, every):
     assert ops == list(range(len(ops)))
     assert sorted(pids_by_name(events)) == sorted(f"grad/{k}" for k in range(7))
     assert sum(ev["name"] == "CYCLE_START" for ev in events) >= flushed
-    helper = Path(str(path) + timeline_mod.SWAP_SUFFIX)
-    if helper.exists():  # left by the kill: a complete trace too, at most one batch behind
-        helper_ops = [ev["args"]["i"] for ev in load(helper) if ev["name"] == "ALLREDUCE" and ev["ph"] == "B"]
-        assert helper_ops == list(range(len(helper_ops)))
+    # the helper (path + SWAP_SUFFIX) may be left behind, cut short when the kill landed in a write to it: it is
+    # scratch that hora never reads, so nothing is asserted about its content
 
 
 def test_file_is_complete_whenever_it_is_read(tmp_path):

@@ -573,7 +573,7 @@ class Engine:
         assert self._coordinator is not None
         if timeline is not None:
             for r in requests:
-                if r.kind is not Kind.JOIN and not self._coordinator.waiting(r.name):
+                if r.kind is not Kind.JOIN:  # opens the phase unless open (the timeline may start mid-negotiation)
                     timeline.negotiate_start(r.name, r.kind.value)
                 timeline.negotiate_rank_ready(r.name, peer)
         self._coordinator.submit(peer, requests)

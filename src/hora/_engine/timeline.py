@@ -31,8 +31,8 @@ is NOT at ``path``, together with the batch before it that this file missed, and
 ``path``. ``rename`` is atomic, so ``path`` names either the old or the new complete file. The file that was at
 ``path`` stays reachable through a hard link (``path + ".hora-swap2"`` for a moment, then ``path +
 ".hora-swap"``) and becomes the next target. Each event is written twice; the cost per write is O(batch), not
-O(file). ``close()`` removes the helper; a SIGKILL may leave it behind (a valid trace one batch behind ``path``,
-safe to delete). Events emitted after the last write are lost on SIGKILL: at most ~100 ms of them. The page cache
+O(file). ``close()`` removes the helper; a SIGKILL may leave it behind, cut short when the kill landed in a write to
+it (it is scratch: never read, safe to delete). Events emitted after the last write are lost on SIGKILL: at most ~100 ms of them. The page cache
 survives the process; a power loss or kernel crash is not covered (nothing is fsync'ed).
 
 Where the helper cannot be made (the directory is not writable, or the file system has no hard links) the
@@ -220,12 +220,14 @@ class Timeline:
     # ------------------------------------------------------------------ emitters (any thread, cheap)
 
     def negotiate_start(self, name: str, kind: str) -> None:
-        """Begin the negotiation phase ``NEGOTIATE_<KIND>`` of tensor ``name``."""
+        """Begin the negotiation phase ``NEGOTIATE_<KIND>`` of tensor ``name`` (a no-op while it is open)."""
         with self._lock:
             if self._closed:
                 return
             ts = time.perf_counter_ns()
             track = self._track(name)
+            if track.negotiating:  # already open (another rank's request started it): keep the first start
+                return
             self._close_all(track, ts, None)
             label = _NEGOTIATE + kind.upper()
             track.open.append(label)
