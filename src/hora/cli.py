@@ -106,7 +106,10 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "--cycle-time-ms",
         type=_setting_type("cycle_time_ms"),
         metavar="MS",
-        help="milliseconds between the engine's negotiation cycles (default 1; HORA_CYCLE_TIME)",
+        help=(
+            "milliseconds to gather asynchronous submissions into one negotiation cycle "
+            "(default 1; HORA_CYCLE_TIME)"
+        ),
     )
     engine.add_argument(
         "--cache-capacity",

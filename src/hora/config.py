@@ -141,7 +141,11 @@ class Config:
         _parse_non_negative_float,
         "HORA_CYCLE_TIME",
         "HOROVOD_CYCLE_TIME",
-        help="Milliseconds between the engine's negotiation cycles.",
+        help=(
+            "Milliseconds the engine waits after new asynchronous work arrives before negotiating, so a burst "
+            "(a backward pass) is negotiated and fused in one cycle; also the pause between cycles while "
+            "collectives are in flight. A thread blocked on its own collective does not wait."
+        ),
     )
     cache_capacity: int = _setting(
         1024,
