@@ -230,3 +230,38 @@ def disagreeing_settings_worker(setting: str) -> str:
         return str(exc)
     hvd.shutdown()
     return "started"
+
+
+def barrier_worker(rounds: int) -> list[str]:
+    """Repeated barriers (answered from the cache after the first): in round k rank k % n arrives 0.1 s late, and
+    no rank may leave before it arrived. Rank 0 also calls barrier from two threads at once, which pair in turn
+    with two barriers of every other rank. Returns the violations seen (none expected)."""
+    import threading
+
+    hvd.init()
+    me, n = hvd.rank(), hvd.size()
+    bad = []
+    for k in range(rounds):
+        late = k % n
+        arrived = 0.0
+        if me == late:
+            time.sleep(0.1)
+            arrived = time.time()
+        hvd.barrier()
+        left = time.time()
+        stamps = hvd.allgather(np.array([arrived, left]), name=f"stamps.{k}").reshape(n, 2)
+        if left < stamps[late, 0]:
+            bad.append(f"round {k}: rank {me} left the barrier at {left} before rank {late} reached it")
+    if me == 0:
+        threads = [threading.Thread(target=hvd.barrier) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        if any(t.is_alive() for t in threads):
+            bad.append("two concurrent barriers on rank 0 did not both finish")
+    else:
+        hvd.barrier()
+        hvd.barrier()
+    hvd.shutdown()
+    return bad

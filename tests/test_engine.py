@@ -7,6 +7,7 @@ import json
 import pytest
 
 from engine_workers import (
+    barrier_worker,
     cached_join_worker,
     changing_shape_worker,
     disagreeing_settings_worker,
@@ -139,3 +140,8 @@ def test_ranks_must_agree_on_fusion_and_cache(setting, label, names):
     results = run_ranks(disagreeing_settings_worker, 3, setting)
     expect = f"the ranks disagree on the {label}: 1024 on ranks 0, 2 but 2048 on rank 1; set {names}"
     assert all(r.startswith(expect) for r in results), results
+
+
+@pytest.mark.parametrize(("np_", "transport"), [(2, "shm"), (3, "shm"), (3, "tcp")])
+def test_repeated_barriers_hold_every_rank_until_the_last_arrives(np_, transport):
+    assert run_ranks(barrier_worker, np_, 4, transport=transport) == [[]] * np_

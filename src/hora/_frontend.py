@@ -454,12 +454,20 @@ def synchronize(handle: AnyHandle, timeout: float | None = None) -> Any:
     return handle.wait(timeout)
 
 
+BARRIER_NAME = "hora.barrier"
+_BARRIER_LOCK = threading.Lock()
+
+
 def barrier() -> None:
     """Block until every rank has called barrier()."""
     ctx = current()
-    entry = Entry(Request(Kind.BARRIER, ctx.auto_name("barrier")))
-    ctx.engine.enqueue([entry], wake=False)  # this thread waits, and runs the engine while it does
-    entry.handle.wait()
+    # One name for every barrier, so that after the first one it is answered from the response cache: agreed in
+    # the shared-memory exchange, which releases all ranks together (a coordinator round releases rank 0 first).
+    # Threads of one rank take turns: the n-th barrier of each rank pairs with the n-th of the others.
+    with _BARRIER_LOCK:
+        entry = Entry(Request(Kind.BARRIER, BARRIER_NAME))
+        ctx.engine.enqueue([entry], wake=False)  # this thread waits, and runs the engine while it does
+        entry.handle.wait()
 
 
 def join() -> int:

@@ -28,7 +28,7 @@ def cacheable(resp: Response) -> bool:
     return (
         resp.error is None
         and not resp.joined
-        and req.kind not in (Kind.JOIN, Kind.BARRIER)
+        and req.kind is not Kind.JOIN
         and ".noname." not in req.name
     )
 
