@@ -62,10 +62,14 @@ __all__ = [
     "broadcast_object",
     "cross_rank",
     "cross_size",
+    "grouped_allgather",
+    "grouped_allgather_async",
     "grouped_allreduce",
     "grouped_allreduce_",
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
     "init",
     "is_homogeneous",
     "is_initialized",
@@ -191,11 +195,15 @@ def _allreduce(
     prescale: float,
     postscale: float,
     inplace: bool,
+    out: np.ndarray | None = None,
 ) -> Handle:
+    """``out``: where the result goes (adapters pass their framework's memory); a new array when None."""
     ctx = current()
     arr = _inplace(tensor, "allreduce_") if inplace else _array(tensor, "allreduce")
     req = _reduce_request(Kind.ALLREDUCE, ctx, arr, name, _resolve_op(average, op), prescale, postscale)
-    entry = Entry(req, arr, arr if inplace else np.empty_like(arr))
+    if out is None:
+        out = arr if inplace else np.empty_like(arr)
+    entry = Entry(req, arr, out)
     _submit(ctx, entry)
     return entry.handle
 
@@ -256,6 +264,7 @@ def _grouped(
     prescale: float,
     postscale: float,
     inplace: bool,
+    outs: Sequence[np.ndarray] | None = None,
 ) -> GroupHandle:
     ctx = current()
     resolved = _resolve_op(average, op)
@@ -264,7 +273,8 @@ def _grouped(
     for i, t in enumerate(tensors):
         arr = _inplace(t, "grouped_allreduce_") if inplace else _array(t, "grouped_allreduce")
         req = _reduce_request(Kind.ALLREDUCE, ctx, arr, f"{base}.{i}", resolved, prescale, postscale)
-        entries.append(Entry(req, arr, arr if inplace else np.empty_like(arr)))
+        out = outs[i] if outs is not None else arr if inplace else np.empty_like(arr)
+        entries.append(Entry(req, arr, out))
     _submit(ctx, *entries)
     return GroupHandle([e.handle for e in entries])
 
@@ -319,18 +329,32 @@ def grouped_allreduce_(
 
 
 # -- allgather / broadcast / alltoall / reducescatter -------------------------------------------------------------------
-def allgather_async(tensor: Any, name: str | None = None) -> Handle:
-    """Start concatenating every rank's ``tensor`` along the first dimension (which may differ per rank)."""
-    ctx = current()
+def _allgather_entry(ctx: Context, tensor: Any, name: str) -> Entry:
     arr = _array(tensor, "allgather")
     if arr.ndim == 0:
         arr = arr.reshape(1)
-    req = Request(
-        Kind.ALLGATHER, name if name is not None else ctx.auto_name("allgather"), DTYPE_NAMES[arr.dtype], arr.shape
-    )
-    entry = Entry(req, arr)
+    return Entry(Request(Kind.ALLGATHER, name, DTYPE_NAMES[arr.dtype], arr.shape), arr)
+
+
+def allgather_async(tensor: Any, name: str | None = None) -> Handle:
+    """Start concatenating every rank's ``tensor`` along the first dimension (which may differ per rank)."""
+    ctx = current()
+    entry = _allgather_entry(ctx, tensor, name if name is not None else ctx.auto_name("allgather"))
     _submit(ctx, entry)
     return entry.handle
+
+
+def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None) -> GroupHandle:
+    """Start an allgather of every tensor in the list, submitted and negotiated together."""
+    ctx = current()
+    base = name if name is not None else ctx.auto_name("grouped_allgather")
+    entries = [_allgather_entry(ctx, t, f"{base}.{i}") for i, t in enumerate(tensors)]
+    _submit(ctx, *entries)
+    return GroupHandle([e.handle for e in entries])
+
+
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None) -> list[np.ndarray]:
+    return _now(lambda: grouped_allgather_async(tensors, name))
 
 
 def allgather(tensor: Any, name: str | None = None) -> np.ndarray:
@@ -422,15 +446,47 @@ def reducescatter_async(
     """Start reducing ``tensor`` across ranks; rank r receives its share of the first dimension (lower ranks take
     the remainder)."""
     ctx = current()
+    entry = _reducescatter_entry(ctx, tensor, name, _resolve_op(None, op), prescale_factor, postscale_factor)
+    _submit(ctx, entry)
+    return entry.handle
+
+
+def _reducescatter_entry(
+    ctx: Context, tensor: Any, name: str | None, op: ReduceOp, prescale: float, postscale: float
+) -> Entry:
     arr = _array(tensor, "reducescatter")
     if arr.ndim == 0:
         arr = arr.reshape(1)
-    req = _reduce_request(
-        Kind.REDUCESCATTER, ctx, arr, name, _resolve_op(None, op), prescale_factor, postscale_factor
-    )
-    entry = Entry(req, arr)
-    _submit(ctx, entry)
-    return entry.handle
+    return Entry(_reduce_request(Kind.REDUCESCATTER, ctx, arr, name, op, prescale, postscale), arr)
+
+
+def grouped_reducescatter_async(
+    tensors: Sequence[Any],
+    op: int = Average,
+    name: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> GroupHandle:
+    """Start a reducescatter of every tensor in the list, submitted and negotiated together."""
+    ctx = current()
+    resolved = _resolve_op(None, op)
+    base = name if name is not None else ctx.auto_name("grouped_reducescatter")
+    entries = [
+        _reducescatter_entry(ctx, t, f"{base}.{i}", resolved, prescale_factor, postscale_factor)
+        for i, t in enumerate(tensors)
+    ]
+    _submit(ctx, *entries)
+    return GroupHandle([e.handle for e in entries])
+
+
+def grouped_reducescatter(
+    tensors: Sequence[Any],
+    op: int = Average,
+    name: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[np.ndarray]:
+    return _now(lambda: grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor))
 
 
 def reducescatter(

@@ -1,0 +1,393 @@
+"""``DistributedOptimizer``: Horovod's wrapper that averages gradients across ranks while backward still runs.
+
+A hook on every parameter (``register_post_accumulate_grad_hook``) starts an asynchronous in-place allreduce of
+its gradient the moment autograd has accumulated it, so communication overlaps the rest of the backward pass and
+the engine fuses the gradients that become ready together. ``step()`` waits for all of them (``synchronize()``)
+and then runs the wrapped optimizer's own step. Semantics follow ``horovod/torch/optimizer.py``: the returned
+object is an instance of a subclass of the wrapped optimizer's class built on its ``param_groups``; gradient names
+come from ``named_parameters``; ``backward_passes_per_step`` accumulates locally before communicating.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from hora.torch import mpi_ops
+from hora.torch.compression import Compression
+from hora.torch.mpi_ops import (
+    Adasum,
+    Average,
+    ProcessSet,
+    allgather_async,
+    allgather_object,
+    allreduce_async_,
+    global_process_set,
+    grouped_allreduce_async_,
+    size,
+    synchronize,
+)
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(
+        self,
+        params: Any,
+        named_parameters: Any,
+        compression: Any,
+        backward_passes_per_step: int = 1,
+        op: int = Average,
+        gradient_predivide_factor: float = 1.0,
+        groups: Any = None,
+        sparse_as_dense: bool = False,
+        process_set: ProcessSet = global_process_set,
+    ) -> None:
+        super(self.__class__, self).__init__(params)  # type: ignore[call-arg]
+        self._compression = compression
+
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [
+                (f"allreduce.noname.{i}.{j}", v)
+                for i, param_group in enumerate(self.param_groups)
+                for j, v in enumerate(param_group["params"])
+            ]
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError(
+                "named_parameters should be a sequence of tuples (name, parameter), usually produced by "
+                "model.named_parameters()."
+            )
+        names = [k for k, _ in named_parameters]
+        dups = sorted({k for k in names if names.count(k) > 1})
+        if dups:
+            raise ValueError(
+                "Parameter names in named_parameters must be unique. Found duplicates: " + ", ".join(dups)
+            )
+        all_param_ids = {id(v) for group in self.param_groups for v in group["params"]}
+        named_param_ids = {id(v) for _, v in named_parameters}
+        unnamed = all_param_ids - named_param_ids
+        if unnamed:
+            raise ValueError(
+                "named_parameters was specified, but one or more model parameters were not named. Python "
+                "object ids: " + ", ".join(str(i) for i in sorted(unnamed))
+            )
+
+        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self._handles: dict[Any, tuple[Any, Any]] = {}
+        self._hooks: list[Any] = []
+        self._requires_update: set[torch.Tensor] = set()
+        self._synchronized = False
+        self._should_synchronize = True
+
+        # groups: an int (split the parameters into that many groups) or a list of lists of parameters; each
+        # group is allreduced as one grouped collective once all its gradients are ready
+        self._groups: list[list[torch.Tensor]] | None = None
+        self._group_of: dict[torch.Tensor, int] = {}
+        if groups is not None:
+            params_in_order = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+            if isinstance(groups, int):
+                if groups <= 0:
+                    raise ValueError("groups must be a positive integer or a list of lists of parameters")
+                k = min(groups, max(len(params_in_order), 1))
+                bounds = [round(i * len(params_in_order) / k) for i in range(k + 1)]
+                self._groups = [params_in_order[bounds[i] : bounds[i + 1]] for i in range(k)]
+            elif isinstance(groups, list) and all(isinstance(g, list) for g in groups):
+                self._groups = [list(g) for g in groups]
+                listed = [id(p) for g in self._groups for p in g]
+                if len(listed) != len(set(listed)):
+                    raise ValueError("a parameter appears in more than one of the groups")
+                ungrouped = [p for p in params_in_order if id(p) not in set(listed)]
+                self._groups += [[p] for p in ungrouped]  # parameters not listed are reduced one by one
+            else:
+                raise ValueError("groups must be a positive integer or a list of lists of parameters")
+            self._groups = [g for g in self._groups if g]
+            for gi, g in enumerate(self._groups):
+                for p in g:
+                    self._group_of[p] = gi
+            self._group_ready: dict[int, set[torch.Tensor]] = {}
+
+        if self.process_set.included() and size() > 1:
+            self._check_same_parameters(named_parameters)
+            self._register_hooks()
+
+    def _check_same_parameters(self, named_parameters: list[tuple[str, torch.Tensor]]) -> None:
+        """Every rank must allreduce the same gradients, or the ranks with an extra one wait for ever: compare the
+        (name, shape, dtype) lists once, here, and raise on every rank naming the difference."""
+        mine = sorted(
+            (k, tuple(v.shape), str(v.dtype).replace("torch.", "")) for k, v in named_parameters if v.requires_grad
+        )
+        everyone = allgather_object(mine, name="DistributedOptimizer.parameters", process_set=self.process_set)
+        if all(other == mine for other in everyone):
+            return
+        lines = []
+        reference = everyone[0]
+        for r, other in enumerate(everyone[1:], start=1):
+            if other == reference:
+                continue
+            missing = sorted(set(reference) - set(other))
+            extra = sorted(set(other) - set(reference))
+            if missing:
+                lines.append(f"rank {r} lacks {', '.join(f'{n} {list(s)} {d}' for n, s, d in missing[:5])}")
+            if extra:
+                lines.append(f"rank {r} has extra {', '.join(f'{n} {list(s)} {d}' for n, s, d in extra[:5])}")
+        raise ValueError(
+            "DistributedOptimizer: the ranks' parameters differ (compared with rank 0's, by name, shape and "
+            "dtype): " + "; ".join(lines) + ". Every rank must wrap the same model's parameters."
+        )
+
+    @staticmethod
+    def find_duplicates(lst: list[Any]) -> set[Any]:
+        seen: set[Any] = set()
+        return {x for x in lst if x in seen or seen.add(x)}  # type: ignore[func-returns-value]
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    # -- hooks -----------------------------------------------------------------------------------------------------
+    def _register_hooks(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    self._requires_update.add(p)
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+
+    def _scale_factors(self) -> tuple[float, float]:
+        if self.op == Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _dense_grad(self, p: torch.Tensor) -> torch.Tensor:
+        if p.grad is None:
+            # not computed on this rank (e.g. a branch the forward pass skipped), but another rank may have it:
+            # every rank must submit the tensor, so this one contributes zeros
+            p.grad = p.data.new(p.size()).zero_()
+        if p.grad.is_sparse:
+            p.grad = p.grad.to_dense()
+        return p.grad
+
+    def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, Any]:
+        name = self._parameter_names.get(p)
+        if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
+            return self._sparse_allreduce_grad_async(p, name), "sparse"
+        tensor = self._dense_grad(p)
+        compressed, ctx = self._compression.compress(tensor)
+        pre, post = self._scale_factors()
+        handle = allreduce_async_(
+            compressed,
+            name=name,
+            op=self.op,
+            prescale_factor=pre,
+            postscale_factor=post,
+            process_set=self.process_set,
+        )
+        return handle, (compressed, ctx)
+
+    def _sparse_allreduce_grad_async(self, p: torch.Tensor, name: str | None) -> Any:
+        """A sparse gradient is allgathered (values and indices) and summed by coalescing, as Horovod does."""
+        grad = p.grad.coalesce()  # type: ignore[union-attr]
+        values = allgather_async(
+            grad._values(), name=f"{name}.values" if name else None, process_set=self.process_set
+        )
+        indices = allgather_async(
+            grad._indices().t().contiguous(),
+            name=f"{name}.indices" if name else None,
+            process_set=self.process_set,
+        )
+        return (values, indices, grad.size())
+
+    def _allreduce_group_async(self, gi: int) -> tuple[Any, Any]:
+        assert self._groups is not None
+        params = self._groups[gi]
+        tensors, ctxs = [], []
+        for p in params:
+            c, ctx = self._compression.compress(self._dense_grad(p))
+            tensors.append(c)
+            ctxs.append(ctx)
+        pre, post = self._scale_factors()
+        name = self._parameter_names.get(params[0])
+        handle = grouped_allreduce_async_(
+            tensors,
+            name=f"group.{name}",
+            op=self.op,
+            prescale_factor=pre,
+            postscale_factor=post,
+            process_set=self.process_set,
+        )
+        return handle, (tensors, ctxs)
+
+    def _make_hook(self, p: torch.Tensor) -> Any:
+        def hook(*_ignore: Any) -> None:
+            if p in self._handles and self._handles[p][0] is not None and self._allreduce_delay[p] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+                    "Increase backward_passes_per_step to accumulate gradients locally."
+                )
+            assert p.grad is None or not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            handle, ctx = None, None
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                if self._groups is not None and p in self._group_of:
+                    gi = self._group_of[p]
+                    ready = self._group_ready.setdefault(gi, set())
+                    ready.add(p)
+                    self._handles[p] = (None, None)
+                    if len(ready) == len(self._groups[gi]):
+                        del self._group_ready[gi]
+                        for q in self._groups[gi]:
+                            self._handles.pop(q, None)
+                        self._handles[tuple(self._groups[gi])] = self._allreduce_group_async(gi)
+                    return
+                handle, ctx = self._allreduce_grad_async(p)
+            self._handles[p] = (handle, ctx)
+
+        return hook
+
+    # -- synchronisation ---------------------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait for every gradient's allreduce and write the averaged gradients into ``p.grad``. Gradients whose
+        hook did not fire on this rank (unused parameters) are submitted now, so every rank submits the same set."""
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+        if size() == 1:  # nothing to average; Horovod still counts the step as synchronized
+            self._synchronized = True
+            return
+        completed: set[Any] = set()
+        for key in self._handles:
+            completed.update(key) if isinstance(key, tuple) else completed.add(key)
+        if self._groups is not None:
+            # groups not complete on this rank: submit them whole, in group order (the same on every rank)
+            pending_groups = sorted(
+                {self._group_of[p] for p in self._requires_update - completed if p in self._group_of}
+                | set(self._group_ready)
+            )
+            for gi in pending_groups:
+                for q in self._groups[gi]:
+                    self._handles.pop(q, None)
+                    completed.add(q)
+                self._group_ready.pop(gi, None)
+                self._handles[tuple(self._groups[gi])] = self._allreduce_group_async(gi)
+        for p in sorted(self._requires_update - completed, key=lambda q: self._parameter_names.get(q, "")):
+            self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, _ctx) in list(self._handles.items()):
+            if handle is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+        try:
+            for key, (handle, ctx) in self._handles.items():
+                if isinstance(key, tuple):
+                    outputs = synchronize(handle)
+                    _tensors, ctxs = ctx
+                    for p, out, c in zip(key, outputs, ctxs):
+                        self._allreduce_delay[p] = self.backward_passes_per_step
+                        p.grad.set_(self._compression.decompress(out, c))
+                    continue
+                p = key
+                self._allreduce_delay[p] = self.backward_passes_per_step
+                if ctx == "sparse":
+                    values_h, indices_h, shape = handle
+                    values, indices = synchronize(values_h), synchronize(indices_h)
+                    if self.op == Average:
+                        values = values / self.process_set.size()
+                    grad = torch.sparse_coo_tensor(indices.t(), values, shape).coalesce()
+                    p.grad = grad
+                    continue
+                _compressed, cctx = ctx
+                output = synchronize(handle)
+                p.grad.set_(self._compression.decompress(output, cctx))
+        finally:
+            self._handles.clear()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Make ``step()`` skip its ``synchronize()``: for code that called ``synchronize()`` itself (e.g. to clip
+        the averaged gradients) before ``step()``."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
+                    "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.",
+                    stacklevel=2,
+                )
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._handles:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                "optimizer.synchronize(). This is prohibited as it can cause a race condition."
+            )
+        return super(self.__class__, self).zero_grad(set_to_none)
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Any = None,
+    compression: Any = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: int = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that ``step()`` applies gradients averaged (``op``) over every rank.
+
+    Arguments are Horovod's: ``named_parameters`` names each gradient's collective (recommended: ranks then agree
+    by name); ``compression`` (``Compression.fp16`` halves the bytes); ``backward_passes_per_step`` accumulates
+    that many backward passes locally before communicating; ``gradient_predivide_factor`` splits the averaging
+    into a division before and after the sum; ``groups`` (an int, or lists of parameters) allreduces parameters
+    in fixed groups; ``sparse_as_dense`` densifies sparse gradients instead of allgathering them.
+    """
+    mpi_ops._check_set(process_set)
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op == Adasum:
+        raise mpi_ops._f.UnsupportedError("op=Adasum is not supported by hora yet; use Average or Sum")
+    if num_groups != 0:
+        warnings.warn(
+            "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if groups is None:
+            groups = num_groups
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    return cls(
+        optimizer.param_groups,
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        op,
+        gradient_predivide_factor,
+        groups,
+        sparse_as_dense,
+        process_set,
+    )

@@ -1,0 +1,52 @@
+"""hora.torch: Horovod's PyTorch API on real ranks (collectives, autograd, errors); the optimizer and helpers are in
+test_torch_optimizer.py."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from harness import run_ranks
+from torch_workers import (
+    allreduce_worker,
+    autograd_worker,
+    errors_worker,
+    gather_bcast_worker,
+    grouped_worker,
+    reinit_worker,
+)
+
+
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])
+def test_allreduce_every_dtype_op_and_form(np_):
+    results = run_ranks(allreduce_worker, np_, timeout=240)
+    assert results[0] > 150 and len(set(results)) == 1
+
+
+@pytest.mark.parametrize("np_", [1, 2, 3])
+def test_grouped_collectives(np_):
+    assert run_ranks(grouped_worker, np_) == [True] * np_
+
+
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])
+def test_allgather_broadcast_alltoall_reducescatter_objects(np_):
+    assert run_ranks(gather_bcast_worker, np_, timeout=120) == [True] * np_
+
+
+@pytest.mark.parametrize("np_", [1, 2, 3])
+def test_autograd_through_collectives(np_):
+    assert run_ranks(autograd_worker, np_) == [True] * np_
+
+
+def test_mismatches_raise_on_every_rank():
+    results = run_ranks(errors_worker, 2)
+    for seen in results:
+        assert len(seen) == 3, seen
+        assert seen[0].startswith("MismatchError") and "bad.shape" in seen[0], seen
+        assert seen[1].startswith("MismatchError") and "bad.dtype" in seen[1], seen
+        assert "complex64" in seen[2], seen
+
+
+def test_reinit_after_shutdown():
+    assert run_ranks(reinit_worker, 2) == [[2, 2], [2, 2]]
