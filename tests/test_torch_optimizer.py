@@ -1,4 +1,5 @@
-"""hora.torch.DistributedOptimizer, broadcast_parameters and broadcast_optimizer_state on real ranks."""
+"""hora.torch.DistributedOptimizer, broadcast_parameters, broadcast_optimizer_state and SyncBatchNorm on real
+ranks."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch_workers import (  # noqa: E402
     optimizer_worker,
     raising_backward_worker,
     single_process_reference,
+    sync_batch_norm_worker,
 )
 
 
@@ -74,3 +76,8 @@ def test_mismatched_parameter_sets_fail_on_every_rank():
 def test_a_rank_raising_in_backward_fails_the_job_with_its_error():
     result = run_failing(raising_backward_worker, 2, timeout=120)
     assert "bad batch on rank 1" in stderr_of(result, 1)
+
+
+@pytest.mark.parametrize(("np_", "shape"), [(1, (6, 3)), (2, (4, 3)), (3, (2, 3, 5)), (2, (2, 4, 3, 3))])
+def test_sync_batch_norm_equals_batch_norm_on_the_global_batch(np_, shape):
+    assert run_ranks(sync_batch_norm_worker, np_, shape, timeout=120) == [True] * np_

@@ -436,3 +436,43 @@ def raising_backward_worker() -> None:
     torch.nn.functional.cross_entropy(out, y).backward()
     opt.step()
     hvd.shutdown()
+
+
+def sync_batch_norm_worker(shape: tuple[int, ...]) -> bool:
+    """SyncBatchNorm on each rank's slice == BatchNorm on the whole batch: outputs, input and weight gradients,
+    running statistics; eval mode uses the running statistics."""
+    torch.set_num_threads(1)
+    hvd.init()
+    me, n = hvd.rank(), hvd.size()
+    c = shape[1]
+    g = torch.Generator().manual_seed(11)
+    full = torch.randn((shape[0] * n, *shape[1:]), generator=g, dtype=torch.float64) * 3 + 1
+    upstream = torch.randn(full.shape, generator=g, dtype=torch.float64)
+    bn_cls = {2: torch.nn.BatchNorm1d, 3: torch.nn.BatchNorm1d, 4: torch.nn.BatchNorm2d}[len(shape)]
+    ref = bn_cls(c).double()
+    sync = hvd.SyncBatchNorm(c).double()
+    with torch.no_grad():
+        for m in (ref, sync):
+            m.weight.copy_(torch.linspace(0.5, 1.5, c, dtype=torch.float64))
+            m.bias.copy_(torch.linspace(-1, 1, c, dtype=torch.float64))
+    rows = slice(me * shape[0], (me + 1) * shape[0])
+    for _ in range(2):
+        xf = full.clone().requires_grad_(True)
+        yf = ref(xf)
+        (yf * upstream).sum().backward()
+        xl = full[rows].clone().requires_grad_(True)
+        yl = sync(xl)
+        (yl * upstream[rows]).sum().backward()
+        torch.testing.assert_close(yl, yf[rows].detach(), msg="output")
+        torch.testing.assert_close(xl.grad, xf.grad[rows], msg="input gradient")
+    for name in ("weight", "bias"):
+        local = getattr(sync, name).grad
+        total = hvd.allreduce(local, op=hvd.Sum, name=f"bn.{name}.grad")
+        torch.testing.assert_close(total, getattr(ref, name).grad, msg=f"{name} gradient")
+    torch.testing.assert_close(sync.running_mean, ref.running_mean, msg="running mean")
+    torch.testing.assert_close(sync.running_var, ref.running_var, msg="running var")
+    sync.eval()
+    ref.eval()
+    torch.testing.assert_close(sync(full[rows]), ref(full[rows]), msg="eval")
+    hvd.shutdown()
+    return True

@@ -70,6 +70,7 @@ from hora.torch.mpi_ops import (
     synchronize,
 )
 from hora.torch.optimizer import DistributedOptimizer
+from hora.torch.sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum",
@@ -82,6 +83,7 @@ __all__ = [
     "ProcessSet",
     "Product",
     "Sum",
+    "SyncBatchNorm",
     "add_process_set",
     "allgather",
     "allgather_async",
