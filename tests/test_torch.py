@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
-from harness import run_ranks
-from torch_workers import (
+from harness import run_ranks  # noqa: E402
+from torch_workers import (  # noqa: E402
     allreduce_worker,
     autograd_worker,
+    cuda_worker,
     errors_worker,
     gather_bcast_worker,
     grouped_worker,
@@ -50,3 +51,8 @@ def test_mismatches_raise_on_every_rank():
 
 def test_reinit_after_shutdown():
     assert run_ranks(reinit_worker, 2) == [[2, 2], [2, 2]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+def test_cuda_tensors_are_staged_through_host_memory():
+    assert run_ranks(cuda_worker, 2) == [True, True]

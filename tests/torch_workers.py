@@ -476,3 +476,24 @@ def sync_batch_norm_worker(shape: tuple[int, ...]) -> bool:
     torch.testing.assert_close(sync(full[rows]), ref(full[rows]), msg="eval")
     hvd.shutdown()
     return True
+
+
+def cuda_worker() -> bool:
+    """CUDA tensors are staged through host memory; results come back on the tensor's device."""
+    hvd.init()
+    me, n = hvd.rank(), hvd.size()
+    dev = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+    x = torch.full((5,), float(me + 1), device=dev)
+    out = hvd.allreduce(x, op=hvd.Sum, name="cuda.ar")
+    assert out.device == dev
+    close(out.cpu(), torch.full((5,), n * (n + 1) / 2), "cuda allreduce")
+    hvd.allreduce_(x, op=hvd.Sum, name="cuda.ar_")
+    assert x.device == dev
+    close(x.cpu(), torch.full((5,), n * (n + 1) / 2), "cuda allreduce_")
+    g = hvd.allgather(torch.full((1, 2), float(me), device=dev), name="cuda.ag")
+    assert g.device == dev
+    b = torch.full((3,), float(me), device=dev)
+    hvd.broadcast_(b, root_rank=0, name="cuda.bc")
+    close(b.cpu(), torch.zeros(3), "cuda broadcast_")
+    hvd.shutdown()
+    return True
