@@ -186,24 +186,31 @@ class Engine:
         """Submit entries atomically (a group either all goes in or none does). ``wake=False`` when the caller
         waits for them at once: its wait runs the cycles, and the engine thread sleeps on."""
         entries = list(entries)
+        pending = self._pending
         with self._lock:
             if self._failed is not None:
                 raise type(self._failed)(str(self._failed))
             if self._stopping:
                 raise ShutdownError("hora is shutting down on this rank; no new collective can start")
-            names = [e.request.name for e in entries]
-            taken = [n for n in names if n in self._pending]
-            if taken or len(set(names)) < len(names):
-                dup = taken[0] if taken else next(n for n in names if names.count(n) > 1)
+            if len(entries) == 1:  # the common case (a gradient's hook): no lists, no set
+                dup = entries[0].request.name if entries[0].request.name in pending else None
+            else:
+                names = [e.request.name for e in entries]
+                taken = [n for n in names if n in pending]
+                dup = None
+                if taken or len(set(names)) < len(names):
+                    dup = taken[0] if taken else next(n for n in names if names.count(n) > 1)
+            if dup is not None:
                 raise MismatchError(
                     f"a collective named '{dup}' is already in flight on rank {self.rank}; names must be unique "
                     "among pending collectives (synchronize the first one, or pick another name)"
                 )
             now = time.monotonic()
+            driver = self._drive_until
             for e in entries:
                 e.queued_at = now
-                e.handle._driver = self._drive_until
-                self._pending[e.request.name] = e
+                e.handle._driver = driver
+                pending[e.request.name] = e
             self._queue.extend(entries)
         if wake:
             self._wake()
