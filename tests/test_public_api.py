@@ -114,17 +114,7 @@ def test_import_starts_no_thread_and_sets_no_environment_variable():
 
 
 # horovod/torch/__init__.py's public names (0.28), which scripts written for Horovod use
-HOROVOD_TORCH_NAMES = """
-allgather allgather_async grouped_allgather grouped_allgather_async allreduce allreduce_async allreduce_
-allreduce_async_ grouped_allreduce grouped_allreduce_async grouped_allreduce_ grouped_allreduce_async_ alltoall
-alltoall_async broadcast broadcast_async broadcast_ broadcast_async_ reducescatter reducescatter_async
-grouped_reducescatter grouped_reducescatter_async join barrier poll synchronize init shutdown is_initialized
-start_timeline stop_timeline size local_size cross_size rank local_rank cross_rank is_homogeneous
-mpi_threads_supported mpi_enabled mpi_built gloo_enabled gloo_built nccl_built ddl_built ccl_built cuda_built
-rocm_built ProcessSet global_process_set add_process_set remove_process_set Average Sum Adasum Min Max Product
-Compression DistributedOptimizer broadcast_parameters broadcast_optimizer_state broadcast_object allgather_object
-SyncBatchNorm HorovodInternalError
-""".split()
+HOROVOD_TORCH_NAMES = ["allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "alltoall", "alltoall_async", "broadcast", "broadcast_async", "broadcast_", "broadcast_async_", "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async", "join", "barrier", "poll", "synchronize", "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object", "SyncBatchNorm", "HorovodInternalError"]
 
 
 def test_torch_has_horovods_names():

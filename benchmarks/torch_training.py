@@ -1,0 +1,459 @@
+"""Training benchmark: hora.torch.DistributedOptimizer vs torch DistributedDataParallel (gloo), interleaved.
+
+Both frameworks train the same model from the same seeds: an MLP 1024 -> 4096 -> 4096 -> 1024 -> 10 (25,185,290
+float32 parameters, 101 MB of gradients per step), SGD with momentum, cross-entropy on random data, ``--batch-size``
+(default 32) samples per rank and step. Frameworks:
+
+    hora    ``hvd.DistributedOptimizer(opt, named_parameters=...)`` after ``broadcast_parameters`` and
+            ``broadcast_optimizer_state``: Horovod's recipe, under ``hora run`` (shared memory)
+    ddp     ``torch.nn.parallel.DistributedDataParallel`` (default buckets) on ``init_process_group("gloo")``,
+            under the same ``hora run`` launcher, which exports RANK, WORLD_SIZE and MASTER_ADDR/PORT
+
+Driver (default)::
+
+    python benchmarks/torch_training.py                  # N = 2, both frameworks, 3 rounds
+    python benchmarks/torch_training.py --np 2,4 --json /tmp/torch_training.json
+    python benchmarks/torch_training.py --smoke          # 2 rounds x 2 steps: checks that it runs, in seconds
+
+Method. Every launch runs one framework on N ranks. Inside it, two kinds of step alternate, step by step (the
+first kind rotates every step), so machine noise hits both alike:
+
+    distributed   zero_grad, forward, backward, optimizer step through the framework: the real training step
+    compute-only  the same on a second, plain copy of the model with a plain optimizer -- identical arithmetic,
+                  no communication, no framework hooks -- on the same batch, in the same processes
+
+Every timed step starts after a barrier (not timed) and is timed on every rank; the slowest rank's time per step
+is kept. Samples/s total = N x batch / median distributed step; per worker = batch / median step. The comm share
+is the part of the step that communication adds: 1 - median compute-only step / median distributed step, i.e.
+the exposed communication (and framework overhead); communication that overlaps the backward pass costs nothing.
+Because both kinds run concurrently on all ranks, the compute-only step sees the same core sharing as the real
+one. After the timed steps the ranks compare a checksum of their parameters: replicas that differ are reported as
+WRONG. Launches alternate between the frameworks round-robin for ``--rounds`` rounds (the first framework rotates
+each round), each with ``--warmup`` untimed steps of each kind and ``steps/rounds`` timed ones.
+
+Worker (``--worker hora|ddp``): runs inside every rank and prints ``HORA_BENCH {json}`` lines from rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from _common import emit, hora_command, machine, parse_counts, run_ranks, torch_missing
+
+FRAMEWORKS = {"hora": "hora DistributedOptimizer", "ddp": "torch DDP (gloo)"}
+BASELINE = "ddp"
+TARGET = 1.3  # hora should train at least this many times DDP's samples/s
+LAYERS = (1024, 4096, 4096, 1024, 10)
+CLASSES = LAYERS[-1]
+LR, MOMENTUM = 0.01, 0.9
+
+
+# -- workers -------------------------------------------------------------------------------------------------------
+def make_model() -> Any:
+    from torch import nn
+
+    layers: list[nn.Module] = []
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(LAYERS)):
+        layers.append(nn.Linear(n_in, n_out))
+        if i < len(LAYERS) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def parameter_count() -> int:
+    return sum(n_in * n_out + n_out for n_in, n_out in itertools.pairwise(LAYERS))
+
+
+class Framework:
+    """How one framework makes a model data-parallel, plus the untimed collectives the measurement needs."""
+
+    rank = 0
+    size = 1
+    local_size = 1
+
+    def wrap(self, model: Any, optimizer: Any) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def max_all(self, values: Any, name: str) -> Any:
+        """Element-wise maximum of a float64 tensor across ranks (not timed)."""
+        raise NotImplementedError
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class HoraFramework(Framework):
+    def __init__(self) -> None:
+        import hora
+        import hora.torch as hvd
+
+        self.hvd, self.version = hvd, hora.__version__
+        hvd.init()
+        self.rank, self.size, self.local_size = hvd.rank(), hvd.size(), hvd.local_size()
+
+    def wrap(self, model: Any, optimizer: Any) -> tuple[Any, Any]:
+        hvd = self.hvd
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        return model, optimizer
+
+    def barrier(self) -> None:
+        self.hvd.barrier()
+
+    def max_all(self, values: Any, name: str) -> Any:
+        return self.hvd.allreduce(values, op=self.hvd.Max, name=name)
+
+    def info(self) -> dict[str, Any]:
+        import torch
+
+        return {"version": f"hora {self.version}, torch {torch.__version__}"}
+
+    def close(self) -> None:
+        self.hvd.shutdown()
+
+
+class DdpFramework(Framework):
+    def __init__(self) -> None:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=600))
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.size))
+
+    def wrap(self, model: Any, optimizer: Any) -> tuple[Any, Any]:
+        # DDP broadcasts rank 0's parameters when it wraps the model; the optimizer holds the same tensors.
+        return self.torch.nn.parallel.DistributedDataParallel(model), optimizer
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def max_all(self, values: Any, name: str) -> Any:
+        out = values.clone()
+        self.dist.all_reduce(out, op=self.dist.ReduceOp.MAX)
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {"version": f"torch {self.torch.__version__} (gloo)"}
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+def worker(args: argparse.Namespace) -> int:
+    import torch
+    import torch.nn.functional as F
+
+    fw: Framework = HoraFramework() if args.worker == "hora" else DdpFramework()
+    threads = args.threads or max(1, (os.cpu_count() or 1) // fw.local_size)
+    torch.set_num_threads(threads)
+    torch.manual_seed(args.seed)
+    model, local = make_model(), make_model()
+    local.load_state_dict(model.state_dict())
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    local_optimizer = torch.optim.SGD(local.parameters(), lr=LR, momentum=MOMENTUM)
+    model, optimizer = fw.wrap(model, optimizer)
+    gen = torch.Generator().manual_seed(args.seed + 1 + fw.rank)  # every rank its own batch, as with sharding
+    x = torch.randn(args.batch_size, LAYERS[0], generator=gen)
+    y = torch.randint(0, CLASSES, (args.batch_size,), generator=gen)
+    n_params = sum(p.numel() for p in local.parameters())
+    emit(
+        fw.rank,
+        {
+            "kind": "start",
+            "framework": args.worker,
+            "np": fw.size,
+            "threads": threads,
+            "params": n_params,
+            **fw.info(),
+        },
+    )
+
+    kinds = {"distributed": (model, optimizer), "compute": (local, local_optimizer)}
+
+    def step(kind: str) -> None:
+        m, opt = kinds[kind]
+        opt.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        opt.step()
+
+    order = list(kinds)
+    for _ in range(args.warmup):
+        for kind in order:
+            fw.barrier()
+            step(kind)
+    clock = time.perf_counter
+    times = {kind: torch.zeros(args.steps, dtype=torch.float64) for kind in kinds}
+    for i in range(args.steps):
+        for kind in order[i % 2 :] + order[: i % 2]:
+            fw.barrier()
+            t0 = clock()
+            step(kind)
+            times[kind][i] = clock() - t0
+    # Per step, the slowest rank's time.
+    slowest = {kind: fw.max_all(t, f"bench.{kind}_s") for kind, t in times.items()}
+    with torch.no_grad():
+        checksum = torch.stack([p.detach().double().sum() for p in model.parameters()])
+    same = bool(torch.equal(fw.max_all(checksum, "bench.max_sum"), -fw.max_all(-checksum, "bench.min_sum")))
+    emit(
+        fw.rank,
+        {
+            "kind": "result",
+            "framework": args.worker,
+            "np": fw.size,
+            "round": args.round,
+            "ok": same,
+            "step_s": slowest["distributed"].tolist(),
+            "compute_s": slowest["compute"].tolist(),
+        },
+    )
+    fw.barrier()
+    emit(fw.rank, {"kind": "done", "framework": args.worker})
+    fw.close()
+    return 0
+
+
+# -- driver --------------------------------------------------------------------------------------------------------
+def launch(args: argparse.Namespace, framework: str, n: int, steps: int, round_: int) -> list[str] | str:
+    """The command of one launch, or why it is skipped."""
+    missing = torch_missing()
+    if missing:
+        return missing
+    worker_args = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        framework,
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(args.warmup),
+        "--batch-size",
+        str(args.batch_size),
+        "--seed",
+        str(args.seed),
+        "--threads",
+        str(args.threads),
+        "--round",
+        str(round_),
+    ]
+    return hora_command(n) + worker_args
+
+
+def summarize(recs: list[dict[str, Any]], batch: int, n: int) -> dict[str, Any]:
+    step = np.asarray([t for r in recs for t in r["step_s"]])
+    compute = np.asarray([t for r in recs for t in r["compute_s"]])
+    median = float(np.median(step))
+    return {
+        "ok": all(r["ok"] for r in recs),
+        "steps": len(step),
+        "median_s": median,
+        "p90_s": float(np.percentile(step, 90)),
+        "compute_median_s": float(np.median(compute)),
+        "comm_share": max(0.0, 1.0 - float(np.median(compute)) / median),
+        "samples_per_s": n * batch / median,
+        "samples_per_s_per_worker": batch / median,
+        "round_medians_s": [float(np.median(r["step_s"])) for r in recs],
+    }
+
+
+def table(args: argparse.Namespace, n: int, summary: dict[str, dict[str, Any]]) -> str:
+    base = summary.get(BASELINE)
+    lines = [
+        f"### N = {n}: batch {args.batch_size} per rank, {parameter_count():,} parameters",
+        "",
+        "| framework | samples/s total | per worker | median ms/step | p90 ms/step | compute-only ms/step "
+        "| comm share | x DDP | steps | round medians (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key in args.frameworks:
+        s, label = summary.get(key), FRAMEWORKS[key]
+        if s is None:
+            lines.append(f"| {label} | — | — | — | — | — | — | — | 0 | — |")
+            continue
+        if not s["ok"]:
+            lines.append(f"| {label} | WRONG (replicas differ) | | | | | | | {s['steps']} | |")
+            continue
+        ratio = f"{s['samples_per_s'] / base['samples_per_s']:.2f}x" if base and base["ok"] else "—"
+        rounds = " / ".join(f"{x * 1e3:.4g}" for x in s["round_medians_s"])
+        lines.append(
+            f"| {label} | {s['samples_per_s']:.1f} | {s['samples_per_s_per_worker']:.1f} | "
+            f"{s['median_s'] * 1e3:.4g} | {s['p90_s'] * 1e3:.4g} | {s['compute_median_s'] * 1e3:.4g} | "
+            f"{s['comm_share'] * 100:.0f} % | {ratio} | {s['steps']} | {rounds} |"
+        )
+    lines.append("")
+    hora = summary.get("hora")
+    if hora and base and hora["ok"] and base["ok"]:
+        r = hora["samples_per_s"] / base["samples_per_s"]
+        verdict = "met" if r >= TARGET else "NOT met"
+        lines += [f"Target: hora ≥ {TARGET}x DDP samples/s: {r:.3f}x — {verdict}.", ""]
+    return "\n".join(lines)
+
+
+def driver(args: argparse.Namespace) -> int:
+    started = time.time()
+    steps = math.ceil(args.steps / args.rounds)
+    print(
+        f"# Training benchmark: MLP {' -> '.join(map(str, LAYERS))} ({parameter_count():,} parameters), "
+        f"batch {args.batch_size} per rank; N = {', '.join(map(str, args.np))}; {args.rounds} rounds x {steps} "
+        f"timed steps of each kind per framework after {args.warmup} warm-up steps\n",
+        flush=True,
+    )
+    m = machine()
+    print(f"Machine: {m['node']}, {m['cpus']} CPUs, Python {m['python']}, numpy {m['numpy']}.\n", flush=True)
+    raw: list[dict[str, Any]] = []
+    starts: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
+    failed = 0
+    fws = args.frameworks
+    for n in args.np:
+        for r in range(args.rounds):
+            for fw in fws[r % len(fws) :] + fws[: r % len(fws)]:
+                print(
+                    f"[{time.time() - started:6.0f}s] N={n} round {r + 1}/{args.rounds}: {fw}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                cmd = launch(args, fw, n, steps, r)
+                if isinstance(cmd, str):
+                    if r == 0:
+                        notes.append(f"{fw} at N={n}: skipped: {cmd}")
+                        print(f"  skipped: {cmd}", file=sys.stderr, flush=True)
+                    continue
+
+                def progress(rec: dict[str, Any]) -> None:
+                    if rec["kind"] == "result":
+                        flag = "" if rec["ok"] else "  WRONG: replicas differ"
+                        print(
+                            f"  {rec['framework']:>5}: median {np.median(rec['step_s']) * 1e3:8.2f} ms/step, "
+                            f"compute-only {np.median(rec['compute_s']) * 1e3:8.2f} ms{flag}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+
+                records, note = run_ranks(cmd, dict(os.environ), timeout=args.timeout, on_record=progress)
+                for rec in records:
+                    if rec["kind"] == "start":
+                        starts[fw] = rec
+                    elif rec["kind"] == "result":
+                        raw.append(rec)
+                if note:
+                    failed += 1
+                    notes.append(f"{fw} at N={n}, round {r + 1}: {note}")
+                    print(f"  failed: {note}", file=sys.stderr, flush=True)
+    elapsed = time.time() - started
+
+    summaries: dict[int, dict[str, dict[str, Any]]] = {}
+    for n in args.np:
+        for fw in fws:
+            recs = [x for x in raw if x["np"] == n and x["framework"] == fw]
+            if recs:
+                summaries.setdefault(n, {})[fw] = summarize(recs, args.batch_size, n)
+    if starts:
+        print("Versions: " + "; ".join(f"{fw}: {s.get('version', '')}" for fw, s in starts.items()))
+        threads = sorted({s["threads"] for s in starts.values()})
+        print(f"torch threads per rank: {', '.join(map(str, threads))}\n")
+    print(
+        "Cells: step = the slowest rank's time for zero_grad + forward + backward + optimizer step, median and "
+        "90th percentile over all rounds' steps. compute-only = the same step on a plain copy of the model "
+        "(no communication). comm share = 1 - compute-only / step. x DDP = samples/s over DDP's.\n"
+    )
+    for n in args.np:
+        print(table(args, n, summaries.get(n, {})))
+    wrong = [f"{fw} at N={n}" for n, s in summaries.items() for fw, v in s.items() if not v["ok"]]
+    notes += [f"{w}: the replicas' parameters differ after training" for w in wrong]
+    if notes:
+        print("Notes:\n" + "\n".join(f"- {x}" for x in notes) + "\n")
+    print(f"Total time: {elapsed:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "machine": m,
+                    "args": {k: v for k, v in vars(args).items() if k not in ("worker", "round")},
+                    "starts": starts,
+                    "notes": notes,
+                    "elapsed_s": elapsed,
+                    "summary": {str(n): s for n, s in summaries.items()},
+                    "results": raw,
+                },
+                f,
+                indent=1,
+            )
+        print(f"Wrote {args.json}")
+    return 1 if wrong or failed or not raw else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--np", default="2", help="rank counts, comma-separated (default 2; e.g. 2,4)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per rank and step (default 32)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=60,
+        help="timed steps of each kind per framework, split over the rounds (60)",
+    )
+    p.add_argument(
+        "--warmup", type=int, default=3, help="untimed steps of each kind at the start of a launch (3)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=3, help="times every framework runs, alternating (default 3)"
+    )
+    p.add_argument(
+        "--frameworks", default=",".join(FRAMEWORKS), help="frameworks in run order (default: %(default)s)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the random data (default 0)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads per rank (default 0: CPUs / ranks on the machine)",
+    )
+    p.add_argument(
+        "--smoke", action="store_true", help="2 rounds x 2 timed steps, 1 warm-up: checks that it runs"
+    )
+    p.add_argument("--timeout", type=float, default=600, help="seconds one launch may take (default 600)")
+    p.add_argument("--json", metavar="PATH", help="also write every step time and the summary as JSON")
+    p.add_argument("--worker", choices=sorted(FRAMEWORKS), help=argparse.SUPPRESS)
+    p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.steps, args.warmup, args.rounds = 4, 1, 2
+    if args.batch_size < 1 or args.steps < 1 or args.warmup < 0 or args.rounds < 1 or args.threads < 0:
+        p.error("--batch-size, --steps and --rounds must be at least 1, --warmup and --threads at least 0")
+    if args.worker:
+        return worker(args)
+    try:
+        args.np = parse_counts(args.np)
+    except argparse.ArgumentTypeError as exc:
+        p.error(str(exc))
+    args.frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
+    bad = [f for f in args.frameworks if f not in FRAMEWORKS]
+    if bad or not args.frameworks:
+        p.error(f"unknown framework(s) {bad}; choose from {', '.join(FRAMEWORKS)}")
+    if args.steps < args.rounds:
+        p.error(f"--steps ({args.steps}) must be at least --rounds ({args.rounds})")
+    return driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
