@@ -15,6 +15,7 @@ from torch_workers import (  # noqa: E402
     errors_worker,
     gather_bcast_worker,
     grouped_worker,
+    process_set_worker,
     reinit_worker,
 )
 
@@ -56,3 +57,10 @@ def test_reinit_after_shutdown():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
 def test_cuda_tensors_are_staged_through_host_memory():
     assert run_ranks(cuda_worker, 2) == [True, True]
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("static", [False, True])
+def test_process_sets(static, transport):
+    for notes in run_ranks(process_set_worker, 4, static, transport=transport, timeout=120):
+        assert len(notes) == 1 and "is not a member of process set" in notes[0], notes

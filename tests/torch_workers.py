@@ -497,3 +497,85 @@ def cuda_worker() -> bool:
     close(b.cpu(), torch.zeros(3), "cuda broadcast_")
     hvd.shutdown()
     return True
+
+
+def process_set_worker(static: bool) -> list[str]:
+    """Even and odd ranks as two process sets, interleaved with global collectives: each set's results involve its
+    members only; a rank outside a set cannot use it; sets can be removed and added again."""
+    import threading
+
+    if static:
+        evens_ps, odds_ps = hvd.ProcessSet([0, 2]), hvd.ProcessSet([1, 3])
+        hvd.init(process_sets=[evens_ps, odds_ps])
+    else:
+        hvd.init()
+        evens_ps = hvd.add_process_set([0, 2])
+        odds_ps = hvd.add_process_set(hvd.ProcessSet([1, 3]))
+    me, n = hvd.rank(), hvd.size()
+    assert n == 4, n
+    mine, other = (evens_ps, odds_ps) if me % 2 == 0 else (odds_ps, evens_ps)
+    assert hvd.global_process_set.ranks == [0, 1, 2, 3] and hvd.global_process_set.rank() == me
+    assert hvd.ProcessSet([0, 1]).size() is None  # not registered yet, as in Horovod
+    try:
+        hvd.add_process_set([2, 0])  # the same ranks as a registered set: every rank raises
+    except ValueError as e:
+        assert "already exists" in str(e), e
+    else:
+        raise AssertionError("a duplicate process set was accepted")
+    notes = []
+    assert mine.included() and not other.included()
+    assert mine.size() == 2 and mine.rank() == me // 2
+    members = mine.ranks
+    for step in range(3):
+        x = torch.full((5,), float(me + step))
+        got = hvd.allreduce(x, op=hvd.Sum, name=f"set.sum.{step}", process_set=mine)
+        close(got, torch.full((5,), float(sum(r + step for r in members))), "set allreduce")
+        glob = hvd.allreduce(x, op=hvd.Sum, name=f"global.sum.{step}")
+        close(glob, torch.full((5,), float(sum(r + step for r in range(n)))), "global allreduce")
+    g = hvd.allgather(torch.tensor([me]), process_set=mine)
+    assert g.tolist() == members, g
+    b = hvd.broadcast(torch.tensor([float(me)]), root_rank=members[1], process_set=mine)
+    assert b.item() == members[1], b
+    assert hvd.broadcast_object(("from", me), root_rank=members[0], process_set=mine) == ("from", members[0])
+    assert hvd.allgather_object(me, process_set=mine) == members
+    hvd.barrier(process_set=mine)
+    # two sets at once from two threads: each negotiates on its own
+    results: dict[str, torch.Tensor] = {}
+
+    def on_set() -> None:
+        results["set"] = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="thread.set", process_set=mine)
+
+    t = threading.Thread(target=on_set)
+    t.start()
+    results["global"] = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="thread.global")
+    t.join(60)
+    close(results["set"], torch.full((3,), 2.0), "set from a thread")
+    close(results["global"], torch.full((3,), 4.0), "global alongside")
+    try:
+        hvd.allreduce(torch.ones(1), process_set=other)
+    except RuntimeError as e:
+        notes.append(str(e))
+    # an optimizer on the set keeps its members identical
+    torch.manual_seed(me)
+    model = torch.nn.Linear(3, 2)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=members[0], process_set=mine)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), process_set=mine)  # fmt: skip
+    opt.zero_grad()
+    model(torch.full((4, 3), float(me))).sum().backward()
+    opt.step()
+    flats = hvd.allgather_object(_flat(model), process_set=mine)
+    assert torch.equal(flats[0], flats[1])
+    assert hvd.remove_process_set(odds_ps) and hvd.remove_process_set(evens_ps)
+    assert not hvd.remove_process_set(evens_ps)
+    again = hvd.add_process_set([0, 1, 2])
+    if me < 3:
+        close(hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=again), torch.full((1,), 3.0), "re-added")
+    try:  # ranks that disagree on a new set's members: every rank raises, naming what each passed
+        hvd.add_process_set([0, 1] if me == 0 else [0, 2])
+    except ValueError as e:
+        assert "rank 0 passed [0, 1]; ranks 1, 2, 3 passed [0, 2]" in str(e), e
+    else:
+        raise AssertionError("add_process_set with different ranks per rank did not raise")
+    hvd.shutdown()
+    return notes

@@ -15,6 +15,8 @@ import numpy as np
 
 from hora._engine.handle import Entry, Handle
 from hora._engine.messages import Kind, ReduceOp, Request
+from hora._process_sets import SetContext
+from hora._process_sets import active as _active
 from hora._runtime.context import (
     Context,
     cross_rank,
@@ -144,7 +146,7 @@ def _resolve_op(average: bool | None, op: int | None, default: ReduceOp = Averag
 
 def _reduce_request(
     kind: Kind,
-    ctx: Context,
+    ctx: Context | SetContext,
     arr: np.ndarray,
     name: str | None,
     op: ReduceOp,
@@ -170,7 +172,7 @@ def _reduce_request(
 _local = threading.local()
 
 
-def _submit(ctx: Context, *entries: Entry) -> None:
+def _submit(ctx: Context | SetContext, *entries: Entry) -> None:
     # A blocking call is about to wait, and the waiting thread runs the engine itself: waking the engine thread
     # would only make it compete for the same cycle (a pipe write plus a context switch, tens of µs).
     ctx.engine.enqueue(entries, wake=not getattr(_local, "blocking", False))
@@ -198,7 +200,7 @@ def _allreduce(
     out: np.ndarray | None = None,
 ) -> Handle:
     """``out``: where the result goes (adapters pass their framework's memory); a new array when None."""
-    ctx = current()
+    ctx = _active()
     arr = _inplace(tensor, "allreduce_") if inplace else _array(tensor, "allreduce")
     req = _reduce_request(Kind.ALLREDUCE, ctx, arr, name, _resolve_op(average, op), prescale, postscale)
     if out is None:
@@ -266,7 +268,7 @@ def _grouped(
     inplace: bool,
     outs: Sequence[np.ndarray] | None = None,
 ) -> GroupHandle:
-    ctx = current()
+    ctx = _active()
     resolved = _resolve_op(average, op)
     base = name if name is not None else ctx.auto_name("grouped_allreduce")
     entries = []
@@ -329,7 +331,7 @@ def grouped_allreduce_(
 
 
 # -- allgather / broadcast / alltoall / reducescatter -------------------------------------------------------------------
-def _allgather_entry(ctx: Context, tensor: Any, name: str) -> Entry:
+def _allgather_entry(ctx: Context | SetContext, tensor: Any, name: str) -> Entry:
     arr = _array(tensor, "allgather")
     if arr.ndim == 0:
         arr = arr.reshape(1)
@@ -338,7 +340,7 @@ def _allgather_entry(ctx: Context, tensor: Any, name: str) -> Entry:
 
 def allgather_async(tensor: Any, name: str | None = None) -> Handle:
     """Start concatenating every rank's ``tensor`` along the first dimension (which may differ per rank)."""
-    ctx = current()
+    ctx = _active()
     entry = _allgather_entry(ctx, tensor, name if name is not None else ctx.auto_name("allgather"))
     _submit(ctx, entry)
     return entry.handle
@@ -346,7 +348,7 @@ def allgather_async(tensor: Any, name: str | None = None) -> Handle:
 
 def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None) -> GroupHandle:
     """Start an allgather of every tensor in the list, submitted and negotiated together."""
-    ctx = current()
+    ctx = _active()
     base = name if name is not None else ctx.auto_name("grouped_allgather")
     entries = [_allgather_entry(ctx, t, f"{base}.{i}") for i, t in enumerate(tensors)]
     _submit(ctx, *entries)
@@ -362,7 +364,7 @@ def allgather(tensor: Any, name: str | None = None) -> np.ndarray:
 
 
 def _broadcast(tensor: Any, root_rank: int, name: str | None, inplace: bool) -> Handle:
-    ctx = current()
+    ctx = _active()
     arr = _inplace(tensor, "broadcast_") if inplace else _array(tensor, "broadcast")
     if not 0 <= int(root_rank) < ctx.size:
         raise ValueError(f"broadcast root_rank={root_rank} is out of range: there are {ctx.size} ranks")
@@ -399,7 +401,7 @@ def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> n
 def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None) -> Handle:
     """Start scattering slices of ``tensor``'s first dimension to every rank (``splits[r]`` rows to rank r; equal
     slices when ``splits`` is None) and gathering what every rank sends here."""
-    ctx = current()
+    ctx = _active()
     arr = _array(tensor, "alltoall")
     if arr.ndim == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
@@ -445,14 +447,14 @@ def reducescatter_async(
 ) -> Handle:
     """Start reducing ``tensor`` across ranks; rank r receives its share of the first dimension (lower ranks take
     the remainder)."""
-    ctx = current()
+    ctx = _active()
     entry = _reducescatter_entry(ctx, tensor, name, _resolve_op(None, op), prescale_factor, postscale_factor)
     _submit(ctx, entry)
     return entry.handle
 
 
 def _reducescatter_entry(
-    ctx: Context, tensor: Any, name: str | None, op: ReduceOp, prescale: float, postscale: float
+    ctx: Context | SetContext, tensor: Any, name: str | None, op: ReduceOp, prescale: float, postscale: float
 ) -> Entry:
     arr = _array(tensor, "reducescatter")
     if arr.ndim == 0:
@@ -468,7 +470,7 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> GroupHandle:
     """Start a reducescatter of every tensor in the list, submitted and negotiated together."""
-    ctx = current()
+    ctx = _active()
     resolved = _resolve_op(None, op)
     base = name if name is not None else ctx.auto_name("grouped_reducescatter")
     entries = [
@@ -516,7 +518,7 @@ _BARRIER_LOCK = threading.Lock()
 
 def barrier() -> None:
     """Block until every rank has called barrier()."""
-    ctx = current()
+    ctx = _active()
     # One name for every barrier, so that after the first one it is answered from the response cache: agreed in
     # the shared-memory exchange, which releases all ranks together (a coordinator round releases rank 0 first).
     # Threads of one rank take turns: the n-th barrier of each rank pairs with the n-th of the others.
@@ -549,7 +551,7 @@ def stop_timeline() -> None:
 # -- objects ------------------------------------------------------------------------------------------------------------
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
     """Send a picklable object from ``root_rank`` to every rank; returns it everywhere."""
-    ctx = current()
+    ctx = _active()
     base = name if name is not None else ctx.auto_name("broadcast_object")
     if ctx.rank == root_rank:
         payload = np.frombuffer(_pickler.dumps(obj), np.uint8)
@@ -565,7 +567,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
 
 def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
     """Gather a picklable object from every rank; returns the list in rank order."""
-    ctx = current()
+    ctx = _active()
     base = name if name is not None else ctx.auto_name("allgather_object")
     payload = np.frombuffer(_pickler.dumps(obj), np.uint8)
     sizes = allgather(np.array([payload.size], np.int64), f"{base}.size")

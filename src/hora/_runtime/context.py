@@ -70,6 +70,14 @@ class Context:
     peers: list[dict[str, Any]] = field(default_factory=list)
     bootstrap: Bootstrap | None = None
     _names: dict[str, int] = field(default_factory=dict)
+    # what process sets need to connect their members later (see hora._process_sets)
+    secret: bytes = b""
+    bind_addr: str = "127.0.0.1"
+    job_id: str = ""
+    generation: int = 0
+    sets: dict[int, Any] = field(default_factory=dict)  # process set id -> its SetContext (members only)
+    set_ranks: dict[int, list[int]] = field(default_factory=dict)  # process set id -> its ranks (every rank)
+    next_set_id: int = 1
 
     def auto_name(self, kind: str) -> str:
         """Deterministic names for unnamed collectives: the n-th unnamed allreduce is the same on every rank."""
@@ -126,6 +134,9 @@ def shutdown() -> None:
         ctx, _current = _current, None
     if ctx is None:
         return
+    for sub in list(ctx.sets.values()):  # process sets first: their engines may wait on the global one's peers
+        sub.engine.shutdown()
+    ctx.sets.clear()
     ctx.engine.shutdown()
     if ctx.bootstrap is not None:
         ctx.bootstrap.close()
@@ -301,6 +312,10 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         engine,
         peers,
         boot if boot.server else None,
+        secret=boot.secret,
+        bind_addr=bind,
+        job_id=boot.job_id,
+        generation=generation,
     )
 
 

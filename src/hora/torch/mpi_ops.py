@@ -35,17 +35,29 @@ from hora._frontend import (
     start_timeline,
     stop_timeline,
 )
+from hora._process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from hora._process_sets import scope as _scope
+from hora._process_sets import set_root as _set_root
 from hora.errors import HoraError
 from hora.torch.compression import Compression
 
 __all__ = [
+    "ProcessSet",
+    "add_process_set",
     "cross_rank",
     "cross_size",
+    "global_process_set",
     "is_homogeneous",
     "is_initialized",
     "local_rank",
     "local_size",
     "rank",
+    "remove_process_set",
     "shutdown",
     "size",
     "start_timeline",
@@ -85,11 +97,11 @@ def init(comm: Any = None, process_sets: Any = None, **settings: Any) -> None:
             "init(comm=...) is not supported: hora takes its ranks from the launcher (hora run, mpirun, srun, "
             "torchrun); call init() without comm"
         )
-    if process_sets:
-        raise _f.UnsupportedError(
-            "init(process_sets=...) is not supported yet: this version runs collectives on the global set only"
-        )
     _f.init(**settings)
+    if process_sets == "dynamic":  # Horovod's switch for add/remove after init: always on in hora
+        return
+    for ps in process_sets or []:  # static process sets: registered in order, as every rank lists them
+        add_process_set(ps)
 
 
 # What this build has, answered honestly: hora's data planes are its own (shared memory and TCP), not MPI, Gloo,
@@ -132,48 +144,6 @@ def cuda_built() -> bool:
 
 def rocm_built() -> bool:
     return False
-
-
-class ProcessSet:
-    """A group of ranks that collectives can run within. This version has only the global set (every rank);
-    passing another set to a collective raises."""
-
-    def __init__(self, ranks: Sequence[int] | None = None) -> None:
-        self.ranks = None if ranks is None else sorted(int(r) for r in ranks)
-        self.process_set_id: int | None = 0 if ranks is None else None
-
-    def size(self) -> int:
-        return _f.size() if self.ranks is None else len(self.ranks)
-
-    def rank(self) -> int:
-        return _f.rank() if self.ranks is None else self.ranks.index(_f.rank())
-
-    def included(self) -> bool:
-        return self.ranks is None or _f.rank() in self.ranks
-
-    def __repr__(self) -> str:
-        return "ProcessSet(global)" if self.ranks is None else f"ProcessSet(ranks={self.ranks})"
-
-
-global_process_set = ProcessSet()
-
-
-def add_process_set(process_set: Any) -> ProcessSet:
-    raise _f.UnsupportedError("add_process_set: process sets other than the global one are not supported yet")
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    raise _f.UnsupportedError(
-        "remove_process_set: process sets other than the global one are not supported yet"
-    )
-
-
-def _check_set(process_set: ProcessSet) -> None:
-    if process_set is not global_process_set and process_set.ranks is not None:
-        raise _f.UnsupportedError(
-            f"{process_set!r}: this version of hora runs collectives on the global process set only; "
-            "drop the process_set argument"
-        )
 
 
 # -- tensors <-> arrays --------------------------------------------------------------------------------------------
@@ -270,25 +240,25 @@ def _allreduce_async(
     postscale_factor: float,
     process_set: ProcessSet,
 ) -> int:
-    _check_set(process_set)
-    what = "allreduce_" if output is None else "allreduce"
-    host, arr = _host(tensor, what)
-    if output is None:  # in place: the result goes into ``tensor`` (straight into it when it is host memory)
-        direct = host.data_ptr() == tensor.data_ptr() and tensor.device.type == "cpu"
-        handle = _f._allreduce(arr, average, name, op, prescale_factor, postscale_factor, inplace=True)
+    with _scope(process_set):
+        what = "allreduce_" if output is None else "allreduce"
+        host, arr = _host(tensor, what)
+        if output is None:  # in place: the result goes into ``tensor`` (straight into it when it is host memory)
+            direct = host.data_ptr() == tensor.data_ptr() and tensor.device.type == "cpu"
+            handle = _f._allreduce(arr, average, name, op, prescale_factor, postscale_factor, inplace=True)
 
-        def finish(_: Any) -> torch.Tensor:
-            if not direct:
-                with torch.no_grad():
-                    tensor.copy_(host)
-            return tensor
+            def finish(_: Any) -> torch.Tensor:
+                if not direct:
+                    with torch.no_grad():
+                        tensor.copy_(host)
+                return tensor
 
-        return _register(handle, finish)
-    out_host = torch.empty(host.shape, dtype=host.dtype)
-    handle = _f._allreduce(
-        arr, average, name, op, prescale_factor, postscale_factor, inplace=False, out=_view(out_host)
-    )
-    return _register(handle, lambda _: _like(tensor, out_host))
+            return _register(handle, finish)
+        out_host = torch.empty(host.shape, dtype=host.dtype)
+        handle = _f._allreduce(
+            arr, average, name, op, prescale_factor, postscale_factor, inplace=False, out=_view(out_host)
+        )
+        return _register(handle, lambda _: _like(tensor, out_host))
 
 
 def allreduce_async(
@@ -385,35 +355,35 @@ def _grouped_allreduce_async(
     postscale_factor: float,
     process_set: ProcessSet,
 ) -> int:
-    _check_set(process_set)
-    tensors = list(tensors)
-    what = "grouped_allreduce_" if inplace else "grouped_allreduce"
-    hosts = [_host(t, what) for t in tensors]
-    if inplace:
+    with _scope(process_set):
+        tensors = list(tensors)
+        what = "grouped_allreduce_" if inplace else "grouped_allreduce"
+        hosts = [_host(t, what) for t in tensors]
+        if inplace:
+            handle = _f._grouped(
+                [a for _, a in hosts], average, name, op, prescale_factor, postscale_factor, inplace=True
+            )
+
+            def finish(_: Any) -> list[torch.Tensor]:
+                with torch.no_grad():
+                    for t, (h, _a) in zip(tensors, hosts):
+                        if h.data_ptr() != t.data_ptr() or t.device.type != "cpu":
+                            t.copy_(h)
+                return tensors
+
+            return _register(handle, finish)
+        outs = [torch.empty(h.shape, dtype=h.dtype) for h, _ in hosts]
         handle = _f._grouped(
-            [a for _, a in hosts], average, name, op, prescale_factor, postscale_factor, inplace=True
+            [a for _, a in hosts],
+            average,
+            name,
+            op,
+            prescale_factor,
+            postscale_factor,
+            inplace=False,
+            outs=[_view(o) for o in outs],
         )
-
-        def finish(_: Any) -> list[torch.Tensor]:
-            with torch.no_grad():
-                for t, (h, _a) in zip(tensors, hosts):
-                    if h.data_ptr() != t.data_ptr() or t.device.type != "cpu":
-                        t.copy_(h)
-            return tensors
-
-        return _register(handle, finish)
-    outs = [torch.empty(h.shape, dtype=h.dtype) for h, _ in hosts]
-    handle = _f._grouped(
-        [a for _, a in hosts],
-        average,
-        name,
-        op,
-        prescale_factor,
-        postscale_factor,
-        inplace=False,
-        outs=[_view(o) for o in outs],
-    )
-    return _register(handle, lambda _: [_like(t, o) for t, o in zip(tensors, outs)])
+        return _register(handle, lambda _: [_like(t, o) for t, o in zip(tensors, outs)])
 
 
 def grouped_allreduce_async(
@@ -509,9 +479,9 @@ def allgather_async(
     tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
     """Start concatenating every rank's ``tensor`` along dimension 0 (its length may differ per rank)."""
-    _check_set(process_set)
-    _, arr = _host(tensor, "allgather")
-    return _register(_f.allgather_async(arr, name), _to_torch(tensor))
+    with _scope(process_set):
+        _, arr = _host(tensor, "allgather")
+        return _register(_f.allgather_async(arr, name), _to_torch(tensor))
 
 
 class HorovodAllgather(torch.autograd.Function):
@@ -542,11 +512,11 @@ def allgather(
 def grouped_allgather_async(
     tensors: Sequence[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
-    _check_set(process_set)
-    tensors = list(tensors)
-    arrs = [_host(t, "grouped_allgather")[1] for t in tensors]
-    handle = _f.grouped_allgather_async(arrs, name)
-    return _register(handle, lambda res: [_like(t, _tensor(a)) for t, a in zip(tensors, res)])
+    with _scope(process_set):
+        tensors = list(tensors)
+        arrs = [_host(t, "grouped_allgather")[1] for t in tensors]
+        handle = _f.grouped_allgather_async(arrs, name)
+        return _register(handle, lambda res: [_like(t, _tensor(a)) for t, a in zip(tensors, res)])
 
 
 def grouped_allgather(
@@ -560,20 +530,20 @@ def grouped_allgather(
 def _broadcast_async(
     tensor: torch.Tensor, root_rank: int, name: str | None, inplace: bool, process_set: ProcessSet
 ) -> int:
-    _check_set(process_set)
-    host, arr = _host(tensor, "broadcast_" if inplace else "broadcast")
-    if inplace:
-        direct = host.data_ptr() == tensor.data_ptr() and tensor.device.type == "cpu"
-        handle = _f.broadcast_async_(arr, root_rank, name)
+    with _scope(process_set):
+        host, arr = _host(tensor, "broadcast_" if inplace else "broadcast")
+        if inplace:
+            direct = host.data_ptr() == tensor.data_ptr() and tensor.device.type == "cpu"
+            handle = _f.broadcast_async_(arr, _set_root(process_set, root_rank), name)
 
-        def finish(_: Any) -> torch.Tensor:
-            if not direct:
-                with torch.no_grad():
-                    tensor.copy_(host)
-            return tensor
+            def finish(_: Any) -> torch.Tensor:
+                if not direct:
+                    with torch.no_grad():
+                        tensor.copy_(host)
+                return tensor
 
-        return _register(handle, finish)
-    return _register(_f.broadcast_async(arr, root_rank, name), _to_torch(tensor))
+            return _register(handle, finish)
+        return _register(_f.broadcast_async(arr, _set_root(process_set, root_rank), name), _to_torch(tensor))
 
 
 def broadcast_async(
@@ -606,7 +576,7 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grad_reduced = allreduce(grad_output, average=True, process_set=ctx.process_set)
-        if ctx.process_set.rank() != ctx.root_rank:
+        if _f.rank() != ctx.root_rank:  # root_rank is a global rank, as in Horovod
             grad_reduced = grad_reduced * 0
         return grad_reduced, None, None, None
 
@@ -639,17 +609,17 @@ def alltoall_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start sending ``splits[r]`` rows of ``tensor`` to rank r (equal parts without ``splits``)."""
-    _check_set(process_set)
-    _, arr = _host(tensor, "alltoall")
-    if isinstance(splits, torch.Tensor):
-        splits = splits.detach().cpu().numpy()
-    handle = _f.alltoall_async(arr, splits, name)
+    with _scope(process_set):
+        _, arr = _host(tensor, "alltoall")
+        if isinstance(splits, torch.Tensor):
+            splits = splits.detach().cpu().numpy()
+        handle = _f.alltoall_async(arr, splits, name)
 
-    def finish(res: tuple[np.ndarray, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        out, received = res
-        return _like(tensor, _tensor(out)), torch.as_tensor(np.asarray(received, np.int32))
+        def finish(res: tuple[np.ndarray, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+            out, received = res
+            return _like(tensor, _tensor(out)), torch.as_tensor(np.asarray(received, np.int32))
 
-    return _register(handle, finish)
+        return _register(handle, finish)
 
 
 class HorovodAlltoall(torch.autograd.Function):
@@ -690,10 +660,10 @@ def reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> int:
     """Start reducing ``tensor`` over ranks; rank r gets its share of dimension 0 (lower ranks take the rest)."""
-    _check_set(process_set)
-    _, arr = _host(tensor, "reducescatter")
-    handle = _f.reducescatter_async(arr, op, name, prescale_factor, postscale_factor)
-    return _register(handle, _to_torch(tensor))
+    with _scope(process_set):
+        _, arr = _host(tensor, "reducescatter")
+        handle = _f.reducescatter_async(arr, op, name, prescale_factor, postscale_factor)
+        return _register(handle, _to_torch(tensor))
 
 
 class HorovodReducescatter(torch.autograd.Function):
@@ -736,11 +706,11 @@ def grouped_reducescatter_async(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> int:
-    _check_set(process_set)
-    tensors = list(tensors)
-    arrs = [_host(t, "grouped_reducescatter")[1] for t in tensors]
-    handle = _f.grouped_reducescatter_async(arrs, op, name, prescale_factor, postscale_factor)
-    return _register(handle, lambda res: [_like(t, _tensor(a)) for t, a in zip(tensors, res)])
+    with _scope(process_set):
+        tensors = list(tensors)
+        arrs = [_host(t, "grouped_reducescatter")[1] for t in tensors]
+        handle = _f.grouped_reducescatter_async(arrs, op, name, prescale_factor, postscale_factor)
+        return _register(handle, lambda res: [_like(t, _tensor(a)) for t, a in zip(tensors, res)])
 
 
 def grouped_reducescatter(
@@ -763,8 +733,8 @@ def grouped_reducescatter(
 # -- synchronisation and objects -------------------------------------------------------------------------------------
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank has called barrier()."""
-    _check_set(process_set)
-    _f.barrier()
+    with _scope(process_set):
+        _f.barrier()
 
 
 def join(device: int = -1) -> int:
@@ -777,13 +747,13 @@ def broadcast_object(
     obj: Any, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Any:
     """``root_rank``'s picklable ``obj`` on every rank (cloudpickle when installed)."""
-    _check_set(process_set)
-    return _f.broadcast_object(obj, root_rank, name)
+    with _scope(process_set):
+        return _f.broadcast_object(obj, _set_root(process_set, root_rank), name)
 
 
 def allgather_object(
     obj: Any, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> list[Any]:
     """Every rank's picklable ``obj``, in rank order."""
-    _check_set(process_set)
-    return _f.allgather_object(obj, name)
+    with _scope(process_set):
+        return _f.allgather_object(obj, name)

@@ -119,6 +119,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._group_of[p] = gi
             self._group_ready: dict[int, set[torch.Tensor]] = {}
 
+        if process_set.process_set_id is None:
+            raise ValueError(f"{process_set!r} has not been added: call hvd.add_process_set(...) on every rank first")
         if self.process_set.included() and size() > 1:
             self._check_same_parameters(named_parameters)
             self._register_hooks()
@@ -366,7 +368,6 @@ def DistributedOptimizer(
     into a division before and after the sum; ``groups`` (an int, or lists of parameters) allreduces parameters
     in fixed groups; ``sparse_as_dense`` densifies sparse gradients instead of allgathering them.
     """
-    mpi_ops._check_set(process_set)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum:
