@@ -81,3 +81,11 @@ def test_a_rank_raising_in_backward_fails_the_job_with_its_error():
 @pytest.mark.parametrize(("np_", "shape"), [(1, (6, 3)), (2, (4, 3)), (3, (2, 3, 5)), (2, (2, 4, 3, 3))])
 def test_sync_batch_norm_equals_batch_norm_on_the_global_batch(np_, shape):
     assert run_ranks(sync_batch_norm_worker, np_, shape, timeout=120) == [True] * np_
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_gradients_match_one_process(sparse_as_dense):
+    from torch_workers import sparse_reference, sparse_worker
+
+    got = run_ranks(sparse_worker, 3, sparse_as_dense, timeout=120)
+    torch.testing.assert_close(torch.tensor(got[0]), torch.tensor(sparse_reference(3)), rtol=1e-5, atol=1e-6)

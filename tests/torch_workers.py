@@ -579,3 +579,45 @@ def process_set_worker(static: bool) -> list[str]:
         raise AssertionError("add_process_set with different ranks per rank did not raise")
     hvd.shutdown()
     return notes
+
+
+def _embedding_steps(sparse: bool, sparse_as_dense: bool, me: int | None, n: int, steps: int) -> torch.Tensor:
+    """An embedding bag + linear head trained with SGD; each rank looks up its own rows (some shared)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.EmbeddingBag(20, 4, mode="sum", sparse=sparse), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if me is not None:  # a rank of n; None: one process that sees every rank's lookups
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), sparse_as_dense=sparse_as_dense)
+    for step in range(steps):
+        ids = [torch.tensor([(r * 3 + step) % 20, (r + 7) % 20, 5]) for r in range(n)]
+        mine = ids if me is None else ids[me:me + 1]
+        opt.zero_grad()
+        loss = sum(model(i.unsqueeze(0)).sum() for i in mine) / len(mine)
+        loss.backward()
+        opt.step()
+    return _flat(model)
+
+
+def sparse_worker(sparse_as_dense: bool) -> list[float]:
+    """DistributedOptimizer on sparse embedding gradients (allgathered, or densified) equals one process seeing
+    every rank's lookups; sparse_allreduce_async on its own sums duplicate indices."""
+    hvd.init()
+    me, n = hvd.rank(), hvd.size()
+    t = torch.sparse_coo_tensor(torch.tensor([[me, 4]]), torch.tensor([1.0, float(me)]), (6,))
+    got = hvd.synchronize(hvd.sparse_allreduce_async(t, name="sparse.direct", op=hvd.Sum)).coalesce().to_dense()
+    expected = torch.zeros(6)
+    for r in range(n):
+        expected[r] += 1.0
+        expected[4] += float(r)
+    close(got, expected, "sparse_allreduce_async")
+    dense = hvd.sparse_allreduce_async(t, name="sparse.avg", op=hvd.Average)().coalesce().to_dense()
+    close(dense, expected / n, "sparse_allreduce_async average")
+    flat = _embedding_steps(True, sparse_as_dense, me, n, 4)
+    everyone = hvd.allgather_object(flat)
+    assert all(torch.equal(everyone[0], f) for f in everyone), "parameters differ across ranks"
+    hvd.shutdown()
+    return flat.tolist()
+
+
+def sparse_reference(n: int) -> list[float]:
+    return _embedding_steps(False, False, None, n, 4).tolist()

@@ -215,8 +215,10 @@ def poll(handle: int) -> bool:
     return bool(entry[0].done())
 
 
-def synchronize(handle: int) -> Any:
+def synchronize(handle: int | Callable[[], Any]) -> Any:
     """Wait for the operation behind ``handle`` and return its output; raises the operation's error."""
+    if callable(handle):  # sparse_allreduce_async's handle
+        return handle()
     with _handle_lock:
         entry = _handle_map.get(handle)
     if entry is None:
@@ -507,6 +509,25 @@ def allgather(
 ) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dimension 0; gradients flow back to each rank's rows."""
     return HorovodAllgather.apply(tensor, name, process_set)
+
+
+def sparse_allreduce_async(
+    tensor: torch.Tensor, name: str | None, op: int | None, process_set: ProcessSet = global_process_set
+) -> Callable[[], torch.Tensor]:
+    """Start reducing a sparse COO tensor: its indices and values are allgathered (duplicate indices then add up
+    when the result is coalesced). Returns a function that waits and returns the sparse result, as Horovod's does;
+    ``synchronize`` also accepts it."""
+    t = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    indices_h = allgather_async(t._indices().t().contiguous(), f"{name}.indices" if name else None, process_set)
+    values_h = allgather_async(t._values(), f"{name}.values" if name else None, process_set)
+
+    def handle() -> torch.Tensor:
+        values, indices = synchronize(values_h), synchronize(indices_h)
+        if op is None or op == Average:
+            values = values / (process_set.size() or 1)
+        return torch.sparse_coo_tensor(indices.t(), values, t.size())
+
+    return handle
 
 
 def grouped_allgather_async(

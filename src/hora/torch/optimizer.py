@@ -23,12 +23,12 @@ from hora.torch.mpi_ops import (
     Adasum,
     Average,
     ProcessSet,
-    allgather_async,
     allgather_object,
     allreduce_async_,
     global_process_set,
     grouped_allreduce_async_,
     size,
+    sparse_allreduce_async,
     synchronize,
 )
 
@@ -201,16 +201,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _sparse_allreduce_grad_async(self, p: torch.Tensor, name: str | None) -> Any:
         """A sparse gradient is allgathered (values and indices) and summed by coalescing, as Horovod does."""
-        grad = p.grad.coalesce()  # type: ignore[union-attr]
-        values = allgather_async(
-            grad._values(), name=f"{name}.values" if name else None, process_set=self.process_set
-        )
-        indices = allgather_async(
-            grad._indices().t().contiguous(),
-            name=f"{name}.indices" if name else None,
-            process_set=self.process_set,
-        )
-        return (values, indices, grad.size())
+        assert p.grad is not None
+        return sparse_allreduce_async(p.grad, name, self.op, self.process_set)
 
     def _allreduce_group_async(self, gi: int) -> tuple[Any, Any]:
         assert self._groups is not None
@@ -302,12 +294,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p = key
                 self._allreduce_delay[p] = self.backward_passes_per_step
                 if ctx == "sparse":
-                    values_h, indices_h, shape = handle
-                    values, indices = synchronize(values_h), synchronize(indices_h)
-                    if self.op == Average:
-                        values = values / self.process_set.size()
-                    grad = torch.sparse_coo_tensor(indices.t(), values, shape).coalesce()
-                    p.grad = grad
+                    p.grad = synchronize(handle).coalesce()
                     continue
                 _compressed, cctx = ctx
                 output = synchronize(handle)
