@@ -18,7 +18,7 @@ from typing import Any
 
 from hora._engine.engine import Engine, EngineSettings, exchange_row_bytes
 from hora._runtime.auth import Role
-from hora._runtime.connections import PeerListener, connect_peers
+from hora._runtime.connections import PeerListener, close_all, connect_peers
 from hora._runtime.context import Context, current
 from hora._transport.base import DataPlane, SelfPlane
 from hora._transport.shm import ShmPlane, job_prefix
@@ -173,11 +173,7 @@ def _add(ranks: Sequence[int]) -> tuple[int, list[int]]:
             engine.start()
             ctx.sets[set_id] = SetContext(set_id, members, me, n, engine)
     except BaseException:
-        for obj in reversed(cleanup):
-            try:
-                obj.close()
-            except Exception:
-                pass
+        close_all(cleanup)
         raise
     return set_id, members
 

@@ -6,12 +6,13 @@ import logging
 import socket
 import threading
 import time
+from typing import Any
 
 from hora._runtime.auth import Role, server_handshake
 from hora._runtime.rendezvous import connect_with_retry
 from hora.errors import AuthenticationError, HoraError, ProtocolError, RendezvousError
 
-__all__ = ["PeerListener", "connect_peers"]
+__all__ = ["PeerListener", "close_all", "connect_peers"]
 
 log = logging.getLogger(__name__)
 
@@ -102,3 +103,12 @@ def connect_peers(
             s.close()
         raise
     return out
+
+
+def close_all(objs: list[Any]) -> None:
+    """Close what a failed start opened, newest first; a close that fails must not hide the start's own error."""
+    for obj in reversed(objs):
+        try:
+            obj.close()
+        except Exception:
+            pass

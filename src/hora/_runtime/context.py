@@ -21,7 +21,7 @@ from hora._engine.engine import Engine, EngineSettings, exchange_row_bytes
 from hora._engine.negotiation import format_ranks
 from hora._runtime.auth import Role
 from hora._runtime.bootstrap import Bootstrap, local_addr_towards, start_bootstrap
-from hora._runtime.connections import PeerListener, connect_peers
+from hora._runtime.connections import PeerListener, close_all, connect_peers
 from hora._runtime.environment import LaunchInfo, detect
 from hora._runtime.rendezvous import RendezvousClient, _MissingKeys
 from hora._transport.base import DataPlane, SelfPlane
@@ -291,11 +291,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         engine = Engine(rank, size, plane, control, EngineSettings(config), describe)
         engine.start()
     except BaseException:
-        for obj in reversed(cleanup):
-            try:
-                obj.close()
-            except Exception:
-                pass
+        close_all(cleanup)
         boot.close()
         raise
     return Context(

@@ -231,6 +231,20 @@ def synchronize(handle: int | Callable[[], Any]) -> Any:
     return entry[1](result)
 
 
+def _into(tensor: torch.Tensor, host: torch.Tensor) -> Callable[[Any], torch.Tensor]:
+    """What an in-place operation returns when done: ``tensor``, with the result copied in from ``host`` unless the
+    engine wrote straight into it (a contiguous CPU tensor)."""
+    direct = host.data_ptr() == tensor.data_ptr() and tensor.device.type == "cpu"
+
+    def finish(_: Any) -> torch.Tensor:
+        if not direct:
+            with torch.no_grad():
+                tensor.copy_(host)
+        return tensor
+
+    return finish
+
+
 # -- allreduce -----------------------------------------------------------------------------------------------------
 def _allreduce_async(
     tensor: torch.Tensor,
@@ -246,16 +260,8 @@ def _allreduce_async(
         what = "allreduce_" if output is None else "allreduce"
         host, arr = _host(tensor, what)
         if output is None:  # in place: the result goes into ``tensor`` (straight into it when it is host memory)
-            direct = host.data_ptr() == tensor.data_ptr() and tensor.device.type == "cpu"
             handle = _f._allreduce(arr, average, name, op, prescale_factor, postscale_factor, inplace=True)
-
-            def finish(_: Any) -> torch.Tensor:
-                if not direct:
-                    with torch.no_grad():
-                        tensor.copy_(host)
-                return tensor
-
-            return _register(handle, finish)
+            return _register(handle, _into(tensor, host))
         out_host = torch.empty(host.shape, dtype=host.dtype)
         handle = _f._allreduce(
             arr, average, name, op, prescale_factor, postscale_factor, inplace=False, out=_view(out_host)
@@ -554,16 +560,8 @@ def _broadcast_async(
     with _scope(process_set):
         host, arr = _host(tensor, "broadcast_" if inplace else "broadcast")
         if inplace:
-            direct = host.data_ptr() == tensor.data_ptr() and tensor.device.type == "cpu"
             handle = _f.broadcast_async_(arr, _set_root(process_set, root_rank), name)
-
-            def finish(_: Any) -> torch.Tensor:
-                if not direct:
-                    with torch.no_grad():
-                        tensor.copy_(host)
-                return tensor
-
-            return _register(handle, finish)
+            return _register(handle, _into(tensor, host))
         return _register(_f.broadcast_async(arr, _set_root(process_set, root_rank), name), _to_torch(tensor))
 
 
