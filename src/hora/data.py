@@ -225,9 +225,9 @@ class PipeDataset:
                     ) from None
                 time.sleep(0.05)
         if stat.S_ISFIFO(mode):
-            return io.BufferedReader(_FifoReader(path, self.timeout), buffer_size=1 << 20)  # type: ignore[return-value]
+            return io.BufferedReader(_FifoReader(path, self.timeout), buffer_size=1 << 20)
         if stat.S_ISREG(mode):
-            return open(path, "rb")  # noqa: SIM115 - closed by _records
+            return open(path, "rb")
         raise ConfigError(f"PipeDataset: {path} is neither a FIFO nor a regular file")
 
 

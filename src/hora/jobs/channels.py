@@ -102,8 +102,16 @@ def _human(n: float) -> str:
 class _Progress:
     """Counts bytes from any thread (S3 downloads call back from several) and reports at most every ``interval``."""
 
-    def __init__(self, channel: str, total: int, files: int, callback: ProgressCallback | None, interval: float):
-        self.channel, self.total, self.files, self.callback, self.interval = channel, total, files, callback, interval
+    def __init__(
+        self, channel: str, total: int, files: int, callback: ProgressCallback | None, interval: float
+    ):
+        self.channel, self.total, self.files, self.callback, self.interval = (
+            channel,
+            total,
+            files,
+            callback,
+            interval,
+        )
         self.done = 0
         self.files_done = 0
         self._last = 0.0
@@ -225,13 +233,20 @@ def stage_channel(
     try:
         objects = shard(list_source(source, client), distribution, host_index, host_count)
         if not objects:
-            log.warning("channel %r: host %d of %d gets no objects from %s", name, host_index, host_count, source)
+            log.warning(
+                "channel %r: host %d of %d gets no objects from %s", name, host_index, host_count, source
+            )
         if input_mode == PIPE:
             feeder = PipeFeeder(name, dest.parent, objects, lambda obj: _open_source(obj, client))
             feeder.start()
             return ChannelHandle(name, input_mode, distribution, dest, objects, feeder)
-        _copy(name, objects, dest, client, _Progress(name, sum(o.size for o in objects), len(objects), progress,
-                                                     progress_interval))
+        _copy(
+            name,
+            objects,
+            dest,
+            client,
+            _Progress(name, sum(o.size for o in objects), len(objects), progress, progress_interval),
+        )
         return ChannelHandle(name, input_mode, distribution, dest, objects)
     except StorageError as exc:
         raise ChannelError(f"channel {name!r}: {exc}") from exc
@@ -254,12 +269,17 @@ def list_source(source: str | os.PathLike[str], client: Any = None) -> list[Sour
             raise StorageError(
                 f"no objects under {uri} (at {s3._endpoint_of(client)}); check the bucket and the prefix"
             )
-        return [SourceObject(_relative_name(uri.prefix, o.key), o.size, bucket=uri.bucket, key=o.key) for o in found]
+        return [
+            SourceObject(_relative_name(uri.prefix, o.key), o.size, bucket=uri.bucket, key=o.key)
+            for o in found
+        ]
     path = Path(source)
     if path.is_file():
         return [SourceObject(path.name, path.stat().st_size, path=path)]
     if not path.is_dir():
-        raise StorageError(f"the path {path} does not exist (or is not a file or directory); fix the channel's path")
+        raise StorageError(
+            f"the path {path} does not exist (or is not a file or directory); fix the channel's path"
+        )
     objects = []
     for root, dirs, files in os.walk(path):
         dirs.sort()
@@ -293,8 +313,8 @@ def _relative_name(prefix: str, key: str) -> str:
         name = key[len(prefix) + 1 :]
     else:  # the prefix ends inside a name ("data/tr" matched "data/train.csv"): keep it relative to its folder
         name = key[len(prefix.rpartition("/")[0]) :].lstrip("/")
-    parts = PurePosixPath(name).parts
-    if not parts or name.startswith("/") or any(p in ("..", ".") for p in parts):
+    parts = PurePosixPath(name.lstrip("/")).parts
+    if not parts or any(p in ("..", ".") for p in parts):
         raise StorageError(f"the S3 key {key!r} cannot be stored inside the channel directory")
     return PurePosixPath(*[p for p in parts if p]).as_posix()
 
@@ -302,7 +322,7 @@ def _relative_name(prefix: str, key: str) -> str:
 def _open_source(obj: SourceObject, client: Any) -> Readable:
     if obj.path is not None:
         try:
-            return open(obj.path, "rb")  # noqa: SIM115 - closed by the feeder
+            return open(obj.path, "rb")
         except OSError as exc:
             raise StorageError(f"reading {obj.path} failed: {exc}") from exc
     assert obj.bucket is not None and obj.key is not None

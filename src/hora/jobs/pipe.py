@@ -4,8 +4,9 @@ For channel ``train`` staged at ``<data>/train``, epoch ``e`` is the FIFO ``<dat
 The feeder creates ``train_0``, waits for a reader, streams every source object into it in order (raw bytes,
 concatenated, a chunk at a time: nothing is staged on disk), creates ``train_1``, closes and removes ``train_0``,
 and so on, for as many epochs as the script reads. A reader that closes a FIFO early ends that epoch. If the source
-fails mid-epoch, the feeder writes the reason to ``.train_<e>.error`` before closing the FIFO, so the reader
-(:class:`hora.data.PipeDataset`) raises instead of mistaking the cut for the end of the data, and stops.
+fails mid-epoch, or the feeder is closed while a reader is mid-epoch, the feeder writes the reason to
+``.train_<e>.error`` before closing the FIFO, so the reader (:class:`hora.data.PipeDataset`) raises instead of
+mistaking the cut for the end of the data.
 
 Nothing blocks forever: the FIFO is opened for writing with ``O_NONBLOCK`` (retried until a reader comes) and
 every write waits with ``poll`` in short slices, so :meth:`PipeFeeder.close` stops the thread promptly whether or
@@ -76,25 +77,32 @@ class PipeFeeder:
         self._thread.start()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stops the thread (within ``timeout``) and removes the FIFOs and error markers it created."""
+        """Stops the thread (within ``timeout``) and removes the FIFOs it created.
+
+        Error markers stay, so a reader still draining a FIFO learns why its stream ended; the next run's feeder
+        removes them when it creates FIFOs of the same names.
+        """
         self._stop.set()
         with self._lock:
             current = self._current
         if current is not None:
             try:
                 current.close()  # unblocks a read from a slow source
-            except Exception:  # noqa: BLE001 - best effort while stopping
+            except Exception:
                 pass
         if self._thread.is_alive():
             self._thread.join(timeout)
             if self._thread.is_alive():
-                log.warning("the Pipe-mode thread of channel %r did not stop within %g s", self.channel, timeout)
-        for path in sorted(self._created):
-            for p in (path, path.with_name(f".{path.name}.error")):
-                try:
-                    p.unlink()
-                except FileNotFoundError:
-                    pass
+                log.warning(
+                    "the Pipe-mode thread of channel %r did not stop within %g s", self.channel, timeout
+                )
+        with self._lock:
+            created = sorted(self._created)
+        for path in created:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
 
     # -- the thread ---------------------------------------------------------------------------------------------
 
@@ -102,12 +110,23 @@ class PipeFeeder:
         path = self.fifo_path(epoch)
         try:
             if not stat.S_ISFIFO(path.lstat().st_mode):
-                raise FileExistsError(f"{path} exists and is not a FIFO; remove it or stage the job elsewhere")
+                raise FileExistsError(
+                    f"{path} exists and is not a FIFO; remove it or stage the job elsewhere"
+                )
             path.unlink()  # left by an earlier run: a fresh FIFO, so no old reader shares it
         except FileNotFoundError:
             pass
+        try:
+            self._marker(path).unlink()  # an earlier run's failure is not this run's
+        except FileNotFoundError:
+            pass
         os.mkfifo(path, 0o600)
-        self._created.add(path)
+        with self._lock:
+            self._created.add(path)
+
+    @staticmethod
+    def _marker(path: Path) -> Path:
+        return path.with_name(f".{path.name}.error")
 
     def _run(self) -> None:
         epoch = 0
@@ -122,13 +141,20 @@ class PipeFeeder:
             except BrokenPipeError:
                 log.debug("channel %r epoch %d: the reader closed the FIFO early", self.channel, epoch)
             except _Stopped:
+                # The reader must not take the cut for the end of the epoch; the marker outlives close() for it.
+                try:
+                    self._marker(path).write_text(
+                        f"channel {self.channel!r}: the job runner stopped streaming"
+                    )
+                except OSError:
+                    pass
                 os.close(fd)
                 return
-            except Exception as exc:  # noqa: BLE001 - any source failure ends the stream and is reported
+            except Exception as exc:
                 self.error = exc
                 log.error("channel %r: Pipe-mode streaming failed in epoch %d: %s", self.channel, epoch, exc)
                 try:
-                    path.with_name(f".{path.name}.error").write_text(f"channel {self.channel!r}: {exc}")
+                    self._marker(path).write_text(f"channel {self.channel!r}: {exc}")
                 finally:
                     os.close(fd)
                 return

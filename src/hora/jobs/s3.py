@@ -117,9 +117,24 @@ def _endpoint_of(client: Any) -> str:
 
 @contextlib.contextmanager
 def translate_errors(what: str, client: Any = None) -> Iterator[None]:
-    """Turns botocore's exceptions inside the block into a StorageError that starts with ``what``."""
+    """Turns boto3's and botocore's exceptions inside the block into a StorageError that starts with ``what``."""
+    from boto3.exceptions import Boto3Error
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except (BotoCoreError, ClientError) as exc:
+        raise _explain(exc, what, client) from exc
+    except Boto3Error as exc:
+        # boto3's transfer manager wraps the ClientError (S3UploadFailedError): explain the cause.
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, (BotoCoreError, ClientError)):
+            raise _explain(cause, what, client) from exc
+        raise StorageError(f"{what}: {exc}") from exc
+
+
+def _explain(exc: BaseException, what: str, client: Any) -> StorageError:
     from botocore.exceptions import (
-        BotoCoreError,
         ClientError,
         ConnectTimeoutError,
         EndpointConnectionError,
@@ -128,32 +143,29 @@ def translate_errors(what: str, client: Any = None) -> Iterator[None]:
     )
 
     endpoint = _endpoint_of(client) if client is not None else "the S3 endpoint"
-    try:
-        yield
-    except (NoCredentialsError, PartialCredentialsError) as exc:
-        raise StorageError(
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        return StorageError(
             f"{what}: no usable AWS credentials ({exc}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
             "AWS_PROFILE, in the environment hora runs in"
-        ) from exc
-    except (EndpointConnectionError, ConnectTimeoutError) as exc:
-        raise StorageError(
+        )
+    if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError)):
+        return StorageError(
             f"{what}: cannot reach {endpoint} ({exc}); check the endpoint (s3_endpoint_url in the spec, "
             f"or {', '.join(ENDPOINT_ENV)}) and the network"
-        ) from exc
-    except ClientError as exc:
+        )
+    if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
         code = str(error.get("Code", "?"))
         message = error.get("Message") or str(exc)
         if code in _CREDENTIAL_CODES:
-            raise StorageError(
+            return StorageError(
                 f"{what}: {endpoint} refused the request ({code}: {message}); check the credentials "
                 "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE) and their permissions"
-            ) from exc
-        if code in ("NoSuchBucket", "404"):
-            raise StorageError(f"{what}: not found at {endpoint} ({code}: {message})") from exc
-        raise StorageError(f"{what}: S3 error {code}: {message}") from exc
-    except BotoCoreError as exc:
-        raise StorageError(f"{what}: {type(exc).__name__}: {exc}") from exc
+            )
+        if code in ("NoSuchBucket", "NoSuchKey", "404"):
+            return StorageError(f"{what}: not found at {endpoint} ({code}: {message})")
+        return StorageError(f"{what}: S3 error {code}: {message}")
+    return StorageError(f"{what}: {type(exc).__name__}: {exc}")
 
 
 def list_objects(client: Any, uri: S3Uri) -> list[S3Object]:
@@ -169,7 +181,9 @@ def list_objects(client: Any, uri: S3Uri) -> list[S3Object]:
     return found
 
 
-def download(client: Any, bucket: str, key: str, path: str, callback: Callable[[int], None] | None = None) -> None:
+def download(
+    client: Any, bucket: str, key: str, path: str, callback: Callable[[int], None] | None = None
+) -> None:
     """Downloads one object to ``path`` (in parallel ranges when large); ``callback(n)`` gets bytes as they land."""
     with translate_errors(f"downloading s3://{bucket}/{key}", client):
         client.download_file(bucket, key, path, Callback=callback)
