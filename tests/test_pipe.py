@@ -286,3 +286,10 @@ def test_a_source_failing_mid_stream_reaches_the_reader(tmp_path):
         assert isinstance(handle.error, StorageError)
     finally:
         handle.close()
+
+
+def test_public_names_of_hora_data():
+    import hora.data
+
+    assert set(hora.data.__all__) == {"RECORD_FORMATS", "PipeDataset", "encode_tfrecord", "iter_tfrecords"}
+    assert all(hasattr(hora.data, name) for name in hora.data.__all__)

@@ -16,6 +16,7 @@ not a reader ever came.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import select
@@ -31,6 +32,7 @@ __all__ = ["PipeFeeder", "Readable"]
 
 _POLL_MS = 100
 _READER_WAIT_S = 0.05
+_PIPE_SIZE = 1 << 20  # the most an unprivileged process may ask for by default (/proc/sys/fs/pipe-max-size)
 
 
 class Readable(Protocol):
@@ -175,13 +177,19 @@ class PipeFeeder:
     def _wait_for_reader(self, path: Path) -> int | None:
         while not self._stop.is_set():
             try:
-                return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
             except OSError as exc:
                 if exc.errno != errno.ENXIO:  # ENXIO: no reader yet
                     self.error = exc
                     log.error("channel %r: cannot open %s: %s", self.channel, path, exc)
                     return None
-            self._stop.wait(_READER_WAIT_S)
+                self._stop.wait(_READER_WAIT_S)
+                continue
+            try:
+                fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_SIZE)  # fewer wake-ups per MB
+            except OSError:
+                pass  # a smaller limit on this machine: the default 64 KiB still works
+            return fd
         return None
 
     def _stream(self, fd: int) -> None:
