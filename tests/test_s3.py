@@ -339,6 +339,19 @@ def test_endpoint_precedence(monkeypatch):
     assert s3.resolve_endpoint_url("http://explicit") == "http://explicit"
 
 
+def test_a_malformed_uri_names_the_channel(tmp_path):
+    with pytest.raises(ValueError, match=r"channel 'train': S3 URI 's3:///k' has no bucket"):
+        stage_channel(
+            "train",
+            "s3:///k",
+            tmp_path,
+            input_mode="File",
+            distribution="FullyReplicated",
+            host_index=0,
+            host_count=1,
+        )
+
+
 def test_s3_uri_parsing():
     assert s3.S3Uri.parse("s3://b/a/b/") == s3.S3Uri("b", "a/b/")
     assert s3.S3Uri.parse("s3://b") == s3.S3Uri("b", "")

@@ -229,7 +229,10 @@ def stage_channel(
             "(host_index counts from 0: algo-1 is 0)"
         )
     dest = Path(dest_dir)
-    client = s3.make_client(s3_endpoint_url) if s3.is_s3_uri(source) else None
+    try:
+        client = s3.make_client(s3_endpoint_url) if s3.is_s3_uri(source) else None
+    except ConfigError as exc:
+        raise ConfigError(f"channel {name!r}: {exc}") from exc
     try:
         objects = shard(list_source(source, client), distribution, host_index, host_count)
         if not objects:
@@ -250,6 +253,8 @@ def stage_channel(
         return ChannelHandle(name, input_mode, distribution, dest, objects)
     except StorageError as exc:
         raise ChannelError(f"channel {name!r}: {exc}") from exc
+    except ConfigError as exc:  # a malformed s3:// URI
+        raise ConfigError(f"channel {name!r}: {exc}") from exc
     except OSError as exc:
         raise ChannelError(f"channel {name!r}: staging {source} into {dest} failed: {exc}") from exc
 
