@@ -10,6 +10,7 @@ import builtins
 
 __all__ = [
     "AuthenticationError",
+    "ChannelError",
     "CollectiveError",
     "ConfigError",
     "HoraError",
@@ -18,9 +19,11 @@ __all__ = [
     "NotInitializedError",
     "PeerLostError",
     "ProtocolError",
+    "RecordError",
     "RendezvousError",
     "ShutdownError",
     "StallError",
+    "StorageError",
     "TimeoutError",
 ]
 
@@ -31,6 +34,18 @@ class HoraError(RuntimeError):
 
 class ConfigError(HoraError, ValueError):
     """A setting, environment variable or argument is invalid or inconsistent."""
+
+
+class StorageError(HoraError):
+    """Reading or writing job data failed: a missing path, bucket or prefix, refused credentials, no endpoint."""
+
+
+class ChannelError(StorageError):
+    """A training job's data channel could not be staged or streamed; the message names the channel."""
+
+
+class RecordError(HoraError, ValueError):
+    """A record stream is corrupt or truncated (a TFRecord CRC mismatch); the message names the byte offset."""
 
 
 class NotInitializedError(HoraError, ValueError):

@@ -1,0 +1,1 @@
+"""Training jobs: ``hora job``, a local-first runner of the SageMaker script-mode contract."""
