@@ -2,8 +2,9 @@
 and ``hora run`` inside an allocation taking its hosts and slots from ``SLURM_JOB_NODELIST``.
 
 Needs root (slurmd runs jobs as their user) and the slurm-wlm binaries; .ci/run installs them. Authentication is
-``auth/none`` (Slurm 22.05 ships it), so no munge key or daemon is needed; the cluster listens on free ports of
-127.0.0.1 only and lives in a temporary directory that is removed afterwards, with every daemon stopped by pid.
+``auth/none`` where this Slurm has that plugin (Debian's 22.05 does); otherwise (or with HORA_TEST_SLURM_AUTH=munge)
+a private ``munged`` with a freshly generated key and its own socket. The cluster listens on free ports of 127.0.0.1
+only and lives in a temporary directory that is removed afterwards, with every daemon stopped by pid.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from glob import glob
 from pathlib import Path
 
 import pytest
@@ -39,14 +42,25 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _config(tmp: Path, node: str, cpus: int) -> str:
+def _has_auth_none() -> bool:
+    if os.environ.get("HORA_TEST_SLURM_AUTH") == "munge":
+        return False
+    patterns = ("/usr/lib/*/slurm-wlm/auth_none.so", "/usr/lib*/slurm*/auth_none.so", "/usr/local/lib*/slurm/auth_none.so")
+    return any(glob(p) for p in patterns)
+
+
+def _config(tmp: Path, node: str, cpus: int, munge_socket: str | None) -> str:
+    auth = (
+        f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={munge_socket}"
+        if munge_socket
+        else "AuthType=auth/none\nCredType=cred/none"
+    )
     return f"""\
 ClusterName=horatest
 SlurmctldHost={node}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
-AuthType=auth/none
-CredType=cred/none
+{auth}
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
 StateSaveLocation={tmp}/state
@@ -91,10 +105,35 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         (tmp / d).mkdir()
     node = socket.gethostname().split(".")[0]
     conf = tmp / "slurm.conf"
-    conf.write_text(_config(tmp, node, max(NTASKS, os.cpu_count() or 1)))
+    munge_socket = None
+    munge_dir: Path | None = None
+    if not _has_auth_none():
+        if shutil.which("munged") is None:
+            pytest.skip("this Slurm has no auth/none plugin and munge (munged) is not installed")
+        # munged wants every directory above its socket searchable by all (pytest's tmp_path is 0700).
+        munge_dir = Path(tempfile.mkdtemp(prefix="hora-munge-"))
+        munge_dir.chmod(0o755)
+        key = tmp / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        munge_socket = str(munge_dir / "socket")
+    conf.write_text(_config(tmp, node, max(NTASKS, os.cpu_count() or 1), munge_socket))
     env = clean_env(SLURM_CONF=str(conf))
     daemons: list[subprocess.Popen[bytes]] = []
     try:
+        if munge_socket:
+            m = tmp / "log"
+            with open(m / "munged.err", "wb") as err:
+                daemons.append(subprocess.Popen(
+                    ["munged", "-F", f"--key-file={tmp / 'munge.key'}", f"--socket={munge_socket}",
+                     f"--pid-file={m / 'munged.pid'}", f"--log-file={m / 'munged.log'}", f"--seed-file={m / 'seed'}"],
+                    env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True))
+            deadline = time.monotonic() + 30
+            while not os.path.exists(munge_socket) and time.monotonic() < deadline and daemons[0].poll() is None:
+                time.sleep(0.1)
+            if not os.path.exists(munge_socket):
+                pytest.fail(f"munged did not create its socket {munge_socket} within 30s: "
+                            f"{(tmp / 'log' / 'munged.err').read_text()[-2000:]}")
         # -D: stay in the foreground, so they are our children and stop by pid; -i: ignore stale state.
         for argv in (["slurmctld", "-D", "-i", "-f", str(conf)], ["slurmd", "-D", "-f", str(conf)]):
             daemons.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -116,9 +155,11 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             pytest.fail(f"the test's Slurm node never became idle (state {state!r}); logs:\n{logs}")
         yield env
     finally:
-        for d in reversed(daemons):  # slurmd first: it ends its job steps
+        for d in reversed(daemons):  # slurmd first (it ends its job steps), munged last
             _stop(d)
         shutil.rmtree(tmp, ignore_errors=True)
+        if munge_dir is not None:
+            shutil.rmtree(munge_dir, ignore_errors=True)
 
 
 def test_srun_gives_each_task_its_rank(slurm: dict[str, str]) -> None:

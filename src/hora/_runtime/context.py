@@ -143,7 +143,9 @@ def _drop_stale_hora_run_settings(config: Config, launch: LaunchInfo) -> Config:
     if launch.source in ("hora", "none") or not os.environ.get("HORA_RANK"):
         return config
     log.debug("ignoring the outer hora run's job settings: %s started this process", launch.source)
-    defaults = {f.name: f.default for f in dataclasses.fields(config) if f.name in _HORA_RUN_JOB_SETTINGS}
+    defaults: dict[str, Any] = {
+        f.name: f.default for f in dataclasses.fields(config) if f.name in _HORA_RUN_JOB_SETTINGS
+    }
     return dataclasses.replace(config, **defaults)
 
 
