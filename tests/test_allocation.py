@@ -92,6 +92,11 @@ def test_allocation_without_counts_gives_one_slot_per_node():
     assert alloc is not None and alloc.hosts == [HostSlots("a", 1), HostSlots("b", 1)]
 
 
+def test_the_batch_scripts_node_is_this_machine_whatever_its_slurm_name():
+    alloc = slurm_allocation({"SLURM_JOB_NODELIST": "cn[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURMD_NODENAME": "cn2"})
+    assert alloc is not None and alloc.hosts == [HostSlots("cn1", 2), HostSlots(socket.gethostname(), 2)]
+
+
 def test_no_allocation_outside_slurm_or_inside_a_step():
     assert slurm_allocation({}) is None
     assert slurm_allocation({"SLURM_JOB_NODELIST": "a", "SLURM_TASKS_PER_NODE": "2", "SLURM_STEP_ID": "0"}) is None

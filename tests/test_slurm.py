@@ -208,3 +208,15 @@ def test_srun_inside_hora_run_wins_over_stale_hora_variables(slurm: dict[str, st
                            "--overcommit", "-t", "5", *inner], env=slurm, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     expect(parse(proc.stdout), NTASKS)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed")
+def test_mpirun_inside_an_allocation_uses_open_mpis_ranks(slurm: dict[str, str]) -> None:
+    """salloc -n 4 mpirun -np 4: the ranks see the allocation's SLURM_* and Open MPI's variables; mpirun's win."""
+    env = {**slurm, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+    proc = subprocess.run(["salloc", "-n", str(NTASKS), "--overcommit", "-t", "5", "mpirun", "--oversubscribe", "-np",
+                           str(NTASKS), sys.executable, REPORT], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    expect(parse(proc.stdout), NTASKS)

@@ -11,6 +11,7 @@ of its own — a mistake, so it is an error that says what to run instead.
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -121,6 +122,9 @@ def slurm_allocation(env: Mapping[str, str]) -> Allocation | None:
             )
     if len(set(hosts)) != len(hosts):
         raise ConfigError(f"{nodelist_var}={env[nodelist_var]!r} names a host twice")
+    # In a batch script Slurm names the node we run on; its Slurm name need not be its host name (NodeHostname=).
+    here = env.get("SLURMD_NODENAME", "")
+    hosts = [socket.gethostname() if h == here else h for h in hosts]
     return Allocation([HostSlots(h, c) for h, c in zip(hosts, counts) if c > 0], source)
 
 
