@@ -220,3 +220,11 @@ def test_mpirun_inside_an_allocation_uses_open_mpis_ranks(slurm: dict[str, str])
                            str(NTASKS), sys.executable, REPORT], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     expect(parse(proc.stdout), NTASKS)
+
+
+def test_srun_step_smaller_than_its_allocation(slurm: dict[str, str]) -> None:
+    """salloc -n 4 srun -n 2: the step's tasks (SLURM_STEP_TASKS_PER_NODE), not the allocation's, are the ranks."""
+    proc = subprocess.run(["salloc", "-n", str(NTASKS), "--overcommit", "-t", "5", "srun", "-n", "2", sys.executable,
+                           REPORT], env=slurm, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    expect(parse(proc.stdout), 2)
