@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hora._runtime.environment import LaunchInfo, detect
+from hora._runtime.environment import LaunchInfo, detect, without_launcher_variables
 from hora.errors import ConfigError
 
 HORA = {
@@ -62,7 +62,7 @@ def test_hora_without_local_values():
 
 
 def test_open_mpi():
-    assert detect(OMPI) == LaunchInfo("openmpi", 2, 8, 2, 4, job_key="ompi:prterun-node-123@1")
+    assert detect(OMPI) == LaunchInfo("openmpi", 2, 8, 2, 4, job_key="ompi:prterun-node-123@1", multi_host=True)
 
 
 def test_open_mpi_job_key_fallbacks():
@@ -75,7 +75,7 @@ def test_open_mpi_job_key_fallbacks():
 def test_torchrun():
     info = detect(TORCHRUN)
     assert info == LaunchInfo(
-        "torchrun", 3, 6, 0, 3, job_key="torchrun:run7:10.0.0.5:29500:1", master_addr="10.0.0.5"
+        "torchrun", 3, 6, 0, 3, job_key="torchrun:run7:10.0.0.5:29500:1", master_addr="10.0.0.5", multi_host=True
     )
 
 
@@ -85,7 +85,7 @@ def test_torchrun_minimal():
 
 
 def test_slurm_step():
-    assert detect(SLURM) == LaunchInfo("slurm", 5, 8, 1, 4, job_key="slurm:4242.0")
+    assert detect(SLURM) == LaunchInfo("slurm", 5, 8, 1, 4, job_key="slurm:4242.0", multi_host=True)
 
 
 def test_slurm_heterogeneous_tasks_per_node_leaves_local_size_open():
@@ -98,8 +98,69 @@ def test_slurm_batch_step_without_step_id_is_a_single_process():
     assert detect(env) == LaunchInfo("none", 0, 1, 0, 1)
 
 
-def test_precedence_hora_first():
-    assert detect({**SLURM, **TORCHRUN, **OMPI, **HORA}).source == "hora"
+def test_precedence_hora_run_alone():
+    """hora run's own workers: HORA_* and the torchrun names it exports alongside (equal values)."""
+    own = {**HORA, "RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    info = detect(own)
+    assert (info.source, info.rank, info.size) == ("hora", 1, 4)
+
+
+def test_precedence_mpirun_inside_hora_run_wins_over_stale_hora():
+    """hora run removes OMPI_* from its workers, so OMPI_* next to HORA_* come from an mpirun inside it."""
+    info = detect({**HORA, "RANK": "1", "WORLD_SIZE": "4", **OMPI})
+    assert (info.source, info.rank, info.size) == ("openmpi", 2, 8)
+
+
+def test_precedence_torchrun_inside_hora_run_wins_over_stale_hora():
+    info = detect({**HORA, **TORCHRUN})
+    assert (info.source, info.rank, info.size) == ("torchrun", 3, 6)
+
+
+def test_precedence_rewritten_rank_without_torchelastic_wins_over_stale_hora():
+    env = {**HORA, "RANK": "0", "WORLD_SIZE": "2"}
+    assert (detect(env).source, detect(env).rank, detect(env).size) == ("torchrun", 0, 2)
+
+
+def test_precedence_srun_inside_hora_run_wins_over_stale_hora():
+    """hora run -np 1 srun -n 8 ...: every task inherits HORA_* (and RANK=HORA_RANK) of hora run's one worker."""
+    env = {**HORA, "HORA_RANK": "0", "HORA_SIZE": "1", "RANK": "0", "WORLD_SIZE": "1", **SLURM}
+    info = detect(env)
+    assert (info.source, info.rank, info.size) == ("slurm", 5, 8)
+
+
+def test_precedence_everything_at_once_is_open_mpi():
+    assert detect({**SLURM, **TORCHRUN, **OMPI, **HORA}).source == "openmpi"
+
+
+def test_what_hora_run_removes_lets_hora_win():
+    """The same mix after hora run removed the other launchers' variables: its workers are hora ranks."""
+    env = without_launcher_variables({**SLURM, **OMPI, **HORA, "RANK": "1", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "r"})
+    assert "OMPI_COMM_WORLD_RANK" not in env and "SLURM_PROCID" not in env and "TORCHELASTIC_RUN_ID" not in env
+    assert "SLURM_JOB_ID" in env and "PMIX_NAMESPACE" in env  # the allocation and the rest stay
+    assert detect(env).source == "hora"
+
+
+def test_slurm_step_ignores_incomplete_torch_exports():
+    """A batch script's 'export WORLD_SIZE=$SLURM_NTASKS MASTER_ADDR=...' before srun: Slurm assigned the rank."""
+    info = detect({**SLURM, "WORLD_SIZE": "8", "MASTER_ADDR": "node1"})
+    assert (info.source, info.rank, info.size) == ("slurm", 5, 8)
+
+
+def test_slurm_step_with_matching_torch_variables():
+    info = detect({**SLURM, "RANK": "5", "WORLD_SIZE": "8"})
+    assert (info.source, info.rank, info.size) == ("slurm", 5, 8)
+
+
+def test_slurm_step_with_contradicting_torch_variables_is_an_error():
+    with pytest.raises(ConfigError, match=r"^RANK=0 and WORLD_SIZE=8 contradict this Slurm job step's SLURM_PROCID=5 .*"
+                       r"TORCHELASTIC_RUN_ID is unset"):
+        detect({**SLURM, "RANK": "0", "WORLD_SIZE": "8"})
+
+
+def test_slurm_multi_node_step():
+    info = detect({**SLURM, "SLURM_TASKS_PER_NODE": "8", "SLURM_NTASKS": "8", "SLURM_LOCALID": "5"})
+    assert not info.multi_host
+    assert detect({**SLURM, "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_NNODES": "2"}).multi_host
 
 
 def test_precedence_mpirun_inside_slurm_allocation_is_open_mpi():
@@ -211,4 +272,4 @@ def test_slurm_local_inconsistent():
 def test_error_in_higher_precedence_launcher_is_not_masked():
     # A broken hora environment must not silently fall through to a valid lower-precedence launcher.
     with pytest.raises(ConfigError, match="HORA_RANK is set but HORA_SIZE is not"):
-        detect({"HORA_RANK": "0", **TORCHRUN})
+        detect({"HORA_RANK": "0", "RANK": "0", "WORLD_SIZE": "2"})

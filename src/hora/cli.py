@@ -66,7 +66,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "-np", "--num-proc", dest="np", type=int, help="number of ranks (default: the slots of -H)"
+        "-np", "--num-proc", dest="np", type=int, help="number of ranks (default: the slots of -H, or of the Slurm allocation hora run is in)"
     )
     p.add_argument(
         "-H", "--hosts", help="host:slots list; this version runs on this machine only (localhost:N)"

@@ -10,11 +10,13 @@ share that directory: true on one host, and on clusters whose home or scratch di
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import socket
 import stat
+import struct
 import tempfile
 import time
 from dataclasses import dataclass
@@ -25,7 +27,15 @@ from hora._runtime.rendezvous import RendezvousServer
 from hora.config import Config
 from hora.errors import ConfigError, RendezvousError
 
-__all__ = ["Bootstrap", "local_addr_towards", "read_secret", "runtime_dir", "start_bootstrap"]
+__all__ = [
+    "Bootstrap",
+    "local_addr_towards",
+    "local_addresses",
+    "read_secret",
+    "rendezvous_host",
+    "runtime_dir",
+    "start_bootstrap",
+]
 
 
 @dataclass
@@ -100,6 +110,68 @@ def local_addr_towards(host: str) -> str:
         return "127.0.0.1"
 
 
+def _is_loopback(addr: str) -> bool:
+    return addr.startswith("127.") or addr in ("localhost", "::1")
+
+
+def local_addresses() -> list[str]:
+    """This machine's non-loopback IPv4 addresses, one per interface that has one (SIOCGIFADDR)."""
+    out: list[str] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+            except OSError:
+                continue  # no IPv4 address on this interface
+            addr = socket.inet_ntoa(raw[20:24])
+            if not _is_loopback(addr) and addr not in out:
+                out.append(addr)
+    return out
+
+
+def _routable_addr(why: str) -> str:
+    """An address of this machine other hosts can reach: the default route's source, else the first interface's."""
+    candidates = local_addresses()
+    towards_default = local_addr_towards("192.0.2.1")  # TEST-NET-1: only picks the route, sends nothing
+    if towards_default in candidates:
+        return towards_default
+    if candidates:
+        return candidates[0]
+    raise ConfigError(
+        f"rank 0 must host the rendezvous on an address other hosts can reach ({why}), but this machine has only "
+        "loopback addresses. Set HORA_BIND_ADDR to the address to listen on."
+    )
+
+
+def rendezvous_host(config: Config, info: LaunchInfo) -> str:
+    """Where rank 0 listens when it hosts the rendezvous itself (under mpirun, srun or torchrun).
+
+    127.0.0.1 keeps a one-host job off the network. torchrun's ``MASTER_ADDR`` names the host the others reach rank 0
+    through: listen on this machine's address on the route towards it — which is the address itself when it is
+    this machine's. A name that resolves to loopback here (Debian maps the host's own name to 127.0.1.1) would be
+    unreachable from elsewhere, so then, unless torchrun says every rank is on this host, and whenever the launcher
+    says the ranks span hosts, take a routable address.
+    """
+    if config.bind_addr:
+        return config.bind_addr
+    master = info.master_addr
+    if master and not _is_loopback(master):
+        try:
+            socket.getaddrinfo(master, None, socket.AF_INET)
+        except OSError as exc:
+            raise ConfigError(
+                f"MASTER_ADDR={master!r} (torchrun) cannot be resolved on this host: {exc}. Set MASTER_ADDR to an "
+                "address or name every host resolves, or HORA_BIND_ADDR to the address rank 0 should listen on."
+            ) from None
+        addr = local_addr_towards(master)
+        if not _is_loopback(addr) or (info.local_size is not None and not info.multi_host):
+            return addr  # (loopback is fine when torchrun says every rank is on this host)
+        return _routable_addr(f"MASTER_ADDR={master} is not a loopback address")
+    if info.multi_host:
+        return _routable_addr(f"{info.source} placed the ranks on several hosts")
+    return "127.0.0.1"
+
+
 def start_bootstrap(config: Config, info: LaunchInfo, deadline: float) -> Bootstrap:
     """Find (or, on rank 0 without a launcher store, start) the rendezvous store and the secret."""
     secret = read_secret(config)
@@ -124,7 +196,7 @@ def start_bootstrap(config: Config, info: LaunchInfo, deadline: float) -> Bootst
     path = runtime_dir(config) / f"job-{digest}.json"
     if info.rank == 0:
         secret = secret or os.urandom(32)
-        host = config.bind_addr or (local_addr_towards(info.master_addr) if info.master_addr else "127.0.0.1")
+        host = rendezvous_host(config, info)
         server = RendezvousServer(secret, host=host, max_frame_bytes=config.max_frame_bytes)
         addr, port = server.start()
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

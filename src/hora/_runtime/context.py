@@ -8,6 +8,7 @@ connections, sets up shared memory, and starts the engine thread.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import logging
 import os
@@ -113,6 +114,7 @@ def init(**settings: Any) -> None:
         _configure_logging(config.log_level)
         log.debug("settings: %s", config.public_dict())
         launch = detect()
+        config = _drop_stale_hora_run_settings(config, launch)
         _generation += 1
         _current = _start(config, launch, _generation)
         if not _atexit_registered:
@@ -125,6 +127,26 @@ def init(**settings: Any) -> None:
             launch.source,
             _current.transport,
         )
+
+
+#: What ``hora run`` hands each of its workers about the job (as opposed to settings the user chose).
+_HORA_RUN_JOB_SETTINGS = ("rendezvous_addr", "rendezvous_port", "secret", "secret_file", "job_id", "hostname")
+
+
+def _drop_stale_hora_run_settings(config: Config, launch: LaunchInfo) -> Config:
+    """Forget an outer ``hora run``'s job when another launcher started this process inside it.
+
+    HORA_RANK next to another launcher's variables means hora run's worker started that launcher (see
+    hora._runtime.environment), so the rendezvous address, secret, job id and host name it exported belong to the
+    outer job, not to this one. Without HORA_RANK they were set by the user (e.g. for mpirun across hosts) and stay.
+    """
+    if launch.source in ("hora", "none") or not os.environ.get("HORA_RANK"):
+        return config
+    log.debug("ignoring the outer hora run's job settings: %s started this process", launch.source)
+    defaults: dict[str, Any] = {
+        f.name: f.default for f in dataclasses.fields(config) if f.name in _HORA_RUN_JOB_SETTINGS
+    }
+    return dataclasses.replace(config, **defaults)
 
 
 def shutdown() -> None:

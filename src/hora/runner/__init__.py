@@ -19,7 +19,9 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from hora._runtime.environment import without_launcher_variables
 from hora.errors import ConfigError, HoraError
+from hora.runner.allocation import check_not_nested, slurm_allocation
 from hora.runner.hosts import HostSlots, is_local_host, parse_hosts
 from hora.runner.launch import Failure, LaunchSpec, RunResult, launch
 
@@ -82,8 +84,22 @@ def run_command(
     ``settings`` are hora settings for the workers (``start_timeout=10``, ``transport="tcp"`` ...). With
     ``capture=True`` output is kept in ``result.lines`` instead of printed. ``timeout`` kills the job after that
     many seconds, first dumping every rank's Python stacks to its stderr.
+
+    Without ``hosts``, inside a Slurm allocation the hosts and slots come from it (and ``np`` defaults to its
+    slots). Other launchers' per-process variables are not passed on to the workers (see docs/launchers.md).
     """
-    n, hostname = resolve_hosts(np, hosts)
+    outer = os.environ if env is None else env
+    check_not_nested(outer)
+    allocation = slurm_allocation(outer) if hosts is None else None
+    try:
+        n, hostname = resolve_hosts(np, allocation.hosts if allocation else hosts)
+    except ConfigError as exc:
+        if allocation is None:
+            raise
+        raise ConfigError(
+            f"{exc} (hosts from the {allocation.source}; give -H to override, or start the ranks with srun)"
+        ) from None
+    env = without_launcher_variables(outer)
     spec = LaunchSpec(
         list(command),
         n,
