@@ -14,6 +14,7 @@ __all__ = [
     "ConfigError",
     "HoraError",
     "HoraInternalError",
+    "HostError",
     "MismatchError",
     "NotInitializedError",
     "PeerLostError",
@@ -75,3 +76,7 @@ class TimeoutError(HoraError, builtins.TimeoutError):
 
 class HoraInternalError(HoraError):
     """A bug in hora: please report it with the message and the log."""
+
+
+class HostError(HoraError):
+    """A host of a multi-host job cannot be used: unreachable, refusing SSH, rejecting the key, or not answering."""

@@ -19,9 +19,11 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from hora.config import Config
 from hora.errors import ConfigError, HoraError
-from hora.runner.hosts import HostSlots, is_local_host, parse_hosts
+from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts
 from hora.runner.launch import Failure, LaunchSpec, RunResult, launch
+from hora.runner.ssh import SshOptions
 
 __all__ = ["Failure", "RunError", "RunResult", "run", "run_command"]
 
@@ -39,9 +41,18 @@ class RunError(HoraError):
         self.result = result
 
 
+def host_list(hosts: str | Sequence[HostSlots] | None, hostfile: str | None = None) -> list[HostSlots]:
+    """The hosts of ``-H`` or ``--hostfile`` (not both); empty when neither is given."""
+    if hosts and hostfile:
+        raise ConfigError("give the hosts either with -H or with --hostfile, not both")
+    if hostfile:
+        return parse_hostfile(hostfile)
+    return parse_hosts(hosts) if isinstance(hosts, str) else list(hosts or [])
+
+
 def resolve_hosts(np: int | None, hosts: str | Sequence[HostSlots] | None) -> tuple[int, str]:
-    """Check ``np`` against ``-H`` and return (np, hostname) for a job on this machine."""
-    slots = parse_hosts(hosts) if isinstance(hosts, str) else list(hosts or [])
+    """Check ``np`` against the slots of ``-H`` and return (np, the host name of a single-host job)."""
+    slots = host_list(hosts)
     if np is None:
         if not slots:
             raise ConfigError("give the number of processes: -np N")
@@ -49,12 +60,6 @@ def resolve_hosts(np: int | None, hosts: str | Sequence[HostSlots] | None) -> tu
     if np < 1:
         raise ConfigError(f"-np must be at least 1, got {np}")
     if slots:
-        remote = [h.host for h in slots if not is_local_host(h.host)]
-        if remote:
-            raise ConfigError(
-                f"host {remote[0]!r} is not this machine; this version of hora run starts ranks on "
-                "this machine only (use -H localhost:N)"
-            )
         total = sum(h.slots for h in slots)
         if np > total:
             raise ConfigError(
@@ -75,6 +80,11 @@ def run_command(
     timeout: float | None = None,
     cwd: str | None = None,
     rendezvous_port: int = 0,
+    hostfile: str | None = None,
+    ssh_port: int | None = None,
+    ssh_identity_file: str | None = None,
+    ssh_options: Sequence[str] = (),
+    network_interface: str | None = None,
     **settings: Any,
 ) -> RunResult:
     """Run ``command`` as ``np`` ranks and return the :class:`RunResult` (it does not raise on failure).
@@ -82,8 +92,24 @@ def run_command(
     ``settings`` are hora settings for the workers (``start_timeout=10``, ``transport="tcp"`` ...). With
     ``capture=True`` output is kept in ``result.lines`` instead of printed. ``timeout`` kills the job after that
     many seconds, first dumping every rank's Python stacks to its stderr.
+
+    ``hosts`` (``"h1:4,h2:4"``) or ``hostfile`` place the ranks; hosts that are not this machine are reached over
+    SSH (``ssh_port``, ``ssh_identity_file``, extra ``ssh_options`` as ``-o`` values), checked first, and given
+    ``start_timeout`` seconds to answer. See docs/multihost.md.
+
+    Raises:
+        HostError: a remote host cannot be used (unreachable, refusing SSH, rejecting the key, not answering).
     """
-    n, hostname = resolve_hosts(np, hosts)
+    slots = host_list(hosts, hostfile)
+    n, hostname = resolve_hosts(np, slots)
+    try:
+        base_env = os.environ if env is None else env
+        start_timeout = Config.resolve(
+            env=base_env, overrides={k: v for k, v in settings.items()}
+        ).start_timeout
+    except (ConfigError, TypeError):
+        start_timeout = 30.0  # the workers report the bad setting themselves
+    ssh = SshOptions(ssh_port, ssh_identity_file, tuple(ssh_options), start_timeout)
     spec = LaunchSpec(
         list(command),
         n,
@@ -97,6 +123,10 @@ def run_command(
         timeout=timeout,
         cwd=cwd,
         rendezvous_port=rendezvous_port,
+        hosts=slots or None,
+        ssh=ssh,
+        network_interface=network_interface,
+        start_timeout=start_timeout,
     )
     return launch(spec)
 
