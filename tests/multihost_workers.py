@@ -74,3 +74,14 @@ def secret_worker(directory: str) -> bool:
     hvd.allreduce(np.ones(1), op=hvd.Sum)
     hvd.shutdown()
     return True
+
+
+def ports_worker() -> list[int]:
+    """The listener port every rank advertised at the rendezvous."""
+    hvd.init()
+    from hora._runtime.context import current
+
+    ports = [int(p["port"]) for p in current().peers]
+    hvd.allreduce(np.ones(2), op=hvd.Sum)
+    hvd.shutdown()
+    return ports

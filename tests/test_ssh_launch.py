@@ -22,7 +22,13 @@ import netns
 from harness import run_failing, run_ranks
 from hora.errors import ConfigError, HostError
 from hora.runner import run, run_command
-from multihost_workers import killed_on_second_host_worker, placement_worker, secret_worker, suite_worker
+from multihost_workers import (
+    killed_on_second_host_worker,
+    placement_worker,
+    ports_worker,
+    secret_worker,
+    suite_worker,
+)
 
 LIMIT = 240.0  # hard limit of each job: a job that reaches it is a hang, and fails the test
 
@@ -172,6 +178,16 @@ def test_several_loopback_hosts_run_locally_without_ssh(monkeypatch):
         assert (info["host"], info["bind"], info["hora_hostname"]) == (addr, addr, addr)
         assert (info["local_rank"], info["local_size"], info["cross_rank"], info["cross_size"]) == (r % 2, 2, r // 2, 2)
         assert info["transport"] == "tcp"
+
+
+def test_port_range_bounds_the_ranks_listeners(netns_cluster):
+    c = netns_cluster
+    results = run_ranks(ports_worker, 4, hosts=hosts_of(c, 2, 2), timeout=LIMIT, port_range="41000-41003",
+                        **c.ssh_kwargs())
+    ports = results[0]
+    assert all(r == ports for r in results)
+    assert all(41000 <= p <= 41003 for p in ports), ports
+    assert len(set(ports[:2])) == 2 and len(set(ports[2:])) == 2  # two ranks per host: two ports per host
 
 
 # -- failures ---------------------------------------------------------------------------------------------------------
