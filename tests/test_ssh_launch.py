@@ -244,31 +244,63 @@ def test_worker_killed_on_the_second_host_stops_every_rank(netns_cluster):
     assert_hosts_clean(c, result.job_id)
 
 
-def test_sigint_to_the_launcher_stops_every_rank_on_every_host(netns_cluster):
-    c = netns_cluster
-    marker = f"hora-sigint-{uuid.uuid4().hex[:8]}"
+def _start_sleeping_job(c: netns.Cluster, marker: str) -> subprocess.Popen[str]:
+    """``hora run`` of 4 ranks on two hosts, returned once every rank has initialised and sleeps."""
     code = "import sys, time, hora.numpy as hvd; hvd.init(); print('ready', flush=True); time.sleep(600)"
     proc = subprocess.Popen(
         hora_cli("-H", hosts_of(c, 2, 2), *c.cli_args(), sys.executable, "-c", code, marker),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    ready: list[str] = []
-    reader = threading.Thread(target=lambda: ready.extend(line for line in proc.stdout if "ready" in line))  # type: ignore[union-attr]
-    reader.start()
+    deadline = time.monotonic() + LIMIT
+    ready = 0
+    assert proc.stdout is not None
+    while ready < 4 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        ready += "ready" in line
+    if ready < 4:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the job did not start: {proc.stderr.read()}")  # type: ignore[union-attr]
+    assert len([pid for pid, _ in netns.job_processes("", marker) if pid != proc.pid]) == 4
+    return proc
+
+
+def test_launcher_killed_with_sigkill_leaves_nothing_on_any_host(netns_cluster):
+    # No chance to clean up: the ssh clients die with it (PR_SET_PDEATHSIG), each agent sees its stdin close and
+    # stops its ranks.
+    c = netns_cluster
+    marker = f"hora-sigkill-{uuid.uuid4().hex[:8]}"
+    proc = _start_sleeping_job(c, marker)
+    proc.kill()
+    proc.wait(timeout=60)
+    proc.stdout.close()  # type: ignore[union-attr]
+    proc.stderr.close()  # type: ignore[union-attr]
+    assert_hosts_clean(c, marker=marker)
+
+
+def test_remote_command_that_cannot_start_names_the_host(netns_cluster, tmp_path):
+    c = netns_cluster
+    result = run_command([str(tmp_path / "no-such-program")], hosts=hosts_of(c, 1, 1), capture=True, timeout=LIMIT,
+                         **c.ssh_kwargs())
+    assert result.exit_code == 1 and result.root_cause is not None
+    assert result.root_cause.host in (c.hosts[0].addr, c.hosts[1].addr)
+    assert f"cannot start '{tmp_path / 'no-such-program'}': No such file or directory" in result.root_cause.reason
+    assert "why   : host " in result.report()
+    assert_hosts_clean(c)
+
+
+def test_sigint_to_the_launcher_stops_every_rank_on_every_host(netns_cluster):
+    c = netns_cluster
+    marker = f"hora-sigint-{uuid.uuid4().hex[:8]}"
+    proc = _start_sleeping_job(c, marker)
     try:
-        deadline = time.monotonic() + LIMIT
-        while len(ready) < 4 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(ready) == 4, (ready, proc.poll())
-        ranks = [pid for pid, _ in netns.job_processes("", marker) if pid != proc.pid]
-        assert len(ranks) == 4  # the ranks, on two hosts (the launcher's command line holds the marker too)
         proc.send_signal(signal.SIGINT)
-        code_ = proc.wait(timeout=60)
-        stderr = proc.stderr.read()  # type: ignore[union-attr]
+        _, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
-        reader.join(10)
-    assert code_ == 128 + signal.SIGINT and "interrupted by SIGINT; stopped every rank" in stderr, stderr
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGINT and "interrupted by SIGINT; stopped every rank" in stderr, stderr
     assert_hosts_clean(c, marker=marker)
