@@ -174,7 +174,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         metavar="PORT",
-        help="port of the launcher's rendezvous store on 127.0.0.1 (default: a free port)",
+        help="port of the launcher's rendezvous store (default: a free port; see docs/multihost.md for firewalls)",
     )
     p.add_argument("--verbose", action="store_true", help="print what the launcher does")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
