@@ -221,6 +221,27 @@ def test_wrong_key_is_an_authentication_failure(netns_cluster):
     assert_hosts_clean(c)
 
 
+def test_unknown_host_key_is_refused_not_trusted(netns_cluster, tmp_path):
+    c = netns_cluster
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    options = [f"UserKnownHostsFile={empty}", "StrictHostKeyChecking=yes"]
+    message = _host_error(hosts_of(c, 1), ssh_identity_file=c.key, ssh_options=options)
+    assert f"host {c.hosts[0].addr}: its SSH host key is unknown or has changed" in message and "ssh-keyscan" in message
+    assert empty.read_text() == ""  # nothing was added behind the user's back
+
+
+def test_network_interface_that_does_not_exist():
+    with pytest.raises(ConfigError, match=r"--network-interface: network interface 'nonexistent0' does not exist"):
+        run_command(["true"], np=2, network_interface="nonexistent0")
+
+
+def test_interface_address_of_loopback():
+    from hora.runner._protocol import interface_address
+
+    assert interface_address("lo") == "127.0.0.1"
+
+
 def test_refused_connection_names_the_port(netns_cluster):
     c = netns_cluster
     message = _host_error(hosts_of(c, 1), ssh_port=2222, **c.ssh_kwargs())
