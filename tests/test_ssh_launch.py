@@ -169,10 +169,16 @@ def test_secret_never_appears_on_a_command_line(netns_cluster, tmp_path):
     assert_hosts_clean(c)
 
 
-def test_several_loopback_hosts_run_locally_without_ssh(monkeypatch):
-    # No SSH here (an ssh that fails proves it): each loopback "host" is a group of its own, bound to its address.
-    monkeypatch.setenv("PATH", "/nonexistent-no-ssh:" + os.environ["PATH"])
+def test_several_loopback_hosts_run_locally_without_ssh(monkeypatch, tmp_path):
+    # Each loopback "host" is a group of its own, bound to its own address, started without SSH: an 'ssh' first on
+    # PATH that leaves a mark and fails proves it is never called.
+    fake = tmp_path / "bin" / "ssh"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\ntouch {tmp_path / 'ssh-was-called'}\nexit 255\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     infos = run_ranks(placement_worker, 4, hosts="127.0.0.2:2,127.0.0.3:2", timeout=LIMIT)
+    assert not (tmp_path / "ssh-was-called").exists()
     for r, info in enumerate(infos):
         addr = "127.0.0.2" if r < 2 else "127.0.0.3"
         assert (info["host"], info["bind"], info["hora_hostname"]) == (addr, addr, addr)
