@@ -307,6 +307,28 @@ def test_launcher_killed_with_sigkill_leaves_nothing_on_any_host(netns_cluster):
     assert_hosts_clean(c, marker=marker)
 
 
+def test_lost_host_is_reported_and_the_rest_of_the_job_stopped(netns_cluster):
+    # SIGKILL the agent on the second host: its ranks die with it (PR_SET_PDEATHSIG), its SSH session ends, and the
+    # launcher reports the host as lost and stops the ranks on the first host.
+    c = netns_cluster
+    marker = f"hora-lost-{uuid.uuid4().hex[:8]}"
+    proc = _start_sleeping_job(c, marker)
+    try:
+        second = c.processes_in(c.hosts[1].netns)
+        agents = [pid for pid in second if b"hora.runner._remote" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(agents) == 1, agents
+        os.kill(agents[0], signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 255, stderr
+    assert f"why   : lost the connection to host {c.hosts[1].addr} (ssh exited with 255" in stderr, stderr
+    assert f"host  : {c.hosts[1].addr}" in stderr
+    assert_hosts_clean(c, marker=marker)
+
+
 def test_remote_command_that_cannot_start_names_the_host(netns_cluster, tmp_path):
     c = netns_cluster
     result = run_command([str(tmp_path / "no-such-program")], hosts=hosts_of(c, 1, 1), capture=True, timeout=LIMIT,
