@@ -57,3 +57,21 @@ def hygiene():
     while (segs := _segments() - before_segments) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not segs, f"the test left shared-memory segments behind: {sorted(segs)}"
+
+
+@pytest.fixture(scope="session")
+def netns_cluster():
+    """SSH "hosts" in network namespaces, a black-hole host and an unreachable address (see tests/netns.py).
+
+    Skips with the reason when this machine cannot build them (not root, no ``ip netns``, no sshd).
+    """
+    import netns
+
+    reason = netns.unavailable()
+    if reason:
+        pytest.skip(reason)
+    cluster = netns.start_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.close()

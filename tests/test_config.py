@@ -277,6 +277,7 @@ def _non_default_config() -> Config:
         job_id="job42",
         attempt=3,
         bind_addr="10.0.0.2",
+        port_range="29500-29600",
         runtime_dir="/tmp/hora-test-runtime",
     )
 
@@ -507,3 +508,14 @@ def test_env_for_checks_only_stall_times_given_together():
     assert Config.env_for({"stall_shutdown_time": 10}) == {"HORA_STALL_SHUTDOWN_TIME_SECONDS": "10.0"}
     with pytest.raises(ConfigError, match="stall_shutdown_time=10 is less than stall_check_time=20"):
         Config.env_for({"stall_shutdown_time": 10, "stall_check_time": 20})
+
+
+@pytest.mark.parametrize(("text", "value"), [("", ""), ("29500-29600", "29500-29600"), (" 4000 ", "4000-4000")])
+def test_port_range(text, value):
+    assert Config.resolve(env={"HORA_PORT_RANGE": text}).port_range == value
+
+
+@pytest.mark.parametrize("text", ["29600-29500", "0-10", "1-70000", "a-b", "1-2-3"])
+def test_bad_port_range_is_a_clear_error(text):
+    with pytest.raises(ConfigError, match=r"HORA_PORT_RANGE=.* is not valid: expected LOW-HIGH"):
+        Config.resolve(env={"HORA_PORT_RANGE": text})

@@ -74,7 +74,7 @@ def test_verbose_reports_what_the_launcher_does():
     ("args", "message"),
     [
         (["-np", "3", "-H", "localhost:2", "true"], "-np 3 is more than the 2 slots given by -H"),
-        (["-np", "2", "-H", "node-that-is-not-here:2", "true"], "is not this machine"),
+        (["-np", "2", "-H", "node-that-is-not-here.invalid:2", "true"], "host node-that-is-not-here.invalid: "),
         (["-np", "0", "true"], "-np must be at least 1"),
         (["-H", "localhost:x", "true"], "is not host:slots"),
     ],

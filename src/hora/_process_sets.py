@@ -119,7 +119,7 @@ def _add(ranks: Sequence[int]) -> tuple[int, list[int]]:
         shm = ctx.transport == "shm" and n > 1
         exchange = exchange_row_bytes(ctx.config.cache_capacity, n)
         if member and n > 1:
-            listener = PeerListener(ctx.bind_addr, ctx.secret)
+            listener = PeerListener(ctx.bind_addr, ctx.secret, ctx.config.port_range)
             cleanup.append(listener)
             if shm and me == 0:  # created before the exchange below, so it exists when the others attach
                 plane = ShmPlane(shm_name, 0, n, ctx.config.shm_chunk_bytes, pids, ctx.config.op_timeout, True,

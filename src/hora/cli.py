@@ -69,7 +69,28 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         "-np", "--num-proc", dest="np", type=int, help="number of ranks (default: the slots of -H, or of the Slurm allocation hora run is in)"
     )
     p.add_argument(
-        "-H", "--hosts", help="host:slots list; this version runs on this machine only (localhost:N)"
+        "-H",
+        "--hosts",
+        help="host:slots list, e.g. h1:4,h2:4; other hosts are reached over SSH (docs/multihost.md)",
+    )
+    p.add_argument("--hostfile", metavar="FILE", help="hosts, one 'host slots=N' line each (instead of -H)")
+    p.add_argument(
+        "-p", "--ssh-port", type=int, metavar="PORT", help="SSH port of the remote hosts (default: ssh's)"
+    )
+    p.add_argument(
+        "-i", "--ssh-identity-file", metavar="FILE", help="private key for SSH to the remote hosts"
+    )
+    p.add_argument(
+        "--ssh-option",
+        action="append",
+        default=[],
+        metavar="OPT",
+        help="extra ssh -o option, e.g. UserKnownHostsFile=/path (repeatable)",
+    )
+    p.add_argument(
+        "--network-interface",
+        metavar="NIC",
+        help="network interface whose address the rendezvous and the ranks bind (default: the route to the hosts)",
     )
     p.add_argument(
         "--output-filename",
@@ -153,7 +174,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         metavar="PORT",
-        help="port of the launcher's rendezvous store on 127.0.0.1 (default: a free port)",
+        help="port of the launcher's rendezvous store (default: a free port; see docs/multihost.md for firewalls)",
     )
     p.add_argument("--verbose", action="store_true", help="print what the launcher does")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
@@ -189,6 +210,11 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             output_filename=args.output_filename,
             verbose=args.verbose,
             rendezvous_port=args.rendezvous_port,
+            hostfile=args.hostfile,
+            ssh_port=args.ssh_port,
+            ssh_identity_file=args.ssh_identity_file,
+            ssh_options=args.ssh_option,
+            network_interface=args.network_interface,
             **settings,
         )
     except HoraError as exc:

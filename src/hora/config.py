@@ -83,6 +83,21 @@ def _log_level(text: str) -> str:
     return value
 
 
+def _port_range(text: str) -> str:
+    """``LOW-HIGH`` (inclusive, 1..65535) or empty for any free port."""
+    value = text.strip()
+    if not value:
+        return ""
+    low, sep, high = value.partition("-")
+    try:
+        lo, hi = int(low), int(high if sep else low)
+    except ValueError:
+        raise ValueError("expected LOW-HIGH, e.g. 29500-29600") from None
+    if not 1 <= lo <= hi <= 65535:
+        raise ValueError("expected LOW-HIGH with 1 <= LOW <= HIGH <= 65535")
+    return f"{lo}-{hi}"
+
+
 def _setting(default: Any, parse: Callable[[str], Any], *env: str, help: str) -> Any:
     return field(default=default, metadata={"env": env, "parse": parse, "help": help})
 
@@ -245,6 +260,12 @@ class Config:
         str,
         "HORA_BIND_ADDR",
         help="Address this rank's servers bind and advertise. Default: 127.0.0.1 when every rank is on this host.",
+    )
+    port_range: str = _setting(
+        "",
+        _port_range,
+        "HORA_PORT_RANGE",
+        help="Ports (LOW-HIGH) each rank's listener may bind, for firewalls between hosts. Default: any free port.",
     )
     runtime_dir: str = _setting(
         "",

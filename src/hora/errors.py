@@ -15,6 +15,7 @@ __all__ = [
     "ConfigError",
     "HoraError",
     "HoraInternalError",
+    "HostError",
     "MismatchError",
     "NotInitializedError",
     "PeerLostError",
@@ -90,3 +91,7 @@ class TimeoutError(HoraError, builtins.TimeoutError):
 
 class HoraInternalError(HoraError):
     """A bug in hora: please report it with the message and the log."""
+
+
+class HostError(HoraError):
+    """A host of a multi-host job cannot be used: unreachable, refusing SSH, rejecting the key, or not answering."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import socket
 import threading
 import time
@@ -10,11 +11,30 @@ from typing import Any
 
 from hora._runtime.auth import Role, server_handshake
 from hora._runtime.rendezvous import connect_with_retry
-from hora.errors import AuthenticationError, HoraError, ProtocolError, RendezvousError
+from hora.errors import AuthenticationError, ConfigError, HoraError, ProtocolError, RendezvousError
 
 __all__ = ["PeerListener", "close_all", "connect_peers"]
 
 log = logging.getLogger(__name__)
+
+
+def _bind(addr: str, port_range: str) -> socket.socket:
+    """A listening socket on ``addr``: any free port, or the first free one of ``port_range`` (``LOW-HIGH``, tried
+    from a random start so the ranks of one host do not all race for the same port)."""
+    if not port_range:
+        return socket.create_server((addr, 0), backlog=128)
+    low, high = (int(x) for x in port_range.split("-"))
+    ports = list(range(low, high + 1))
+    start = random.randrange(len(ports))
+    for port in ports[start:] + ports[:start]:
+        try:
+            return socket.create_server((addr, port), backlog=128)
+        except OSError:
+            continue
+    raise ConfigError(
+        f"no free port on {addr} in HORA_PORT_RANGE={port_range}: every rank of a host needs one (two with "
+        "process sets); widen the range"
+    )
 
 
 class PeerListener:
@@ -24,9 +44,9 @@ class PeerListener:
     keeps waiting for the real peers until the deadline.
     """
 
-    def __init__(self, bind_addr: str, secret: bytes) -> None:
+    def __init__(self, bind_addr: str, secret: bytes, port_range: str = "") -> None:
         self._secret = secret
-        self.sock = socket.create_server((bind_addr, 0), backlog=128)
+        self.sock = _bind(bind_addr, port_range)
         self.rejected = 0
         self._result: dict[tuple[Role, int], socket.socket] = {}
         self._error: BaseException | None = None

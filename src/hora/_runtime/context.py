@@ -242,7 +242,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         )
         cleanup.append(store)
         bind = config.bind_addr or ("127.0.0.1" if _is_loopback(boot.addr) else local_addr_towards(boot.addr))
-        listener = PeerListener(bind, boot.secret)
+        listener = PeerListener(bind, boot.secret, config.port_range)
         cleanup.append(listener)
         me = {
             "host": hostname,

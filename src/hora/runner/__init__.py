@@ -20,10 +20,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hora._runtime.environment import without_launcher_variables
+from hora.config import Config
 from hora.errors import ConfigError, HoraError
 from hora.runner.allocation import check_not_nested, slurm_allocation
-from hora.runner.hosts import HostSlots, is_local_host, parse_hosts
+from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts
 from hora.runner.launch import Failure, LaunchSpec, RunResult, launch
+from hora.runner.ssh import SshOptions
 
 __all__ = ["Failure", "RunError", "RunResult", "run", "run_command"]
 
@@ -41,9 +43,18 @@ class RunError(HoraError):
         self.result = result
 
 
+def host_list(hosts: str | Sequence[HostSlots] | None, hostfile: str | None = None) -> list[HostSlots]:
+    """The hosts of ``-H`` or ``--hostfile`` (not both); empty when neither is given."""
+    if hosts and hostfile:
+        raise ConfigError("give the hosts either with -H or with --hostfile, not both")
+    if hostfile:
+        return parse_hostfile(hostfile)
+    return parse_hosts(hosts) if isinstance(hosts, str) else list(hosts or [])
+
+
 def resolve_hosts(np: int | None, hosts: str | Sequence[HostSlots] | None) -> tuple[int, str]:
-    """Check ``np`` against ``-H`` and return (np, hostname) for a job on this machine."""
-    slots = parse_hosts(hosts) if isinstance(hosts, str) else list(hosts or [])
+    """Check ``np`` against the slots of ``-H`` and return (np, the host name of a single-host job)."""
+    slots = host_list(hosts)
     if np is None:
         if not slots:
             raise ConfigError("give the number of processes: -np N")
@@ -51,12 +62,6 @@ def resolve_hosts(np: int | None, hosts: str | Sequence[HostSlots] | None) -> tu
     if np < 1:
         raise ConfigError(f"-np must be at least 1, got {np}")
     if slots:
-        remote = [h.host for h in slots if not is_local_host(h.host)]
-        if remote:
-            raise ConfigError(
-                f"host {remote[0]!r} is not this machine; this version of hora run starts ranks on "
-                "this machine only (use -H localhost:N)"
-            )
         total = sum(h.slots for h in slots)
         if np > total:
             raise ConfigError(
@@ -77,6 +82,11 @@ def run_command(
     timeout: float | None = None,
     cwd: str | None = None,
     rendezvous_port: int = 0,
+    hostfile: str | None = None,
+    ssh_port: int | None = None,
+    ssh_identity_file: str | None = None,
+    ssh_options: Sequence[str] = (),
+    network_interface: str | None = None,
     **settings: Any,
 ) -> RunResult:
     """Run ``command`` as ``np`` ranks and return the :class:`RunResult` (it does not raise on failure).
@@ -85,14 +95,21 @@ def run_command(
     ``capture=True`` output is kept in ``result.lines`` instead of printed. ``timeout`` kills the job after that
     many seconds, first dumping every rank's Python stacks to its stderr.
 
-    Without ``hosts``, inside a Slurm allocation the hosts and slots come from it (and ``np`` defaults to its
-    slots). Other launchers' per-process variables are not passed on to the workers (see docs/launchers.md).
+    ``hosts`` (``"h1:4,h2:4"``) or ``hostfile`` place the ranks; hosts that are not this machine are reached over
+    SSH (``ssh_port``, ``ssh_identity_file``, extra ``ssh_options`` as ``-o`` values), checked first, and given
+    ``start_timeout`` seconds to answer. See docs/multihost.md. Without either, inside a Slurm allocation the hosts
+    and slots come from it (and ``np`` defaults to its slots). Other launchers' per-process variables are not
+    passed on to the workers (see docs/launchers.md).
+
+    Raises:
+        HostError: a remote host cannot be used (unreachable, refusing SSH, rejecting the key, not answering).
     """
     outer = os.environ if env is None else env
     check_not_nested(outer)
-    allocation = slurm_allocation(outer) if hosts is None else None
+    allocation = slurm_allocation(outer) if hosts is None and hostfile is None else None
+    slots = allocation.hosts if allocation else host_list(hosts, hostfile)
     try:
-        n, hostname = resolve_hosts(np, allocation.hosts if allocation else hosts)
+        n, hostname = resolve_hosts(np, slots)
     except ConfigError as exc:
         if allocation is None:
             raise
@@ -100,6 +117,11 @@ def run_command(
             f"{exc} (hosts from the {allocation.source}; give -H to override, or start the ranks with srun)"
         ) from None
     env = without_launcher_variables(outer)
+    try:
+        start_timeout = Config.resolve(env=outer, overrides=dict(settings)).start_timeout
+    except (ConfigError, TypeError):
+        start_timeout = 30.0  # the workers report the bad setting themselves
+    ssh = SshOptions(ssh_port, ssh_identity_file, tuple(ssh_options), start_timeout)
     spec = LaunchSpec(
         list(command),
         n,
@@ -113,6 +135,10 @@ def run_command(
         timeout=timeout,
         cwd=cwd,
         rendezvous_port=rendezvous_port,
+        hosts=slots or None,
+        ssh=ssh,
+        network_interface=network_interface,
+        start_timeout=start_timeout,
     )
     return launch(spec)
 

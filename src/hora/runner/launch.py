@@ -8,11 +8,17 @@ so they are killed even if the launcher itself is SIGKILLed.
 When a worker fails, the launcher stops the others within ``grace`` seconds and reports the *first* failure as the
 root cause: a rank that was killed, or that failed for a reason of its own, before the ranks that only reacted to
 losing it.
+
+Ranks on remote hosts (``-H``/``--hostfile`` names that are not this machine) are started through one SSH session
+per host running the hora agent (:mod:`hora.runner.remote`); the launcher checks every such host first and fails
+fast, naming the host, when one cannot be used. Local "hosts" (this machine's names, 127.x addresses) are started
+directly, each group with its own HORA_HOSTNAME and bind address.
 """
 
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import os
 import selectors
 import signal
@@ -31,7 +37,10 @@ from hora._runtime.rendezvous import RendezvousServer
 from hora._transport.shm import sweep
 from hora.config import Config
 from hora.errors import ConfigError
+from hora.runner.hosts import HostSlots, RankSlot, assign_ranks, is_local_host
 from hora.runner.output import OutputPump
+from hora.runner.remote import RemoteHost, RemoteRank
+from hora.runner.ssh import SshOptions, advertise_address, preflight, remote_agent_command, ssh_command
 
 __all__ = ["Failure", "LaunchSpec", "RunResult", "launch"]
 
@@ -63,6 +72,10 @@ class LaunchSpec:
     timeout: float | None = None
     cwd: str | None = None
     rendezvous_port: int = 0
+    hosts: Sequence[HostSlots] | None = None  # None: every rank on this machine, as ``hostname``
+    ssh: SshOptions | None = None
+    network_interface: str | None = None
+    start_timeout: float = 30.0
 
 
 @dataclass
@@ -74,6 +87,7 @@ class Failure:
     tail: list[str]
     when: float
     stopped: bool = False  # hora run's own stop signal ended it
+    reason: str = ""  # why, when the rank's host failed rather than the rank (a lost SSH connection, say)
 
     @property
     def exit_code(self) -> int:
@@ -124,6 +138,8 @@ class RunResult:
                 f"  pid   : {rc.pid}",
                 f"  exit  : {rc.describe()}",
             ]
+            if rc.reason:
+                lines.append(f"  why   : {rc.reason}")
             if rc.tail:
                 lines.append("  last stderr lines:")
                 lines += [f"    {t}" for t in rc.tail[-12:]]
@@ -136,6 +152,8 @@ class RunResult:
                 outcome = f"{f.describe()}   <- root cause"
             elif f.stopped and f.returncode in (-signal.SIGTERM, -signal.SIGKILL, -signal.SIGINT):
                 outcome = f"stopped by hora run ({f.describe()})"
+            elif f.reason:
+                outcome = f"{f.describe()} — {f.reason[:120]}"
             else:
                 outcome = f.describe() + (f" — {f.tail[-1][:100]}" if f.tail else "")
             lines.append(f"  {r:>4}  {f.pid if f else '':>7}  {outcome}")
@@ -150,16 +168,40 @@ def _free_port(host: str = "127.0.0.1") -> int:
 
 
 def worker_env(
-    spec: LaunchSpec, rank: int, rdv: tuple[str, int], secret: bytes, job_id: str, master_port: int
+    spec: LaunchSpec,
+    rank: int,
+    rdv: tuple[str, int],
+    secret: bytes,
+    job_id: str,
+    master_port: int,
+    slot: RankSlot | None = None,
+    master_addr: str = "127.0.0.1",
+    bind_addr: str | None = None,
+    base: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """Everything a worker gets: hora's variables, torchrun's names and Horovod's, plus the settings."""
-    env = dict(os.environ if spec.env is None else spec.env)
+    """Everything a worker gets: hora's variables, torchrun's names and Horovod's, plus the settings.
+
+    ``slot`` places the rank (default: every rank on one host); ``base`` replaces the launcher's environment (for
+    remote ranks, the part of it that is forwarded).
+    """
+    env = dict(base if base is not None else os.environ if spec.env is None else spec.env)
     n = spec.np
-    topo = {"RANK": rank, "SIZE": n, "LOCAL_RANK": rank, "LOCAL_SIZE": n, "CROSS_RANK": 0, "CROSS_SIZE": 1}
+    if slot is None:
+        slot = RankSlot(rank, spec.hostname, rank, n, 0, 1)
+    topo = {
+        "RANK": rank,
+        "SIZE": n,
+        "LOCAL_RANK": slot.local_rank,
+        "LOCAL_SIZE": slot.local_size,
+        "CROSS_RANK": slot.cross_rank,
+        "CROSS_SIZE": slot.cross_size,
+    }
     for k, v in topo.items():
         env[f"HORA_{k}"] = str(v)
         env[f"HOROVOD_{k}"] = str(v)
-    env["HORA_HOSTNAME"] = env["HOROVOD_HOSTNAME"] = spec.hostname
+    env["HORA_HOSTNAME"] = env["HOROVOD_HOSTNAME"] = slot.host
+    if bind_addr:
+        env["HORA_BIND_ADDR"] = bind_addr
     env.update(
         HORA_RENDEZVOUS_ADDR=rdv[0],
         HORA_RENDEZVOUS_PORT=str(rdv[1]),
@@ -167,9 +209,9 @@ def worker_env(
         HORA_JOB_ID=job_id,
         RANK=str(rank),
         WORLD_SIZE=str(n),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(n),
-        MASTER_ADDR="127.0.0.1",
+        LOCAL_RANK=str(slot.local_rank),
+        LOCAL_WORLD_SIZE=str(slot.local_size),
+        MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
         PYTHONUNBUFFERED="1",
     )
@@ -177,10 +219,34 @@ def worker_env(
     return env
 
 
+class _LocalRank:
+    """A rank started on this machine: the worker process, and its session."""
+
+    reason = ""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)  # the worker's own group: it and whatever it started
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def reaped(self) -> None:
+        # Whatever is left of its process group goes too (a shell's children, say).
+        self.signal(signal.SIGKILL)
+
+
 class _Job:
-    def __init__(self, spec: LaunchSpec) -> None:
+    def __init__(self, spec: LaunchSpec, slots: list[RankSlot]) -> None:
         self.spec = spec
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.slots = slots
+        self.procs: list[_LocalRank | RemoteRank] = []
         self.returncodes: list[int | None] = [None] * spec.np
         self.sent: list[int | None] = [None] * spec.np  # the last stopping signal hora run sent each rank
         self.failures: list[Failure] = []
@@ -194,14 +260,17 @@ class _Job:
             print(f"hora run: {message}", file=sys.stderr, flush=True)
 
     def signal_all(self, sig: int) -> None:
+        remote: dict[RemoteHost, list[int]] = {}
         for i, p in enumerate(self.procs):
             if self.returncodes[i] is None:
                 if sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT):
                     self.sent[i] = sig
-                try:
-                    os.killpg(p.pid, sig)  # the worker's own group: it and whatever it started
-                except (ProcessLookupError, PermissionError):
-                    pass
+                if isinstance(p, RemoteRank):
+                    remote.setdefault(p.host, []).append(i)  # one message per host, not per rank
+                else:
+                    p.signal(sig)
+        for host, ranks in remote.items():
+            host.signal(sig, ranks)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.stopping_at is None:
@@ -221,15 +290,13 @@ class _Job:
             if code is None:
                 continue
             self.returncodes[i] = code
-            # Whatever is left of its process group goes too (a shell's children, say).
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.log(f"rank {i} (pid {p.pid}) exited with {code}")
+            p.reaped()
+            self.log(f"rank {i} (pid {p.pid} on {self.slots[i].host}) exited with {code}")
             if code != 0:
                 stopped = code < 0 and self.sent[i] is not None and -code in (self.sent[i], signal.SIGKILL)
-                round_failures.append(Failure(i, self.spec.hostname, p.pid, code, [], now, stopped))
+                round_failures.append(
+                    Failure(i, self.slots[i].host, p.pid, code, [], now, stopped and not p.reason, p.reason)
+                )
         self.failures.extend(round_failures)
         if self.first_failure_at is None and any(not f.stopped for f in round_failures):
             self.first_failure_at = now
@@ -267,13 +334,14 @@ def _root_cause(failures: list[Failure]) -> Failure | None:
 class _ExitWatcher:
     """Reports which workers exited, in exit order: one pidfd per worker (Linux >= 5.3), polling elsewhere."""
 
-    def __init__(self, procs: list[subprocess.Popen[bytes]]) -> None:
+    def __init__(self, procs: dict[int, int]) -> None:
+        """``procs``: rank -> pid of each local worker (remote ranks are reported by their host's agent)."""
         self._sel: selectors.BaseSelector | None = None
         if hasattr(os, "pidfd_open"):
             try:
                 sel = selectors.DefaultSelector()
-                for i, p in enumerate(procs):
-                    sel.register(os.pidfd_open(p.pid), selectors.EVENT_READ, i)
+                for i, pid in procs.items():
+                    sel.register(os.pidfd_open(pid), selectors.EVENT_READ, i)
                 self._sel = sel
             except OSError:
                 self._sel = None
@@ -296,21 +364,93 @@ class _ExitWatcher:
             self._sel.close()
 
 
+#: Variables of the launcher's environment that describe its own login session, not the job: remote ranks keep
+#: their host's values. Everything else is forwarded, as horovodrun forwards its environment.
+_NOT_FORWARDED = {
+    "HOME", "HOSTNAME", "LOGNAME", "MAIL", "OLDPWD", "PWD", "SHELL", "SHLVL", "TERM", "USER", "DISPLAY", "_",
+}  # fmt: skip
+_NOT_FORWARDED_PREFIXES = ("SSH_", "XDG_", "BASH_FUNC_", "HORA_SECRET", "HORA_BIND_ADDR")
+
+
+def forwarded_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of the launcher's environment that remote ranks get (PATH, PYTHONPATH, HORA_*, HOROVOD_*, ...)."""
+    return {
+        k: v for k, v in env.items() if k not in _NOT_FORWARDED and not k.startswith(_NOT_FORWARDED_PREFIXES)
+    }
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+@dataclass
+class _Plan:
+    slots: list[RankSlot]
+    remote_hosts: list[str]
+    rdv_host: str
+    bind: dict[str, str | None]  # local host name -> the address its ranks bind (None: hora's default)
+    master_addr: str
+
+
+def _plan(spec: LaunchSpec) -> _Plan:
+    """Place the ranks, check the remote hosts, and choose the addresses everything binds and advertises."""
+    if spec.hosts:
+        slots = assign_ranks(spec.np, list(spec.hosts))
+    else:
+        slots = [RankSlot(r, spec.hostname, r, spec.np, 0, 1) for r in range(spec.np)]
+    hosts = list(dict.fromkeys(s.host for s in slots))
+    remote = [h for h in hosts if not is_local_host(h)]
+    if remote:
+        ssh = spec.ssh or SshOptions()
+        seen = preflight(remote, ssh)
+        rdv_host = advertise_address(remote, spec.network_interface, seen)
+        bind: dict[str, str | None] = {h: rdv_host for h in hosts if h not in remote}
+    elif spec.network_interface:
+        rdv_host = advertise_address([], spec.network_interface, {})
+        bind = {h: rdv_host for h in hosts}
+    else:
+        rdv_host = "127.0.0.1"
+        # Several loopback "hosts" (-H 127.0.0.2:2,127.0.0.3:2): each group binds its own address.
+        bind = {h: (h if _is_ip(h) and len(hosts) > 1 else None) for h in hosts}
+    first = slots[0].host
+    master = first if first in remote else (rdv_host if remote else bind.get(first) or "127.0.0.1")
+    return _Plan(slots, remote, rdv_host, bind, master)
+
+
+def _hora_path() -> str:
+    """The directory hora is imported from here, so the remote agent imports the same hora (same paths)."""
+    import hora
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(hora.__file__)))
+
+
 def launch(spec: LaunchSpec) -> RunResult:
-    """Run ``spec.command`` as ``spec.np`` ranks on this machine and wait for them."""
+    """Run ``spec.command`` as ``spec.np`` ranks on this machine and the hosts of ``spec.hosts``, and wait for them.
+
+    Raises:
+        HostError: a remote host failed the SSH check (nothing was started).
+        ConfigError: the rendezvous cannot listen, or ``--network-interface`` names no usable interface.
+    """
+    plan = _plan(spec)
     secret = new_secret()
     job_id = uuid.uuid4().hex[:16]
-    server = RendezvousServer(secret, host="127.0.0.1", port=spec.rendezvous_port)
+    server = RendezvousServer(secret, host=plan.rdv_host, port=spec.rendezvous_port)
     try:
         rdv = server.bind()
     except OSError as exc:
         raise ConfigError(
-            f"cannot listen on 127.0.0.1:{spec.rendezvous_port} for the rendezvous: {exc.strerror}. "
+            f"cannot listen on {plan.rdv_host}:{spec.rendezvous_port} for the rendezvous: {exc.strerror}. "
             "Choose another --rendezvous-port, or leave it out to use a free port."
         ) from None
-    job = _Job(spec)
+    job = _Job(spec, plan.slots)
     master_port = _free_port()
     previous: dict[int, object] = {}
+    hosts: list[RemoteHost] = []
+    base_env = dict(os.environ if spec.env is None else spec.env)
 
     def on_signal(signum: int, frame: object) -> None:
         if job.interrupted is None:
@@ -326,8 +466,22 @@ def launch(spec: LaunchSpec) -> RunResult:
     timed_out = False
     exits: _ExitWatcher | None = None
     try:
-        for rank in range(spec.np):
-            env = worker_env(spec, rank, rdv, secret, job_id, master_port)
+        handles: dict[int, _LocalRank | RemoteRank] = {}
+        local_pids: dict[int, int] = {}
+        for slot in plan.slots:
+            if slot.host in plan.remote_hosts:
+                continue
+            env = worker_env(
+                spec,
+                slot.rank,
+                rdv,
+                secret,
+                job_id,
+                master_port,
+                slot,
+                plan.master_addr,
+                plan.bind[slot.host],
+            )
             proc = subprocess.Popen(
                 list(spec.command),
                 env=env,
@@ -338,15 +492,70 @@ def launch(spec: LaunchSpec) -> RunResult:
                 start_new_session=True,
                 preexec_fn=_child_setup,
             )
-            job.procs.append(proc)
-            job.pump.add(rank, proc.stdout, proc.stderr)  # type: ignore[arg-type]
-            job.log(f"started rank {rank} as pid {proc.pid}: {' '.join(spec.command)}")
+            handles[slot.rank] = _LocalRank(proc)
+            local_pids[slot.rank] = proc.pid
+            job.pump.add(slot.rank, proc.stdout, proc.stderr)  # type: ignore[arg-type]
+            job.log(f"started rank {slot.rank} as pid {proc.pid}: {' '.join(spec.command)}")
+        forwarded = forwarded_env(base_env)
+        paths = [_hora_path(), *forwarded.get("PYTHONPATH", "").split(os.pathsep)]
+        agent_path = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+        for name in plan.remote_hosts:
+            ranks: list[dict[str, Any]] = []
+            for slot in plan.slots:
+                if slot.host == name:
+                    env = worker_env(
+                        spec,
+                        slot.rank,
+                        rdv,
+                        secret,
+                        job_id,
+                        master_port,
+                        slot,
+                        plan.master_addr,
+                        None,
+                        forwarded,
+                    )
+                    ranks.append(
+                        {"rank": slot.rank, "env": {k: v for k, v in env.items() if forwarded.get(k) != v}}
+                    )
+            description = {
+                "command": list(spec.command),
+                "cwd": os.path.abspath(spec.cwd or os.getcwd()),
+                "env": forwarded,
+                "ranks": ranks,
+                "grace": spec.grace,
+                "network_interface": spec.network_interface,
+            }
+            argv = ssh_command(
+                name, spec.ssh or SshOptions(), remote_agent_command(sys.executable, agent_path)
+            )
+            host = RemoteHost(
+                name,
+                [r["rank"] for r in ranks],
+                argv,
+                description,
+                job.pump,
+                spec.start_timeout + 10.0,
+                _child_setup,
+                echo_stderr=not spec.capture,
+            )
+            host.start()
+            hosts.append(host)
+            handles.update(host.ranks)
+            job.log(
+                f"started the hora agent on {name} for ranks {[r['rank'] for r in ranks]}: {' '.join(argv)}"
+            )
+        job.procs = [handles[r] for r in range(spec.np)]
         server.start()
         job.pump.start()
-        exits = _ExitWatcher(job.procs)
+        for host in hosts:
+            host.start_threads()
+        exits = _ExitWatcher(local_pids)
         deadline = None if spec.timeout is None else time.monotonic() + spec.timeout
         while not job.reap(exits.wait(0.05)):
             now = time.monotonic()
+            for host in hosts:
+                host.check(now)
             if deadline is not None and now > deadline and not timed_out:
                 timed_out = True
                 job.log("time limit reached: dumping stacks (SIGUSR1) and killing every rank")
@@ -360,11 +569,14 @@ def launch(spec: LaunchSpec) -> RunResult:
     except BaseException:
         job.signal_all(signal.SIGKILL)
         for p in job.procs:
-            p.wait()
+            if isinstance(p, _LocalRank):
+                p.proc.wait()
         raise
     finally:
         if exits is not None:
             exits.close()
+        for host in hosts:  # the agents stop whatever still runs there, then end their sessions
+            host.close(timeout=spec.grace + 5.0)
         if in_main:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)  # type: ignore[arg-type]

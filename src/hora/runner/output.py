@@ -51,6 +51,28 @@ class OutputPump:
                 self._files[(rank, stream)] = open(d / stream, "wb")  # noqa: SIM115 - closed in _finish
             self._open += 1
 
+    def add_remote(self, rank: int) -> None:
+        """A rank whose output arrives through :meth:`feed` (from a remote host's agent), not through pipes."""
+        self.tails[rank] = deque(maxlen=TAIL_LINES)
+        self.lines[rank] = {"stdout": [], "stderr": []}
+        for stream in ("stdout", "stderr"):
+            self._partial[(rank, stream)] = b""
+            if self._dir is not None:
+                d = self._dir / f"rank.{rank}"
+                d.mkdir(parents=True, exist_ok=True)
+                self._files[(rank, stream)] = open(d / stream, "wb")  # noqa: SIM115 - closed in close_remote
+
+    def feed(self, rank: int, stream: str, data: bytes) -> None:
+        """Output of a remote rank (called by the thread that reads its host's agent)."""
+        self._feed(rank, stream, data)
+
+    def close_remote(self, rank: int, stream: str) -> None:
+        """A remote rank's stream ended: forward its unfinished last line."""
+        self._flush_partial(rank, stream)
+        f = self._files.pop((rank, stream), None)
+        if f is not None:
+            f.close()
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="hora-output", daemon=True)
         self._thread.start()

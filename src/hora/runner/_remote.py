@@ -1,0 +1,219 @@
+"""The hora agent that ``hora run`` starts on each remote host over SSH: ``python -m hora.runner._remote``.
+
+It reads its job description, the job secret included, as one length-prefixed JSON message on stdin, so the secret
+never appears on a command line or in the SSH command's environment string (``ps`` on either host cannot show it).
+It starts that host's ranks the way the local launcher does (a session per rank, PR_SET_PDEATHSIG) and reports on
+its stdout, in binary frames: that it started, each rank's pid, every chunk of output, and each rank's exit.
+
+Later messages on stdin forward signals to ranks. When stdin reaches EOF — the launcher finished, died, or the SSH
+connection broke — the agent stops its ranks (SIGTERM, then SIGKILL after the grace period) and exits, so no rank
+outlives its launcher. The agent's own parent-death signal covers an sshd that goes away without closing stdin.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from hora.runner._protocol import (
+    CLOSED,
+    ERROR,
+    EXITED,
+    HEADER,
+    HELLO,
+    OUTPUT,
+    STARTED,
+    interface_address,
+    read_message,
+)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup() -> None:  # the forked rank, before exec: die with the agent
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class _Agent:
+    def __init__(self, job: dict[str, Any], out: IO[bytes]) -> None:
+        self.job = job
+        self.out = out
+        self.grace = float(job.get("grace", 3.0))
+        self.lock = threading.Lock()
+        self.broken = False  # the launcher's end of stdout is gone: nothing more to report
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.codes: dict[int, int] = {}
+        self.stopping_at: float | None = None
+        self.open_streams = 0
+        self.sel = selectors.DefaultSelector()
+
+    def send(self, kind: int, rank: int = -1, stream: int = 0, payload: bytes = b"") -> None:
+        with self.lock:
+            if self.broken:
+                return
+            try:
+                self.out.write(HEADER.pack(kind, rank, stream, len(payload)) + payload)
+                self.out.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                self.broken = True
+                self.stop(signal.SIGTERM)
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        env.update(self.job["env"])
+        iface = self.job.get("network_interface")
+        if iface:
+            env["HORA_BIND_ADDR"] = interface_address(iface)
+        for entry in self.job["ranks"]:
+            rank = int(entry["rank"])
+            proc = subprocess.Popen(
+                list(self.job["command"]),
+                env={**env, **entry["env"]},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=_child_setup,
+            )
+            self.procs[rank] = proc
+            for stream, pipe in ((1, proc.stdout), (2, proc.stderr)):
+                assert pipe is not None
+                os.set_blocking(pipe.fileno(), False)
+                self.sel.register(pipe, selectors.EVENT_READ, (rank, stream))
+                self.open_streams += 1
+            self.send(STARTED, rank, 0, json.dumps({"pid": proc.pid}).encode())
+
+    def signal(self, sig: int, ranks: list[int] | None = None) -> None:
+        for rank, proc in self.procs.items():
+            if (ranks is None or rank in ranks) and rank not in self.codes:
+                try:
+                    os.killpg(proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def stop(self, sig: int) -> None:
+        if self.stopping_at is None:
+            self.stopping_at = time.monotonic()
+            self.signal(sig)
+
+    def pump(self, timeout: float) -> None:
+        """Forward whatever output is ready and report ranks that exited."""
+        if self.open_streams:
+            for key, _ in self.sel.select(timeout):
+                rank, stream = key.data
+                try:
+                    data = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if data:
+                    self.send(OUTPUT, rank, stream, data)
+                else:
+                    self.sel.unregister(key.fileobj)
+                    key.fileobj.close()  # type: ignore[union-attr]
+                    self.open_streams -= 1
+                    self.send(CLOSED, rank, stream)
+        else:
+            time.sleep(timeout)
+        for rank, proc in self.procs.items():
+            if rank in self.codes:
+                continue
+            code = proc.poll()
+            if code is not None:
+                self.codes[rank] = code
+                try:  # whatever is left of its session goes with it
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                self.send(EXITED, rank, 0, json.dumps({"code": code}).encode())
+        if self.stopping_at is not None and time.monotonic() - self.stopping_at > self.grace:
+            self.signal(signal.SIGKILL)
+
+    @property
+    def done(self) -> bool:
+        return len(self.codes) == len(self.procs)
+
+
+def main() -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)  # sshd's session ended without closing our stdin
+    # Frames own the real stdout; anything else printed (a stray print, a warning) goes to stderr instead.
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    received: list[int] = []
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(s, lambda signum, frame: received.append(signum))
+    try:
+        ready, _, _ = select.select([0], [], [], 120.0)
+        if not ready:
+            raise TimeoutError("no job description arrived on stdin within 120s")
+        job = read_message(0)
+    except (EOFError, ValueError, TimeoutError, OSError) as exc:
+        print(f"hora agent on {socket.gethostname()}: {exc}", file=sys.stderr)
+        return 2
+    agent = _Agent(job, out)
+    agent.send(HELLO, -1, 0, json.dumps({"pid": os.getpid(), "hostname": socket.gethostname()}).encode())
+    try:
+        os.chdir(job["cwd"])
+    except OSError as exc:
+        agent.send(
+            ERROR,
+            payload=f"the working directory {job['cwd']!r} does not exist here ({exc.strerror}); hora run starts "
+            "remote ranks in the launcher's directory: use a directory that exists on every host".encode(),
+        )
+        return 1
+    try:
+        agent.start()
+    except OSError as exc:
+        agent.send(ERROR, payload=f"cannot start {job['command'][0]!r}: {exc.strerror or exc}".encode())
+        agent.signal(signal.SIGKILL)
+        return 1
+    stdin_open = True
+    while not agent.done or agent.open_streams:
+        if received:
+            agent.stop(received.pop())
+        if stdin_open:
+            ready, _, _ = select.select([0], [], [], 0)
+            if ready:
+                try:
+                    message = read_message(0, 1 << 16)
+                except (EOFError, OSError, ValueError):
+                    stdin_open = False  # the launcher is gone (or finished): stop everything
+                    agent.stop(signal.SIGTERM)
+                else:
+                    if "signal" in message:
+                        sig = int(message["signal"])
+                        if (
+                            sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL)
+                            and agent.stopping_at is None
+                        ):
+                            agent.stopping_at = time.monotonic()
+                        agent.signal(sig, message.get("ranks"))
+        agent.pump(0.05)
+        if agent.done and agent.open_streams and agent.stopping_at is None:
+            agent.stopping_at = (
+                time.monotonic()
+            )  # a rank's child holds its pipe open: give it the grace period
+        if (
+            agent.done
+            and agent.stopping_at is not None
+            and time.monotonic() - agent.stopping_at > agent.grace + 2
+        ):
+            break
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

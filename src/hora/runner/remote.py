@@ -1,0 +1,236 @@
+"""The launcher's side of a remote host: one SSH session running the hora agent (:mod:`hora.runner._remote`).
+
+The job description and the secret go to the agent on the session's stdin; the agent's frames come back on its
+stdout and are turned into rank pids, output lines (through the launcher's :class:`OutputPump`, so remote ranks are
+prefixed and recorded like local ones) and exit codes. Closing stdin tells the agent to stop its ranks; the SSH
+client itself runs in its own session with PR_SET_PDEATHSIG, so a launcher that dies takes the session, and with it
+every remote rank, down too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import IO, Any
+
+from hora.runner._protocol import CLOSED, ERROR, EXITED, HEADER, HELLO, OUTPUT, STARTED, write_message
+from hora.runner.output import OutputPump
+
+__all__ = ["RemoteHost", "RemoteRank"]
+
+_STREAMS = {1: "stdout", 2: "stderr"}
+#: Exit code reported for ranks whose host's SSH session ended before they reported their own (as ssh does).
+LOST = 255
+
+
+class RemoteRank:
+    """A rank on a remote host, as the launcher sees it: pid and exit code as the agent reports them."""
+
+    def __init__(self, rank: int, host: RemoteHost) -> None:
+        self.rank = rank
+        self.host = host
+        self.pid = 0
+        self.reason = ""  # set when the rank "failed" because its host did (lost connection, agent error)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def signal(self, sig: int) -> None:
+        self.host.signal(sig, [self.rank])
+
+    def reaped(self) -> None:
+        """The agent already killed what was left of the rank's session."""
+
+
+class RemoteHost:
+    """One SSH session to ``host`` that runs ``ranks`` through the agent."""
+
+    def __init__(
+        self,
+        host: str,
+        ranks: Sequence[int],
+        argv: list[str],
+        job: dict[str, Any],
+        pump: OutputPump,
+        start_timeout: float,
+        child_setup: Callable[[], None],
+        echo_stderr: bool = True,
+    ) -> None:
+        self.host = host
+        self.ranks = {r: RemoteRank(r, self) for r in ranks}
+        self.argv = argv
+        self._job = job
+        self._pump = pump
+        self._start_timeout = start_timeout
+        self._child_setup = child_setup
+        self._echo = echo_stderr
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.hello = False
+        self.agent_pid = 0
+        self.stderr_tail: deque[str] = deque(maxlen=20)
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._started_at = 0.0
+        self._open: set[tuple[int, str]] = set()
+        self._stdin_closed = False
+
+    def start(self) -> None:
+        """Start the ssh client (threads come later: the launcher forks every process before starting threads)."""
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=self._child_setup,
+        )
+        self._started_at = time.monotonic()
+        for r in self.ranks:
+            self._pump.add_remote(r)
+            self._open |= {(r, "stdout"), (r, "stderr")}
+
+    def start_threads(self) -> None:
+        for target, name in ((self._read_frames, "frames"), (self._read_stderr, "stderr")):
+            t = threading.Thread(target=target, name=f"hora-ssh-{self.host}-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    # -- reading the agent ---------------------------------------------------------------------------------------
+    def _read_frames(self) -> None:
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            with self._lock:
+                write_message(self.proc.stdin, self._job)
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # the session already ended: the end of stdout below says so
+        stdout = self.proc.stdout
+        try:
+            while True:
+                header = _read_exact(stdout, HEADER.size)
+                if header is None:
+                    break
+                kind, rank, stream, length = HEADER.unpack(header)
+                payload = _read_exact(stdout, length) if length else b""
+                if payload is None:
+                    break
+                self._handle(kind, rank, stream, payload)
+        finally:
+            self._lost()
+
+    def _handle(self, kind: int, rank: int, stream: int, payload: bytes) -> None:
+        if kind == HELLO:
+            self.hello = True
+            self.agent_pid = int(json.loads(payload)["pid"])
+        elif kind == STARTED and rank in self.ranks:
+            self.ranks[rank].pid = int(json.loads(payload)["pid"])
+        elif kind == OUTPUT and rank in self.ranks and stream in _STREAMS:
+            self._pump.feed(rank, _STREAMS[stream], payload)
+        elif kind == CLOSED and (rank, _STREAMS.get(stream, "")) in self._open:
+            self._open.discard((rank, _STREAMS[stream]))
+            self._pump.close_remote(rank, _STREAMS[stream])
+        elif kind == EXITED and rank in self.ranks:
+            self.ranks[rank].returncode = int(json.loads(payload)["code"])
+        elif kind == ERROR:
+            self._fail_all(f"host {self.host}: {payload.decode(errors='replace')}", 1)
+
+    def _read_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            self.stderr_tail.append(line)
+            if self._echo:
+                try:
+                    sys.stderr.write(f"[{self.host}]<ssh>: {line}\n")
+                    sys.stderr.flush()
+                except (ValueError, OSError):
+                    pass
+
+    def _lost(self) -> None:
+        """The session ended: every rank that did not report its exit has failed with its host."""
+        code: int | None = None
+        if self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
+        for t in self._threads:
+            if t is not threading.current_thread() and t.name.endswith("stderr"):
+                t.join(timeout=2.0)
+        tail = "; ".join(x for x in list(self.stderr_tail)[-3:] if x.strip())
+        why = f"ssh exited with {code}" if code is not None else "ssh stopped answering"
+        self._fail_all(f"lost the connection to host {self.host} ({why}{': ' + tail if tail else ''})", LOST)
+        for rank, stream in sorted(self._open):
+            self._pump.close_remote(rank, stream)
+        self._open.clear()
+
+    def _fail_all(self, reason: str, code: int) -> None:
+        for r in self.ranks.values():
+            if r.returncode is None:
+                r.reason = reason
+                r.returncode = code
+
+    # -- controlling it ------------------------------------------------------------------------------------------
+    def check(self, now: float) -> None:
+        """Fail the host's ranks when its agent never said hello within the start time-out."""
+        if not self.hello and now - self._started_at > self._start_timeout and self.proc is not None:
+            self._fail_all(
+                f"host {self.host}: the hora agent did not start within {self._start_timeout:g}s "
+                "(is hora installed there, at the same Python path?)",
+                LOST,
+            )
+            self.kill()
+
+    def signal(self, sig: int, ranks: list[int] | None = None) -> None:
+        if self.proc is None or self.proc.stdin is None:
+            return
+        with self._lock:
+            if self._stdin_closed:
+                return
+            try:
+                write_message(self.proc.stdin, {"signal": int(sig), "ranks": ranks})
+            except (BrokenPipeError, OSError, ValueError):
+                pass
+
+    def close(self, timeout: float) -> None:
+        """Tell the agent the job is over (it stops whatever still runs), then wait for the session to end."""
+        if self.proc is None:
+            return
+        with self._lock:
+            self._stdin_closed = True
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.proc.wait()
+        for t in self._threads:
+            t.join(timeout=5.0)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _read_exact(f: IO[bytes], n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        chunk = f.read(n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
