@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hora.errors import ConfigError
+from hora.errors import ConfigError, HostError
 from hora.runner import run_command
 from hora.runner.allocation import (
     Allocation,
@@ -168,10 +168,11 @@ def test_run_command_np_above_the_allocation():
         run_command([sys.executable, "-c", "pass"], np=3, env=env)
 
 
-def test_run_command_multi_node_allocation_names_the_limitation():
-    env = _env(SLURM_JOB_NODELIST=f"{socket.gethostname()},other-node-x", SLURM_TASKS_PER_NODE="2(x2)")
-    with pytest.raises(ConfigError, match=r"host 'other-node-x' is not this machine.*hosts from the Slurm allocation"):
-        run_command([sys.executable, "-c", "pass"], env=env)
+def test_run_command_multi_node_allocation_goes_to_the_ssh_launcher():
+    """The allocation's other nodes are remote hosts: the SSH preflight checks them and names the one it can't use."""
+    env = _env(SLURM_JOB_NODELIST=f"{socket.gethostname()},other-node-x.invalid", SLURM_TASKS_PER_NODE="2(x2)")
+    with pytest.raises(HostError, match=r"host other-node-x\.invalid: the name does not resolve"):
+        run_command([sys.executable, "-c", "pass"], env=env, start_timeout=10)
 
 
 def test_explicit_hosts_beat_the_allocation():
