@@ -230,6 +230,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
             "addr": listener.address[0],
             "port": listener.address[1],
             "hint": [launch.local_rank, launch.local_size],
+            "kernel": _kernel_id(),
             "engine": [config.fusion_threshold, config.cache_capacity],
         }
         store.set(f"rank/{rank}", json.dumps(me))
@@ -393,6 +394,16 @@ def _choose_transport(config: Config, hosts: list[str]) -> str:
     return config.transport
 
 
+def _kernel_id() -> str:
+    """This kernel's boot id: ranks reporting different host names but the same id share one machine's cores
+    (fake host names, network-namespace "hosts"), which decides whether shared-memory waits may spin."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def _store_barrier(store: RendezvousClient, key: str, n: int, deadline: float, rank: int) -> None:
     store.add(key, 1)
     try:
@@ -415,6 +426,7 @@ def _shm_plane(
     deadline: float,
     group: list[int] | None = None,
     host_index: int | None = None,
+    busy_processes: int = 0,
 ) -> ShmPlane:
     """The shared-memory plane of the ranks ``group`` (default: every rank), whose local rank 0 creates it.
 
@@ -431,13 +443,15 @@ def _shm_plane(
     try:
         if me == 0:
             plane = ShmPlane(
-                name, 0, n, config.shm_chunk_bytes, pids, config.op_timeout, True, exchange, labels
+                name, 0, n, config.shm_chunk_bytes, pids, config.op_timeout, True, exchange, labels,
+                busy_processes,
             )
             store.set(f"shm{suffix}", name)
         else:
             store.wait([f"shm{suffix}"], _left(deadline))
             plane = ShmPlane(
-                name, me, n, config.shm_chunk_bytes, pids, config.op_timeout, False, exchange, labels
+                name, me, n, config.shm_chunk_bytes, pids, config.op_timeout, False, exchange, labels,
+                busy_processes,
             )
         _store_barrier(store, f"shm-attached{suffix}", n, deadline, rank)
     except BaseException:
@@ -467,7 +481,11 @@ def _hierarchical_plane(
     group, local_rank = hosts[host], hosts[host].index(rank)
     local: DataPlane = SelfPlane()
     if len(group) > 1:
-        local = _shm_plane(config, store, boot, peers, rank, len(peers), generation, deadline, group, host)
+        kernel = peers[rank].get("kernel")
+        sharing = sum(1 for p in peers if kernel and p.get("kernel") == kernel)  # ranks on this machine's cores
+        local = _shm_plane(
+            config, store, boot, peers, rank, len(peers), generation, deadline, group, host, sharing
+        )
     lane: TcpPlane | None = None
     try:
         if local_rank < min(len(rs) for rs in hosts):

@@ -121,6 +121,7 @@ class ShmPlane(DataPlane):
         create: bool,
         exchange_bytes: int = 0,
         labels: list[str] | None = None,
+        busy_processes: int = 0,
     ) -> None:
         self.rank, self.size, self.name = rank, size, name
         self._peers = peers  # (pid, start time) per rank
@@ -174,9 +175,13 @@ class ShmPlane(DataPlane):
         self._epoch = 0
         self._step = 0
         ncpu = os.cpu_count() or 1
-        self._spins = 4000 if size <= ncpu else 20
+        # Spinning pays only while every process that competes for this machine's cores has one: that is the
+        # group's size, unless other groups run here too (``busy_processes``: fake or namespace "hosts" of a
+        # multi-host job that share one kernel).
+        crowded = max(size, busy_processes) > ncpu
+        self._spins = 20 if crowded else 4000
         self._lazy_spins = min(self._spins, 100)
-        self._yields = 50 if size <= ncpu else 5
+        self._yields = 5 if crowded else 50
         self._scratch = np.empty(0, np.float32)
 
     # -- lifecycle --------------------------------------------------------------------------------------------
