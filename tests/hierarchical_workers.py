@@ -142,3 +142,22 @@ def settings_worker() -> dict:
 
 
 __all__ = ["compare_worker", "killed_peer_worker", "settings_worker", "topology_worker"]
+
+
+def process_set_worker() -> bool:
+    """A process set spanning both hosts runs over TCP among its members while the global set is hierarchical."""
+    from hora import _process_sets as ps
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    members = [0, n - 2, n - 1]
+    pset = ps.add_process_set(members)
+    x = data(r, "int32", (1001,))
+    if r in members:
+        with ps.scope(pset):
+            got = hvd.allreduce(x, op=hvd.Sum, name="set.sum")
+        check(got, reference(hvd.Sum, [data(k, "int32", (1001,)) for k in members], "int32"), "process set allreduce")
+    check(hvd.allreduce(x, op=hvd.Sum, name="global.sum"),
+          reference(hvd.Sum, [data(k, "int32", (1001,)) for k in range(n)], "int32"), "global allreduce")
+    hvd.shutdown()
+    return True

@@ -7,12 +7,22 @@ the same results, on equal and unequal numbers of ranks per host and on hosts of
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import collective_workers as cw
 from fakehosts import run_failing_on_hosts, run_on_hosts
-from hierarchical_workers import compare_worker, killed_peer_worker, settings_worker, topology_worker
+from hierarchical_workers import (
+    compare_worker,
+    killed_peer_worker,
+    process_set_worker,
+    settings_worker,
+    topology_worker,
+)
 
 LAYOUTS = ["a:2,b:2", "a:3,b:1", "a:1,b:1,c:1"]
 SMALL = {"shm_chunk_bytes": 4096, "tcp_chunk_bytes": 4096}  # many steps even for small tensors
@@ -69,6 +79,28 @@ def test_hierarchical_with_default_chunks_on_interleaved_hosts():
 def test_collective_suite_on_two_hosts_of_two(worker):
     """The single-host suite's self-checking workers, hierarchical across 2 hosts x 2 ranks."""
     assert all(run_on_hosts(worker, "a:2,b:2", **SMALL))
+
+
+@pytest.mark.parametrize("spec", ["a:2,b:2", "a:3,b:1"])
+def test_join_contributes_zeros_across_hosts(spec):
+    assert run_on_hosts(cw.join_worker, spec, int(cw.hvd.Average)) == [3] * 4
+
+
+def test_process_set_across_hosts():
+    assert all(run_on_hosts(process_set_worker, "a:2,b:2"))
+
+
+def test_hora_run_flags_reach_the_workers():
+    script = ("from hora.config import Config; c = Config.resolve(); "
+              "print('FLAGS', c.hierarchical_allreduce, c.hierarchical_allgather)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORA_", "HOROVOD_"))}
+    env["HOROVOD_HIERARCHICAL_ALLGATHER"] = "0"  # the Horovod name works; the flag beats it
+    for flags, expected in [([], "FLAGS True False"),
+                            (["--no-hierarchical-allreduce", "--hierarchical-allgather"], "FLAGS False True")]:
+        proc = subprocess.run([sys.executable, "-m", "hora", "run", "-np", "1", *flags, sys.executable, "-c", script],
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert expected in proc.stdout, proc.stdout
 
 
 def test_allreduce_only_hierarchical_and_allgather_only_hierarchical():
