@@ -51,8 +51,9 @@ class Outcome:
 
 
 def start(fn: Callable[..., Any], hosts: Sequence[str], args: Sequence[Any], settings: dict[str, Any],
-          timeout: float) -> Outcome:
-    """Run ``fn(*args)`` on one rank per entry of ``hosts`` (the fake host of each rank) and wait for all."""
+          timeout: float, stop_when: Callable[[], bool] | None = None) -> Outcome:
+    """Run ``fn(*args)`` on one rank per entry of ``hosts`` (the fake host of each rank) and wait for all, or until
+    ``stop_when()`` says the ranks still running may be killed (a test that stopped a rank on purpose)."""
     from hora.config import Config
 
     n = len(hosts)
@@ -81,12 +82,13 @@ def start(fn: Callable[..., Any], hosts: Sequence[str], args: Sequence[Any], set
                                           stderr=err))
         deadline = time.monotonic() + timeout
         timed_out = False
-        for p in procs:
-            try:
-                p.wait(timeout=max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
+        while any(p.poll() is None for p in procs):
+            if stop_when is not None and stop_when():
+                break
+            if time.monotonic() > deadline:
                 timed_out = True
                 break
+            time.sleep(0.05)
         if timed_out:  # dump every rank's stacks into its stderr, then end them
             for p in procs:
                 if p.poll() is None:
@@ -133,12 +135,12 @@ def run_on_hosts(fn: Callable[..., Any], spec: str, *args: Any, timeout: float =
 
 
 def run_failing_on_hosts(fn: Callable[..., Any], spec: str, *args: Any, timeout: float = 180.0,
-                         **settings: Any) -> Outcome:
+                         stop_when: Callable[[], bool] | None = None, **settings: Any) -> Outcome:
     """Like :func:`run_on_hosts` for a job expected to fail (but not to hang)."""
     import pytest
 
     hosts = layout(spec)
-    outcome = start(fn, hosts, args, settings, timeout)
+    outcome = start(fn, hosts, args, settings, timeout, stop_when)
     if outcome.timed_out:
         pytest.fail(f"the job on {spec} hung until the {timeout:g}s limit:\n{_dump(outcome, hosts)}", pytrace=False)
     return outcome

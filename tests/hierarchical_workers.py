@@ -134,6 +134,24 @@ def killed_peer_worker(tmpdir: str, victim: int) -> None:
     raise AssertionError("the loop ended without losing the peer")
 
 
+def stuck_worker(tmpdir: str, victim: int) -> None:
+    """The victim stops (SIGSTOP) between collectives, alive but stuck; the others must fail with a clear error."""
+    hvd.init()
+    r = hvd.rank()
+    x = np.ones(1_000_000, np.float32)
+    hvd.allreduce(x, name="warmup")
+    if r == victim:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    try:
+        for i in range(100_000):
+            hvd.allreduce(x, name=f"big{i}")
+    except HoraError as exc:
+        with open(os.path.join(tmpdir, f"survivor.{r}"), "w") as f:
+            f.write(f"{type(exc).__name__}: {exc}")
+        os._exit(3)
+    raise AssertionError("the loop ended without an error")
+
+
 def settings_worker() -> dict:
     hvd.init()
     info = _plane_info()
@@ -141,7 +159,8 @@ def settings_worker() -> dict:
     return info
 
 
-__all__ = ["compare_worker", "killed_peer_worker", "settings_worker", "topology_worker"]
+__all__ = ["compare_worker", "killed_peer_worker", "process_set_worker", "settings_worker", "stuck_worker",
+           "topology_worker"]
 
 
 def process_set_worker() -> bool:

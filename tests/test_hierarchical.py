@@ -21,6 +21,7 @@ from hierarchical_workers import (
     killed_peer_worker,
     process_set_worker,
     settings_worker,
+    stuck_worker,
     topology_worker,
 )
 
@@ -161,3 +162,24 @@ def test_a_rank_killed_mid_collective_fails_every_rank(tmp_path, spec, victim):
         # PeerLostError from whoever noticed first; the others learn it from them (abort word, closed sockets)
         assert message.startswith("PeerLostError"), message
         assert "rank" in message and ("died" in message or "left" in message or "failed" in message), message
+
+
+@pytest.mark.parametrize("victim", [3, 0])
+def test_a_stuck_rank_times_out_on_every_host(tmp_path, victim):
+    """A rank alive but stopped: its host-mate times out in shared memory, the other host through it (EOF)."""
+    spec, n = "a:2,b:2", 4
+    survivors = [r for r in range(n) if r != victim]
+
+    def reported() -> bool:
+        return all((tmp_path / f"survivor.{r}").exists() for r in survivors)
+
+    outcome = run_failing_on_hosts(stuck_worker, spec, str(tmp_path), victim, timeout=120, stop_when=reported,
+                                   op_timeout=3)
+    for r in survivors:
+        report = tmp_path / f"survivor.{r}"
+        assert report.exists(), f"rank {r} never raised:\n{outcome.stderr[r]}"
+        message = report.read_text()
+        assert message.startswith(("TimeoutError", "PeerLostError")), message
+    texts = [(tmp_path / f"survivor.{r}").read_text() for r in survivors]
+    # whoever waited on the stuck rank says so, naming it and its host
+    assert any("TimeoutError" in t and f"rank {victim} (host {'a' if victim < 2 else 'b'})" in t for t in texts), texts
