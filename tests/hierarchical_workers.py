@@ -65,6 +65,17 @@ def compare_worker() -> dict:
         got = hvd.synchronize(h)
         check(got, reference(op, [data(k, dtype, shape, salt=i) for k in range(n)], dtype), f"fused {i}")
         out[f"fused {i}"] = got
+    # the same names step after step, as in training: after the first step they come from the response cache
+    for step in range(4):
+        hs = [hvd.allreduce_async(data(r, "float32", (50 + i,), salt=step), op=hvd.Sum, name=f"cached.{i}")
+              for i in range(6)]
+        for i, h in enumerate(hs):
+            got = hvd.synchronize(h)
+            check(got, reference(hvd.Sum, [data(k, "float32", (50 + i,), salt=step) for k in range(n)], "float32"),
+                  f"cached {i} step {step}")
+            out[f"cached {i} {step}"] = got
+    cache = current().engine._cache
+    assert cache is not None and len(cache) >= 6, "the repeated allreduces should sit in the response cache"
     # fused with scale factors, and grouped
     scaled = [hvd.allreduce_async(data(r, "float32", (7 + i,), salt=i), op=hvd.Sum, prescale_factor=0.5,
                                   postscale_factor=4.0, name=f"fscaled.{i}") for i in range(6)]
