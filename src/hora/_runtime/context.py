@@ -438,7 +438,8 @@ def _shm_plane(
     me, n = group.index(rank), len(group)
     pids = [(int(peers[r]["pid"]), int(peers[r]["start"])) for r in group]
     labels = [f"rank {r}" if host_index is None else f"rank {r} (host {peers[r]['host']})" for r in group]
-    exchange = exchange_row_bytes(config.cache_capacity, n)
+    # the engine's exchange rows live in the segment only where the segment is the whole job's plane
+    exchange = exchange_row_bytes(config.cache_capacity, n) if host_index is None else 0
     plane: ShmPlane | None = None
     try:
         if me == 0:
