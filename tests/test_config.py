@@ -257,6 +257,8 @@ def _non_default_config() -> Config:
         start_timeout=12.5,
         op_timeout=60.25,
         transport="tcp",
+        hierarchical_allreduce=False,
+        hierarchical_allgather=False,
         shm_chunk_bytes=4096,
         tcp_chunk_bytes=8192,
         max_frame_bytes=1 << 16,

@@ -27,6 +27,8 @@ FLAGS = {
     "stall_check_disable": "--no-stall-check",
     "stall_check_time": "--stall-check-warning-time-seconds",
     "stall_shutdown_time": "--stall-check-shutdown-time-seconds",
+    "hierarchical_allreduce": "--hierarchical-allreduce",
+    "hierarchical_allgather": "--hierarchical-allgather",
 }
 
 #: Settings the launcher itself gives every worker; what the launcher's environment says of them does not matter.
@@ -169,6 +171,19 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
         help="shut the job down when a collective has waited S seconds for some ranks; 0 never, else at least the "
         "warning time (default 0; HORA_STALL_SHUTDOWN_TIME_SECONDS)",
     )
+    engine.add_argument(
+        "--hierarchical-allreduce",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="on multi-host jobs, allreduce through shared memory within hosts and TCP across them, or (--no-...) "
+        "over one flat TCP ring (default on; HORA_HIERARCHICAL_ALLREDUCE)",
+    )
+    engine.add_argument(
+        "--hierarchical-allgather",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the same choice for allgather and broadcast (default on; HORA_HIERARCHICAL_ALLGATHER)",
+    )
     p.add_argument(
         "--rendezvous-port",
         type=int,
@@ -246,6 +261,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "stall_check_disable": args.no_stall_check,
         "stall_check_time": args.stall_check_warning_time_seconds,
         "stall_shutdown_time": args.stall_check_shutdown_time_seconds,
+        "hierarchical_allreduce": args.hierarchical_allreduce,
+        "hierarchical_allgather": args.hierarchical_allgather,
     }
     return {k: v for k, v in given.items() if v is not None}
 

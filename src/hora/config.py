@@ -124,7 +124,30 @@ class Config:
         "auto",
         _choice("auto", "shm", "tcp"),
         "HORA_TRANSPORT",
-        help="Data plane: 'shm' (shared memory, one host only), 'tcp', or 'auto' (shm when all ranks share a host).",
+        help="Data plane: 'shm' (shared memory, one host only), 'tcp', or 'auto' (shm when all ranks share a host; "
+        "across hosts, TCP with shared memory within each host as the HORA_HIERARCHICAL_* settings say).",
+    )
+    hierarchical_allreduce: bool = _setting(
+        True,
+        _parse_bool,
+        "HORA_HIERARCHICAL_ALLREDUCE",
+        "HOROVOD_HIERARCHICAL_ALLREDUCE",
+        help=(
+            "On jobs spanning several hosts: allreduce as a shared-memory reduce-scatter within each host, TCP "
+            "rings across hosts (each local rank carrying a slice), and a shared-memory allgather (1), or one "
+            "flat TCP ring over every rank (0). No effect on one host or with HORA_TRANSPORT=tcp."
+        ),
+    )
+    hierarchical_allgather: bool = _setting(
+        True,
+        _parse_bool,
+        "HORA_HIERARCHICAL_ALLGATHER",
+        "HOROVOD_HIERARCHICAL_ALLGATHER",
+        help=(
+            "On jobs spanning several hosts: allgather and broadcast through shared memory within each host and "
+            "TCP rings across hosts (1), or over one flat TCP ring (0). No effect on one host or with "
+            "HORA_TRANSPORT=tcp."
+        ),
     )
     shm_chunk_bytes: int = _setting(
         2 << 20,

@@ -26,6 +26,7 @@ from hora._runtime.connections import PeerListener, close_all, connect_peers
 from hora._runtime.environment import LaunchInfo, detect
 from hora._runtime.rendezvous import RendezvousClient, _MissingKeys
 from hora._transport.base import DataPlane, SelfPlane
+from hora._transport.hierarchical import HierarchicalPlane
 from hora._transport.liveness import process_start_time
 from hora._transport.shm import ShmPlane, job_prefix
 from hora._transport.tcp import TcpPlane
@@ -251,6 +252,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
             "addr": listener.address[0],
             "port": listener.address[1],
             "hint": [launch.local_rank, launch.local_size],
+            "kernel": _kernel_id(),
             "engine": [config.fusion_threshold, config.cache_capacity],
         }
         store.set(f"rank/{rank}", json.dumps(me))
@@ -271,7 +273,8 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         expected: set[tuple[Role, int]] = set()
         if rank == 0:
             expected |= {(Role.CONTROL, r) for r in range(1, size)}
-        if transport == "tcp":
+        mesh = transport in ("tcp", "hierarchical")  # the flat ring over every rank; lanes share its sockets
+        if mesh:
             expected |= {(Role.DATA, r) for r in range(rank + 1, size)}
         listener.start_accepting(expected, deadline)
         dialed_control = connect_peers(
@@ -283,7 +286,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         )
         cleanup.extend(dialed_control.values())
         dialed_data = connect_peers(
-            [(r, peers[r]["addr"], peers[r]["port"]) for r in range(rank)] if transport == "tcp" else [],
+            [(r, peers[r]["addr"], peers[r]["port"]) for r in range(rank)] if mesh else [],
             Role.DATA,
             rank,
             boot.secret,
@@ -297,9 +300,16 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         plane: DataPlane
         if size == 1:
             plane = SelfPlane()
-        elif transport == "tcp":
+        elif mesh:
             data = {**dialed_data, **{r: s for (role, r), s in accepted.items() if role is Role.DATA}}
-            plane = TcpPlane(rank, size, data, config.tcp_chunk_bytes, config.op_timeout)
+            labels = {r: f"rank {r} (host {p['host']})" for r, p in enumerate(peers)}
+            flat = TcpPlane(rank, size, data, config.tcp_chunk_bytes, config.op_timeout, labels)
+            if transport == "tcp":
+                plane = flat
+            else:
+                cleanup.append(flat)
+                plane = _hierarchical_plane(config, store, boot, peers, topo, rank, flat, data, generation, deadline)
+                cleanup.remove(flat)
         else:
             plane = _shm_plane(config, store, boot, peers, rank, size, generation, deadline)
         cleanup.append(plane)
@@ -363,6 +373,7 @@ def _topology(peers: list[dict[str, Any]], rank: int, source: str) -> dict[str, 
     cross = [h for h in hosts if len(local[h]) > local_rank]
     return {
         "hosts": hosts,
+        "local": [local[h] for h in hosts],
         "local_rank": local_rank,
         "local_size": local_size,
         "cross_rank": cross.index(my_host),
@@ -395,8 +406,20 @@ def _choose_transport(config: Config, hosts: list[str]) -> str:
             f"({', '.join(hosts)}); use tcp or auto."
         )
     if config.transport == "auto":
-        return "shm" if len(hosts) == 1 else "tcp"
+        if len(hosts) == 1:
+            return "shm"
+        return "hierarchical" if config.hierarchical_allreduce or config.hierarchical_allgather else "tcp"
     return config.transport
+
+
+def _kernel_id() -> str:
+    """This kernel's boot id: ranks reporting different host names but the same id share one machine's cores
+    (fake host names, network-namespace "hosts"), which decides whether shared-memory waits may spin."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _store_barrier(store: RendezvousClient, key: str, n: int, deadline: float, rank: int) -> None:
@@ -419,26 +442,93 @@ def _shm_plane(
     size: int,
     generation: int,
     deadline: float,
+    group: list[int] | None = None,
+    host_index: int | None = None,
+    busy_processes: int = 0,
 ) -> ShmPlane:
-    name = f"{job_prefix(boot.job_id)}{config.attempt}-{generation}"
-    pids = [(int(p["pid"]), int(p["start"])) for p in peers]
-    exchange = exchange_row_bytes(config.cache_capacity, size)
+    """The shared-memory plane of the ranks ``group`` (default: every rank), whose local rank 0 creates it.
+
+    In a multi-host job every host has its own segment, named and keyed by the host's index, so hosts that are
+    really one machine (fake host names in tests) never share one."""
+    group = list(range(size)) if group is None else group
+    suffix = "" if host_index is None else f"-h{host_index}"
+    name = f"{job_prefix(boot.job_id)}{config.attempt}-{generation}{suffix}"
+    me, n = group.index(rank), len(group)
+    pids = [(int(peers[r]["pid"]), int(peers[r]["start"])) for r in group]
+    labels = [f"rank {r}" if host_index is None else f"rank {r} (host {peers[r]['host']})" for r in group]
+    # the engine's exchange rows live in the segment only where the segment is the whole job's plane
+    exchange = exchange_row_bytes(config.cache_capacity, n) if host_index is None else 0
     plane: ShmPlane | None = None
     try:
-        if rank == 0:
+        if me == 0:
             plane = ShmPlane(
-                name, 0, size, config.shm_chunk_bytes, pids, config.op_timeout, True, exchange
+                name, 0, n, config.shm_chunk_bytes, pids, config.op_timeout, True, exchange, labels,
+                busy_processes,
             )
-            store.set("shm", name)
+            store.set(f"shm{suffix}", name)
         else:
-            store.wait(["shm"], _left(deadline))
+            store.wait([f"shm{suffix}"], _left(deadline))
             plane = ShmPlane(
-                name, rank, size, config.shm_chunk_bytes, pids, config.op_timeout, False, exchange
+                name, me, n, config.shm_chunk_bytes, pids, config.op_timeout, False, exchange, labels,
+                busy_processes,
             )
-        _store_barrier(store, "shm-attached", size, deadline, rank)
+        _store_barrier(store, f"shm-attached{suffix}", n, deadline, rank)
     except BaseException:
         if plane is not None:
             plane.close()
         raise
     plane.unlink()  # every rank has it mapped: from now on a crash cannot leak the segment
     return plane
+
+
+def _hierarchical_plane(
+    config: Config,
+    store: RendezvousClient,
+    boot: Bootstrap,
+    peers: list[dict[str, Any]],
+    topo: dict[str, Any],
+    rank: int,
+    flat: TcpPlane,
+    data: dict[int, socket.socket],
+    generation: int,
+    deadline: float,
+) -> HierarchicalPlane:
+    """Shared memory among this host's ranks, this rank's lane (a TCP ring among the ranks with its local rank,
+    one per host, over sockets of the flat mesh) and the flat ring; see :mod:`hora._transport.hierarchical`."""
+    hosts: list[list[int]] = topo["local"]
+    host = next(h for h, rs in enumerate(hosts) if rank in rs)
+    group, local_rank = hosts[host], hosts[host].index(rank)
+    local: DataPlane = SelfPlane()
+    if len(group) > 1:
+        kernel = peers[rank].get("kernel")
+        sharing = sum(1 for p in peers if kernel and p.get("kernel") == kernel)  # ranks on this machine's cores
+        local = _shm_plane(
+            config, store, boot, peers, rank, len(peers), generation, deadline, group, host, sharing
+        )
+    lane: TcpPlane | None = None
+    try:
+        if local_rank < min(len(rs) for rs in hosts):
+            members = [rs[local_rank] for rs in hosts]  # lane index = host index
+            lane = TcpPlane(
+                host,
+                len(hosts),
+                {i: data[r] for i, r in enumerate(members) if r != rank},
+                config.tcp_chunk_bytes,
+                config.op_timeout,
+                {i: f"rank {r} (host {peers[r]['host']})" for i, r in enumerate(members)},
+            )
+        return HierarchicalPlane(
+            rank,
+            len(peers),
+            hosts,
+            local,
+            lane,
+            flat,
+            config.hierarchical_allreduce,
+            config.hierarchical_allgather,
+        )
+    except BaseException:
+        local.close()
+        if lane is not None:
+            lane.close()
+        raise

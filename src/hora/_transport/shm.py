@@ -120,9 +120,13 @@ class ShmPlane(DataPlane):
         op_timeout: float,
         create: bool,
         exchange_bytes: int = 0,
+        labels: list[str] | None = None,
+        busy_processes: int = 0,
     ) -> None:
         self.rank, self.size, self.name = rank, size, name
         self._peers = peers  # (pid, start time) per rank
+        # how messages name each rank (a host's plane in a multi-host job names ranks of the whole job)
+        self._labels = labels or [f"rank {r}" for r in range(size)]
         self._timeout = op_timeout
         xoff, self._xlen, header, self._chunk, total = _layout(size, chunk_bytes, exchange_bytes)
         self._sub = self._chunk // size  # bytes per owner (or destination) per step, a multiple of 64
@@ -171,9 +175,13 @@ class ShmPlane(DataPlane):
         self._epoch = 0
         self._step = 0
         ncpu = os.cpu_count() or 1
-        self._spins = 4000 if size <= ncpu else 20
+        # Spinning pays only while every process that competes for this machine's cores has one: that is the
+        # group's size, unless other groups run here too (``busy_processes``: fake or namespace "hosts" of a
+        # multi-host job that share one kernel).
+        crowded = max(size, busy_processes) > ncpu
+        self._spins = 20 if crowded else 4000
         self._lazy_spins = min(self._spins, 100)
-        self._yields = 50 if size <= ncpu else 5
+        self._yields = 5 if crowded else 50
         self._scratch = np.empty(0, np.float32)
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -267,14 +275,14 @@ class ShmPlane(DataPlane):
                 late = [r for r in range(self.size) if ctr[r] < v]
                 dead = [r for r in late if not process_alive(*self._peers[r])]
                 if dead:
-                    desc = ", ".join(f"rank {r} (pid {self._peers[r][0]})" for r in dead)
+                    desc = ", ".join(f"{self._labels[r]} (pid {self._peers[r][0]})" for r in dead)
                     message = f"{desc} died during {self.what}; this rank cannot continue"
                     self.abort(message)
                     raise PeerLostError(message)
                 if now - start > self._timeout:
                     message = (
                         f"{self.what} waited {self._timeout:g}s for "
-                        + ", ".join(f"rank {r}" for r in late)
+                        + ", ".join(self._labels[r] for r in late)
                         + " inside the shared-memory transport; the peer is alive but stuck "
                         "(raise HORA_OP_TIMEOUT_SECONDS if it is just slow)"
                     )
@@ -285,7 +293,8 @@ class ShmPlane(DataPlane):
         who = int(self._abort[0]) - 1
         raw = bytes(self._reason)
         reason = raw[: raw.index(0)].decode(errors="replace") if 0 in raw else raw.decode(errors="replace")
-        raise PeerLostError(f"{self.what} aborted because rank {who} failed: {reason}")
+        name = self._labels[who] if 0 <= who < self.size else f"rank {who}"
+        raise PeerLostError(f"{self.what} aborted because {name} failed: {reason}")
 
     def _typed(self, r: int, b: int, dtype: np.dtype) -> np.ndarray:
         return self._bufs[r][b].view(dtype)
