@@ -62,9 +62,12 @@ def hora_cli(*args: str) -> list[str]:
 
 
 # -- jobs that work -------------------------------------------------------------------------------------------------
-def test_collective_suite_across_two_ssh_hosts(netns_cluster):
+@pytest.mark.parametrize("hierarchical", [True, False], ids=["hierarchical", "flat"])
+def test_collective_suite_across_two_ssh_hosts(netns_cluster, hierarchical):
+    """Both data planes across real (namespace) hosts pass the same self-checking suite."""
     c = netns_cluster
-    results = run_ranks(suite_worker, 4, hosts=hosts_of(c, 2, 2), timeout=LIMIT, **c.ssh_kwargs())
+    flags = {"hierarchical_allreduce": hierarchical, "hierarchical_allgather": hierarchical}
+    results = run_ranks(suite_worker, 4, hosts=hosts_of(c, 2, 2), timeout=LIMIT, **c.ssh_kwargs(), **flags)
     for r, res in enumerate(results):
         assert res["allreduce_worker"] > 0 and all(
             res[k] for k in ("allgather_worker", "broadcast_worker", "alltoall_worker", "reducescatter_worker",
@@ -73,7 +76,8 @@ def test_collective_suite_across_two_ssh_hosts(netns_cluster):
         where = res["where"]
         host = c.hosts[r // 2]
         assert where["host"] == host.addr and where["bind"] == host.addr, where
-        assert where["transport"] == "tcp" and where["hosts"] == sorted(h.addr for h in c.hosts)
+        transport = "hierarchical" if hierarchical else "tcp"
+        assert where["transport"] == transport and where["hosts"] == sorted(h.addr for h in c.hosts)
         # each rank really ran inside its host's network namespace
         assert where["pid_ns"] == f"net:[{c.netns_inode(host.netns)}]"
     assert_hosts_clean(c)
@@ -97,7 +101,7 @@ def test_topology_with_heterogeneous_slots(netns_cluster):
         )
         assert env["LOCAL_WORLD_SIZE"] == str(exp[2]) and env["MASTER_ADDR"] == c.hosts[0].addr
         host = c.hosts[0 if r < 2 else 1]
-        assert info["transport"] == "tcp" and info["net_ns"] == f"net:[{c.netns_inode(host.netns)}]"
+        assert info["transport"] == "hierarchical" and info["net_ns"] == f"net:[{c.netns_inode(host.netns)}]"
     assert_hosts_clean(c)
 
 
@@ -183,7 +187,7 @@ def test_several_loopback_hosts_run_locally_without_ssh(monkeypatch, tmp_path):
         addr = "127.0.0.2" if r < 2 else "127.0.0.3"
         assert (info["host"], info["bind"], info["hora_hostname"]) == (addr, addr, addr)
         assert (info["local_rank"], info["local_size"], info["cross_rank"], info["cross_size"]) == (r % 2, 2, r // 2, 2)
-        assert info["transport"] == "tcp"
+        assert info["transport"] == "hierarchical"
 
 
 def test_port_range_bounds_the_ranks_listeners(netns_cluster):
