@@ -233,8 +233,7 @@ class JobRunner:
         for host in self.hosts:
             layout = self.layouts[host]
             write_host_config(self.spec, layout, host)
-            shutil.copytree(self.spec.source_dir, layout.code_dir, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(self.spec.source_dir, layout.code_dir, dirs_exist_ok=True, ignore=self._ignore_in_source)
             env = sm_environment(self.spec, layout, host, cpus, gpus)
             (self.job_dir / "hora" / f"env-{host}.json").write_text(json.dumps(env, indent=1))
         user_hps = json.loads(self.job_dir.joinpath("hora", f"env-{self.hosts[0]}.json").read_text())["SM_HPS"]
@@ -249,6 +248,15 @@ class JobRunner:
         }
         (self.job_dir / "hora" / "plan.json").write_text(json.dumps(plan, indent=1))
         self.say(f"hosts {', '.join(self.hosts)} set up under {self.job_dir / 'hosts'}")
+
+    def _ignore_in_source(self, directory: str, names: list[str]) -> list[str]:
+        """Not copied into code/: caches, and the job store itself when it lies inside the source dir (it would
+        copy itself forever)."""
+        skip = {str(self.store.home.resolve())}
+        if self.spec.output_path and not self.spec.output_path.startswith("s3://"):
+            skip.add(self.spec.output_path)
+        return [n for n in names
+                if n == "__pycache__" or n.endswith(".pyc") or os.path.join(os.path.realpath(directory), n) in skip]
 
     def _env_dir(self) -> Path:
         return self.job_dir / "env"
