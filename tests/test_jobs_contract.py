@@ -70,7 +70,7 @@ def job(tmp_path_factory):
 
 
 def test_config_files(job):
-    spec, hosts, _ = job
+    _, hosts, _ = job
     for name, root in hosts.items():
         config = root / "input" / "config"
         hps = json.loads((config / "hyperparameters.json").read_text())

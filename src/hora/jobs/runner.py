@@ -9,6 +9,7 @@ The supervisor (:class:`JobRunner`) is the master host's job: it starts every ra
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -36,7 +37,7 @@ from hora.jobs.contract import (
 )
 from hora.jobs.spec import JobSpec
 from hora.jobs.store import JobRecord, JobStore
-from hora.runner.launch import LaunchSpec, RunResult, launch
+from hora.runner.launch import Failure, LaunchSpec, RunResult, _root_cause, launch
 
 __all__ = ["JobRunner", "entry_command", "failure_reason"]
 
@@ -90,23 +91,34 @@ def failure_reason(job_dir: Path, hosts: list[str], processes_per_host: int, att
                 rc = result.root_cause
                 code = rc.exit_code if rc is not None else result.exit_code
                 return f"AlgorithmError: {host} wrote output/failure:\n{text[:4096]}", code
-    rc = result.root_cause
+    statuses = {}
+    for path in (job_dir / "hora" / f"attempt-{attempt}").glob("rank-*.json"):
+        status = json.loads(path.read_text())
+        statuses[status["rank"]] = status
+    rc = _root_cause_with_tails(result, statuses)
     if rc is None:
         return f"AlgorithmError: the ranks ended with exit code {result.exit_code}", result.exit_code
-    status_file = job_dir / "hora" / f"attempt-{attempt}" / f"rank-{rc.rank}.json"
     host = hosts[host_index_of_rank(rc.rank, processes_per_host)]
-    tail: list[str] = []
-    code = rc.returncode
-    pid = rc.pid
-    if status_file.is_file():
-        status = json.loads(status_file.read_text())
-        tail, code, pid = status["tail"], status["returncode"], status["pid"] or pid
+    status = statuses.get(rc.rank, {"tail": [], "returncode": rc.returncode, "pid": rc.pid})
+    tail, code, pid = status["tail"], status["returncode"], status["pid"] or rc.pid
     lines = [f"AlgorithmError: host {host}, rank {rc.rank} (pid {pid}) failed first: {_describe_code(code)}"]
     tb = _traceback_tail(tail)
     if tb:
         lines.append("last lines of its stderr:")
         lines += [f"  {t}" for t in tb]
     return "\n".join(lines), (128 - code if code < 0 else code)
+
+
+def _root_cause_with_tails(result: RunResult, statuses: dict[int, dict[str, Any]]) -> Failure | None:
+    """hora run's root-cause choice, fed with what it cannot see here: each script's stderr tail and exit time
+    (the wrappers record them), so a rank that only reacted to another's death (PeerLostError, ShutdownError)
+    is not blamed."""
+    if not all(f.rank in statuses for f in result.failures):  # exit times must all come from the same clock
+        return result.root_cause
+    return _root_cause([
+        dataclasses.replace(f, tail=list(statuses[f.rank]["tail"]), when=float(statuses[f.rank]["ended"]))
+        for f in result.failures
+    ])
 
 
 def _merge_tar(dirs: list[Path], archive: Path) -> None:
@@ -335,6 +347,10 @@ class JobRunner:
                 grace=self.spec.stop_grace,
                 cwd=str(self.job_dir),
             ))
+            outcome = self.job_dir / "hora" / f"attempt-{attempt}"
+            outcome.mkdir(parents=True, exist_ok=True)
+            (outcome / "result.json").write_text(json.dumps(
+                {"returncodes": result.returncodes, "exit_code": result.exit_code, "interrupted": result.interrupted}))
             self._sync_checkpoints_out()
             if result.interrupted is not None:
                 status, secondary, why = self._stopped_reason(result)
