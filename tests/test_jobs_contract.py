@@ -172,3 +172,17 @@ def test_hora_rank_variables_follow_the_hosts(job):
         # hora itself sees two hosts of two ranks, and the allreduce across them is right
         assert d["topology"] == [rank, 4, rank % 2, 2, host_index, 2]
         assert d["sum"] == 6.0
+
+
+def test_docs_name_every_variable_a_script_gets(job):
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "jobs.md").read_text()
+    for name in job[2][0]["env"]:
+        if name.startswith("SM_HP_"):
+            name = "SM_HP_<NAME>"
+        elif name.startswith("SM_CHANNEL_"):
+            name = "SM_CHANNEL_<NAME>"
+        elif not name.startswith(("SM_", "HORA_JOB")):
+            continue
+        assert f"`{name}`" in text, f"{name} is missing from docs/jobs.md"

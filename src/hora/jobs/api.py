@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -27,8 +28,10 @@ def start_job(spec: JobSpec, store: JobStore | None = None, wait: bool = True, e
     outlives this one (``wait=False``; follow it with ``hora job logs --follow``)."""
     store = store or JobStore()
     store.create(spec.job_name, spec.to_dict())
-    if wait:
+    if wait and threading.current_thread() is threading.main_thread():
         return JobRunner(spec, store, echo=echo, progress=progress).run()
+    # Off the main thread this process cannot take the signals that carry max_run and `hora job stop` to the
+    # ranks, so the job gets its own supervisor process; waiting for it then means following the store.
     # Detach through a short-lived middle process, so the supervisor is nobody's child here (no zombie, no
     # process left behind by whoever called us) and survives this process.
     code = (
@@ -40,6 +43,8 @@ def start_job(spec: JobSpec, store: JobStore | None = None, wait: bool = True, e
     log = store.job_dir(spec.job_name) / "logs" / "supervisor.err"
     log.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-c", code, str(store.home), spec.job_name, str(log)], check=True, timeout=60)
+    if wait:
+        return wait_job(store, spec.job_name)
     return store.get(spec.job_name)
 
 
