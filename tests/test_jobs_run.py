@@ -285,3 +285,23 @@ def test_follow_logs_until_the_end(tmp_path):
     assert [line.split("<stdout> ")[1] for line in lines] == [f"tick {i}" for i in range(5)]
     assert store.get("follow").status == "Completed"
     assert sys.executable  # the detached supervisor ran with this interpreter
+
+
+def test_estimator_fit_from_the_main_thread_and_from_another(tmp_path, monkeypatch):
+    import threading
+
+    from hora.jobs import Estimator
+
+    monkeypatch.chdir(EXAMPLE.parent)
+    est = Estimator(entry_point="train.py", instance_count=2, processes_per_host=1, distribution="allreduce",
+                    hyperparameters={"epochs": 2}, home=str(tmp_path / "home"))
+    record = est.fit("data", job_name="fit-main", logs=False)
+    assert record.status == "Completed", record.failure_reason
+    assert est.model_data == record.artifacts["model"] and "weights.npy" in members(est.model_data)
+    # off the main thread the job gets its own supervisor process (signals for max_run/stop need a main thread)
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(est.fit({"training": "data"}, job_name="fit-thread", logs=False)))
+    t.start()
+    t.join(timeout=240)
+    assert not t.is_alive() and out[0].status == "Completed", out
+    assert out[0].supervisor_pid != record.supervisor_pid

@@ -142,3 +142,22 @@ def test_estimator_validates_before_fit(code, monkeypatch):
         "unknown field 'hyperparams'; did you mean 'hyperparameters'?",
         "instance_count must be >= 1, got 0",
     ]
+
+
+def test_public_names_are_pinned_and_import_is_light():
+    import subprocess
+    import sys
+
+    import hora.jobs
+
+    assert sorted(hora.jobs.__all__) == [
+        "ChannelSpec", "Estimator", "JobRecord", "JobSpec", "JobStore", "MetricDefinition", "SpecError",
+        "load_spec", "parse_spec", "start_job", "stop_job", "wait_job",
+    ]
+    assert all(hasattr(hora.jobs, n) for n in hora.jobs.__all__)
+    out = subprocess.run(
+        [sys.executable, "-c", "import hora.cli, hora.jobs, sys; "
+         "print(sorted(m for m in ('yaml', 'matplotlib', 'torch', 'boto3') if m in sys.modules))"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    assert out.strip() == "[]"
