@@ -19,6 +19,7 @@ DUMP = textwrap.dedent("""
     import json, os, sys
     import numpy as np
     import hora.numpy as hvd
+    from hora._runtime import context
 
     hvd.init()
     total = hvd.allreduce(np.array([float(hvd.rank())]), op=hvd.Sum, name="ranks")
@@ -28,6 +29,8 @@ DUMP = textwrap.dedent("""
         "cwd": os.getcwd(),
         "env": {k: v for k, v in os.environ.items() if k.startswith(keep) and k != "HORA_SECRET"},
         "torchrun": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")},
+        "peer_addresses": [p["addr"] for p in context.current().peers],
+        "transport": context.current().transport,
         "topology": [hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()],
         "sum": float(total[0]),
     }
@@ -167,11 +170,14 @@ def test_hora_rank_variables_follow_the_hosts(job):
         assert env["HORA_CROSS_RANK"] == str(host_index)
         assert env["HORA_HOSTNAME"] == f"algo-{host_index + 1}"
         assert env["HORA_JOB_NAME"] == "contract-job"
+        assert env["HORA_BIND_ADDR"] == f"127.0.0.{host_index + 1}"  # each host has its own loopback address
         assert d["torchrun"] == {"RANK": str(rank), "WORLD_SIZE": "4", "LOCAL_RANK": str(rank % 2),
                                  "LOCAL_WORLD_SIZE": "2"}
         # hora itself sees two hosts of two ranks, and the allreduce across them is right
         assert d["topology"] == [rank, 4, rank % 2, 2, host_index, 2]
         assert d["sum"] == 6.0
+        assert d["peer_addresses"] == ["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"]
+        assert d["transport"] == "tcp"  # two hosts: hora's cross-host transport
 
 
 def test_docs_name_every_variable_a_script_gets(job):

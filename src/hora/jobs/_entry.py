@@ -23,7 +23,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO
 
-from hora.jobs.cluster import host_address, host_index_of_rank
+from hora.jobs.cluster import host_index_of_rank
 from hora.jobs.store import JobStore
 from hora.runner.launch import _child_setup
 
@@ -50,7 +50,8 @@ def rank_env(base: dict[str, str], plan: dict, host_env: dict[str, str], rank: i
         LOCAL_RANK=str(rank % pph),
         LOCAL_WORLD_SIZE=str(pph),
         GROUP_RANK=str(index),
-        MASTER_ADDR=host_address(0),
+        MASTER_ADDR=plan["addresses"][0],
+        HORA_BIND_ADDR=plan["addresses"][index],
         HORA_JOB_NAME=plan["job_name"],
         PYTHONUNBUFFERED="1",
     )

@@ -1,13 +1,18 @@
 """The local cluster's hosts: their names, their addresses, and which rank runs on which host.
 
-This is the one place that maps a host to an address. Today every host is a directory and a set of processes on
-this machine, all reached at 127.0.0.1 through the loopback interface; distinct loopback addresses (127.0.0.x)
-or network namespaces per host come with the multi-host launcher, and only this module changes then.
+This is the one place that maps a host to an address. Every host is a directory and a set of processes on this
+machine; host K (algo-K) gets the loopback address 127.0.0.K, where its ranks bind and advertise their servers
+(``HORA_BIND_ADDR``), so traffic between hosts really goes between distinct addresses. Where 127.0.0.K cannot be
+bound (not Linux), every host shares 127.0.0.1. Network namespaces per host, and names algo-K that resolve, come
+with the multi-host launcher; only this module changes then.
 """
 
 from __future__ import annotations
 
-__all__ = ["NETWORK_INTERFACE", "host_address", "host_index_of_rank", "host_name", "host_names"]
+import functools
+import socket
+
+__all__ = ["NETWORK_INTERFACE", "host_address", "host_addresses", "host_index_of_rank", "host_name", "host_names"]
 
 #: What SM_NETWORK_INTERFACE_NAME / resourceconfig.json name: the interface the hosts talk over.
 NETWORK_INTERFACE = "lo"
@@ -22,9 +27,26 @@ def host_names(count: int) -> list[str]:
     return [host_name(i) for i in range(count)]
 
 
+@functools.lru_cache(maxsize=1)
+def _loopback_aliases() -> bool:
+    """Whether 127.0.0.2 and friends can be bound here (Linux routes all of 127/8 to lo)."""
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.2", 0))
+        return True
+    except OSError:
+        return False
+
+
 def host_address(index: int) -> str:
-    """The address host ``index`` listens on. All hosts share 127.0.0.1 until per-host addresses land."""
-    return "127.0.0.1"
+    """The address host ``index`` (0 for algo-1) binds and advertises."""
+    if index >= 254:
+        raise ValueError(f"a local cluster has at most 254 hosts, got host index {index}")
+    return f"127.0.0.{index + 1}" if _loopback_aliases() else "127.0.0.1"
+
+
+def host_addresses(count: int) -> list[str]:
+    return [host_address(i) for i in range(count)]
 
 
 def host_index_of_rank(rank: int, processes_per_host: int) -> int:

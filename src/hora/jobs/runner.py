@@ -26,7 +26,7 @@ from typing import Any
 from hora._transport.liveness import process_start_time
 from hora.errors import HoraError
 from hora.jobs import _stage
-from hora.jobs.cluster import host_index_of_rank, host_names
+from hora.jobs.cluster import host_addresses, host_index_of_rank, host_names
 from hora.jobs.contract import (
     HostLayout,
     host_layout,
@@ -253,6 +253,7 @@ class JobRunner:
             "job_name": self.spec.job_name,
             "home": str(self.store.home),
             "hosts": self.hosts,
+            "addresses": host_addresses(len(self.hosts)),
             "processes_per_host": self.spec.processes_per_host,
             "command": entry_command(self.spec, to_cmd_args(json.loads(user_hps))),
             "metric_definitions": [{"Name": m.name, "Regex": m.regex} for m in self.spec.metric_definitions],

@@ -248,6 +248,8 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
             c.add(f"hyperparameter {k!r} has a value that is not JSON-encodable: {v!r}")
 
     instance_count = c.int_(data, "instance_count", 1, 1)
+    if instance_count > 254:
+        c.add(f"instance_count {instance_count} is more than the 254 hosts a local cluster can address")
     instance_type = c.str_(data, "instance_type") or "local"
     pph = c.int_(data, "processes_per_host", 0, 1) if data.get("processes_per_host") is not None else 0
 
