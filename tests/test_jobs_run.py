@@ -305,3 +305,48 @@ def test_estimator_fit_from_the_main_thread_and_from_another(tmp_path, monkeypat
     t.join(timeout=240)
     assert not t.is_alive() and out[0].status == "Completed", out
     assert out[0].supervisor_pid != record.supervisor_pid
+
+
+def test_a_dead_supervisor_fails_the_job_and_takes_the_ranks_along(tmp_path):
+    import os
+    import signal
+
+    from hora._transport.liveness import process_alive, process_start_time
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text(textwrap.dedent("""
+        import os, time
+        open(os.path.join(os.environ["SM_MODEL_DIR"], "..", "checkpoints", f"pid-{os.environ['HORA_RANK']}"),
+             "w").write(str(os.getpid()))
+        time.sleep(300)
+    """))
+    store = JobStore(tmp_path / "home")
+    start_job(parse_spec({"entry_point": "train.py", "source_dir": str(src), "job_name": "orphan",
+                          "processes_per_host": 2}), store, wait=False)
+    pid_files = [store.job_dir("orphan") / "hosts" / "algo-1" / "checkpoints" / f"pid-{r}" for r in range(2)]
+    deadline = time.monotonic() + 120
+    while not all(p.exists() and p.read_text() for p in pid_files):
+        assert time.monotonic() < deadline and not store.get("orphan").done
+        time.sleep(0.1)
+    scripts = [(pid, process_start_time(pid)) for pid in (int(p.read_text()) for p in pid_files)]
+    os.kill(store.get("orphan").supervisor_pid, signal.SIGKILL)
+    record = wait_job(store, "orphan", timeout=60)
+    assert (record.status, record.secondary_status) == ("Failed", "Failed")
+    assert "supervisor (pid" in record.failure_reason and "died without finishing the job" in record.failure_reason
+    deadline = time.monotonic() + 30
+    while any(process_alive(pid, start) for pid, start in scripts):
+        assert time.monotonic() < deadline, "the scripts outlived their supervisor"
+        time.sleep(0.1)
+
+
+def test_a_leftover_background_process_does_not_hang_the_job(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "run.sh").write_text("sleep 120 &\necho started the background job\n")
+    store = JobStore(tmp_path / "home")
+    record = start_job(parse_spec({"entry_point": "run.sh", "source_dir": str(src), "job_name": "leftover"}),
+                       store, wait=True, echo=False)
+    assert record.status == "Completed", record.failure_reason
+    log = (store.job_dir("leftover") / "logs" / "algo-1.log").read_text()
+    assert "started the background job" in log and "still holds its output open" in log

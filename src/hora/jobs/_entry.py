@@ -29,6 +29,7 @@ from hora.runner.launch import _child_setup
 
 TAIL_LINES = 60
 FLUSH_SECONDS = 1.0
+DRAIN_SECONDS = 5.0
 
 
 def rank_env(base: dict[str, str], plan: dict, host_env: dict[str, str], rank: int) -> dict[str, str]:
@@ -114,8 +115,17 @@ def _pump(proc: subprocess.Popen[bytes], pump: _Pump) -> None:
         sel.register(pipe, selectors.EVENT_READ, name)
         partial[name] = b""
     open_pipes = 2
+    drain_until = None
     while open_pipes:
-        for key, _ in sel.select(timeout=FLUSH_SECONDS):
+        if drain_until is None and proc.poll() is not None:
+            # The script has ended; something it started may still hold its stdout open. Read what is there,
+            # but do not wait for such a leftover forever.
+            drain_until = time.monotonic() + DRAIN_SECONDS
+        elif drain_until is not None and time.monotonic() > drain_until:
+            pump.line("stderr", f"hora job: the script exited but a process it started still holds its output "
+                                f"open; stopped reading after {DRAIN_SECONDS:g}s")
+            break
+        for key, _ in sel.select(timeout=0.2 if drain_until else FLUSH_SECONDS):
             name = key.data
             try:
                 data = os.read(key.fd, 65536)

@@ -19,7 +19,7 @@ from hora.jobs.runner import JobRunner
 from hora.jobs.spec import JobSpec, parse_spec
 from hora.jobs.store import JobRecord, JobStore
 
-__all__ = ["Estimator", "start_job", "stop_job", "wait_job"]
+__all__ = ["Estimator", "reconcile", "start_job", "stop_job", "wait_job"]
 
 
 def start_job(spec: JobSpec, store: JobStore | None = None, wait: bool = True, echo: bool = True,
@@ -48,11 +48,26 @@ def start_job(spec: JobSpec, store: JobStore | None = None, wait: bool = True, e
     return store.get(spec.job_name)
 
 
+def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
+    """A job whose supervisor died (SIGKILL, a crash, a reboot) without ending it is marked Failed, so nobody
+    waits for it forever."""
+    if record.done or record.supervisor_pid is None or _supervisor_alive(record) is not None:
+        return record
+    fresh = store.get(record.name)  # it may have ended between the two reads
+    if fresh.done:
+        return fresh
+    store.update(record.name, ended=time.time(), failure_reason=(
+        f"InternalError: the job's supervisor (pid {record.supervisor_pid}) died without finishing the job; "
+        "its ranks died with it"))
+    store.transition(record.name, "Failed", "Failed", "the supervisor died")
+    return store.get(record.name)
+
+
 def wait_job(store: JobStore, name: str, timeout: float | None = None, poll: float = 0.5) -> JobRecord:
     """Wait until the job has ended (Completed, Failed or Stopped)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        record = store.get(name)
+        record = reconcile(store, store.get(name))
         if record.done:
             return record
         if record.supervisor_pid is None and time.time() - record.created > 120:

@@ -44,7 +44,7 @@ def _progress(message: str) -> None:
 
 def job_main(args: argparse.Namespace) -> int:
     from hora.jobs import views
-    from hora.jobs.api import start_job, stop_job, wait_job
+    from hora.jobs.api import reconcile, start_job, stop_job, wait_job
     from hora.jobs.spec import load_spec
     from hora.jobs.store import JobStore
 
@@ -63,8 +63,9 @@ def job_main(args: argparse.Namespace) -> int:
             print(views.summary(record), file=sys.stderr, flush=True)
             return 0 if record.status == "Completed" else 1
         if args.job_cmd == "list":
-            print(views.job_table(store.jobs()))
+            print(views.job_table([reconcile(store, r) for r in store.jobs()]))
         elif args.job_cmd == "describe":
+            reconcile(store, store.get(args.job))
             print(views.describe(store, args.job))
         elif args.job_cmd == "logs":
             lines = views.follow_logs(store, args.job, args.host) if args.follow else views.read_logs(

@@ -115,7 +115,9 @@ def follow_logs(store: JobStore, name: str, host: str | None = None, poll: float
     offsets: dict[Path, int] = {}
     partial: dict[Path, str] = {}
     while True:
-        done = store.get(name).done  # read before the files, so nothing written before the end is missed
+        from hora.jobs.api import reconcile
+
+        done = reconcile(store, store.get(name)).done  # read before the files: nothing written before the end is missed
         batch: list[str] = []
         for f in _log_files(store.get(name), host):
             try:
