@@ -28,6 +28,13 @@ def run_script(tmp_path: Path, script: str, name: str, **fields) -> tuple[JobSto
     return store, start_job(spec, store, wait=True, echo=False)
 
 
+def _running(stat: Path) -> bool:
+    try:
+        return b") Z" not in stat.read_bytes()
+    except FileNotFoundError:
+        return False
+
+
 def members(path: str) -> dict[str, bytes]:
     with tarfile.open(path) as tar:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
@@ -58,6 +65,10 @@ def test_example_trains_on_two_hosts_and_records_metrics(tmp_path, capsys):
     assert f"Artifact model: {record.artifacts['model']}" in out and "Final metrics:     train:accuracy=" in out
     assert [line.split()[3] for line in out.split("Status history:\n")[1].splitlines()] == [
         "Starting", "Starting", "Downloading", "Training", "Uploading", "Completed"]
+    ranks = out.split("Ranks (attempt 1):\n")[1].split("Final metrics")[0].splitlines()
+    assert [line.split()[:2] + line.split()[3:] for line in ranks[1:]] == [
+        ["0", "algo-1", "exit", "code", "0"], ["1", "algo-1", "exit", "code", "0"],
+        ["2", "algo-2", "exit", "code", "0"], ["3", "algo-2", "exit", "code", "0"]]
     assert main(["job", "--home", str(store.home), "logs", "example", "--host", "algo-1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len([line for line in lines if "epoch " in line]) == 8
@@ -136,7 +147,7 @@ STUBBORN = """
 """
 
 
-def test_max_run_stops_with_sigterm_then_sigkill(tmp_path):
+def test_max_run_stops_with_sigterm_then_sigkill(tmp_path, capsys):
     store, record = run_script(tmp_path, STUBBORN, "too-long", processes_per_host=2, max_run=3, stop_grace=2)
     assert (record.status, record.secondary_status) == ("Stopped", "MaxRuntimeExceeded")
     assert record.failure_reason.startswith("MaxRuntimeExceeded: the job ran longer than max_run=3s")
@@ -145,6 +156,11 @@ def test_max_run_stops_with_sigterm_then_sigkill(tmp_path):
     ranks = store.job_dir("too-long") / "hora" / "attempt-1"
     assert json.loads((ranks / "rank-0.json").read_text())["returncode"] == 0
     assert json.loads((ranks / "result.json").read_text())["returncodes"] == [0, -9]
+    assert [t[2] for t in store.transitions("too-long")][-3:] == ["Stopping", "Uploading", "MaxRuntimeExceeded"]
+    assert main(["job", "--home", str(store.home), "describe", "too-long"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^ +0 +algo-1 +\d+ +exit code 0$", out, re.M)
+    assert re.search(r"^ +1 +algo-1 +killed by SIGKILL$", out, re.M), out
 
 
 def test_stop_reaches_the_script_of_a_detached_job(tmp_path):
@@ -350,3 +366,31 @@ def test_a_leftover_background_process_does_not_hang_the_job(tmp_path):
     assert record.status == "Completed", record.failure_reason
     log = (store.job_dir("leftover") / "logs" / "algo-1.log").read_text()
     assert "started the background job" in log and "still holds its output open" in log
+
+
+def test_max_run_during_the_install_stops_pip_and_its_children(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text("")
+    slow = tmp_path / "slowpkg"
+    slow.mkdir()
+    (slow / "setup.py").write_text(textwrap.dedent(f"""
+        import os, time
+        from setuptools import setup
+        open({str(tmp_path / 'build.pid')!r}, "w").write(str(os.getpid()))
+        time.sleep(300)
+        setup(name="slowpkg", version="1.0", py_modules=[])
+    """))
+    (src / "requirements.txt").write_text(f"{slow}\n")
+    spec = parse_spec({"entry_point": "train.py", "source_dir": str(src), "job_name": "slow-install", "max_run": 4,
+                       "environment": {"PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0"}})
+    store = JobStore(tmp_path / "home")
+    record = start_job(spec, store, wait=True, echo=False)
+    assert (record.status, record.secondary_status) == ("Stopped", "MaxRuntimeExceeded"), record.failure_reason
+    assert (tmp_path / "build.pid").exists(), (store.job_dir("slow-install") / "logs" / "install.log").read_text()
+    assert Path(record.artifacts["model"]).is_file()
+    build = Path(f"/proc/{int((tmp_path / 'build.pid').read_text())}/stat")  # pip's build child, killed with pip
+    deadline = time.monotonic() + 30
+    while _running(build):
+        assert time.monotonic() < deadline, "pip's build process outlived the stopped job"
+        time.sleep(0.1)

@@ -12,6 +12,8 @@ The interface expected from ``hora.jobs.channels``::
         Make ``channel`` available to one host. ``data_dir`` is the host's ``input/data`` directory: File mode
         fills ``data_dir/<channel.name>/``; Pipe mode creates the FIFOs ``data_dir/<channel.name>_<epoch>`` and
         starts feeding them. ``host_index``/``host_count`` select the host's share for ShardedByS3Key.
+        File channels are staged once per job; Pipe channels once per attempt (a retry reads from the start),
+        and the runner closes the returned object after that attempt's ranks have exited.
         ``progress`` takes human-readable progress lines. Returns an object whose ``close()`` the runner calls
         after the job's ranks have exited (to stop Pipe feeders), or None. Raises ConfigError (or any HoraError)
         with a clear message when the data cannot be staged.

@@ -101,6 +101,7 @@ def stop_job(store: JobStore, name: str) -> JobRecord:
         store.transition(name, "Stopped", "Stopped", "the supervisor had already gone")
         store.update(name, ended=time.time(), failure_reason="the job's supervisor process was gone when stopped")
         return store.get(name)
+    store.transition(name, "InProgress", "Stopping", "stop requested")
     os.kill(pid, signal.SIGTERM)
     return store.get(name)
 

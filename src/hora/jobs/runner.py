@@ -37,7 +37,7 @@ from hora.jobs.contract import (
 )
 from hora.jobs.spec import JobSpec
 from hora.jobs.store import JobRecord, JobStore
-from hora.runner.launch import Failure, LaunchSpec, RunResult, _root_cause, launch
+from hora.runner.launch import Failure, LaunchSpec, RunResult, _child_setup, _root_cause, launch
 
 __all__ = ["JobRunner", "entry_command", "failure_reason"]
 
@@ -134,6 +134,25 @@ def _merge_tar(dirs: list[Path], archive: Path) -> None:
             tar.add(path, arcname=name, recursive=False)
 
 
+def _run_in_own_group(cmd: list[str], cwd: Path, env: dict[str, str], log: Any, timeout: float) -> int:
+    """Run ``cmd`` in its own process group and return its exit code; on a stop (an exception here, e.g. the
+    max_run or ``hora job stop`` signal) or after ``timeout`` the whole group is killed: pip's build
+    subprocesses go with it."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=_child_setup)
+    try:
+        return proc.wait(timeout)
+    except BaseException as exc:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise HoraError(f"{' '.join(cmd[:4])} ... took longer than {timeout:g}s") from None
+        raise
+
+
 class JobRunner:
     """Runs one stored job to its end in this process (``hora job run --wait``, or the detached supervisor)."""
 
@@ -199,11 +218,7 @@ class JobRunner:
                 status, secondary, reason = "Failed", "Failed", f"InternalError: {type(exc).__name__}: {exc}"
             timer.cancel()
             self._stoppable = False  # the artifacts are archived even when a stop comes now
-            for closer in self._closers:
-                try:
-                    closer.close()
-                except Exception as exc:
-                    self.say(f"closing a channel failed: {exc}")
+            self._close_channels()
             self._status("InProgress", "Uploading", "archiving model/ and output/data")
             artifacts, upload_problem = self._archive()
             if upload_problem and status == "Completed":
@@ -228,6 +243,7 @@ class JobRunner:
 
     def _max_run_reached(self) -> None:
         self._limit_hit = True
+        self.store.transition(self.spec.job_name, "InProgress", "Stopping", f"max_run={self.spec.max_run:g}s reached")
         os.kill(os.getpid(), signal.SIGTERM)  # handled in the main thread: by launch() while ranks run, else _Stop
 
     def _stopped_reason(self, result: RunResult | None) -> tuple[str, str, str]:
@@ -290,25 +306,39 @@ class JobRunner:
             cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--target",
                    str(self._env_dir()), *args]
             with open(self.job_dir / "logs" / "install.log", "ab") as log:
-                try:
-                    proc = subprocess.run(cmd, cwd=src, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          timeout=self.spec.max_run, check=False)
-                except subprocess.TimeoutExpired:
-                    raise HoraError(f"installing {what} took longer than max_run") from None
-            if proc.returncode != 0:
+                returncode = _run_in_own_group(cmd, src, env, log, self.spec.max_run)
+            if returncode != 0:
                 tail = (self.job_dir / "logs" / "install.log").read_text(errors="replace").strip().splitlines()[-8:]
-                raise HoraError(f"installing {what} failed (pip exit code {proc.returncode}):\n  " + "\n  ".join(tail))
+                raise HoraError(f"installing {what} failed (pip exit code {returncode}):\n  " + "\n  ".join(tail))
 
     def _stage_inputs(self) -> None:
         for index, host in enumerate(self.hosts):
             layout = self.layouts[host]
             for ch in self.spec.inputs:
-                self.say(f"{host}: channel {ch.name!r} ({ch.input_mode}, {ch.distribution}) from {ch.uri}")
-                closer = _stage.stage_channel(ch, layout.data_dir, index, len(self.hosts), self.say)
-                if closer is not None:
-                    self._closers.append(closer)
+                if ch.input_mode == "File":  # Pipe channels are fed afresh for every attempt (_stage_pipes)
+                    self.say(f"{host}: channel {ch.name!r} ({ch.input_mode}, {ch.distribution}) from {ch.uri}")
+                    closer = _stage.stage_channel(ch, layout.data_dir, index, len(self.hosts), self.say)
+                    if closer is not None:
+                        self._closers.append(closer)
             if self.spec.checkpoint_path:
                 _stage.download_dir(self.spec.checkpoint_path, layout.checkpoint_dir)
+
+    def _stage_pipes(self) -> None:
+        for index, host in enumerate(self.hosts):
+            for ch in self.spec.inputs:
+                if ch.input_mode == "Pipe":
+                    self.say(f"{host}: channel {ch.name!r} (Pipe, {ch.distribution}) from {ch.uri}")
+                    closer = _stage.stage_channel(ch, self.layouts[host].data_dir, index, len(self.hosts), self.say)
+                    if closer is not None:
+                        self._closers.append(closer)
+
+    def _close_channels(self) -> None:
+        closers, self._closers = self._closers, []
+        for closer in closers:
+            try:
+                closer.close()
+            except Exception as exc:
+                self.say(f"closing a channel failed: {exc}")
 
     def _launch_env(self, attempt: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -336,7 +366,9 @@ class JobRunner:
         for attempt in range(1, attempts + 1):
             self.store.update(self.spec.job_name, attempts=attempt)
             if attempt > 1:
+                self._close_channels()  # the last attempt's Pipe feeders
                 self._fresh_attempt()
+            self._stage_pipes()
             self._status("InProgress", "Training", f"attempt {attempt} of {attempts}: "
                          f"{self.spec.world_size} rank(s) with hora run")
             result = launch(LaunchSpec(

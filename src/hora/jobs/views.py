@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +80,7 @@ def describe(store: JobStore, name: str) -> str:
         lines += [f"  {line}" for line in r.failure_reason.splitlines()]
     for kind, where in sorted(r.artifacts.items()):
         lines.append(f"Artifact {kind}: {where}")
+    lines += _rank_outcomes(r)
     metrics = store.metrics(name)
     if metrics:
         names = sorted({m[0] for m in metrics})
@@ -88,6 +90,36 @@ def describe(store: JobStore, name: str) -> str:
     for t, status, secondary, message in store.transitions(name):
         lines.append(f"  {_when(t)}  {status:10} {secondary:18} {message.splitlines()[0] if message else ''}".rstrip())
     return "\n".join(lines)
+
+
+def _rank_outcomes(r: JobRecord) -> list[str]:
+    """The last attempt's ranks: host, pid and how each script ended."""
+    attempt_dir = Path(r.job_dir) / "hora" / f"attempt-{r.attempts}"
+    try:
+        result = json.loads((attempt_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return []
+    pph = int(r.spec.get("processes_per_host", 1))
+    lines = [f"Ranks (attempt {r.attempts}):", f"  {'rank':>4}  {'host':8}  {'pid':>7}  outcome"]
+    for rank, code in enumerate(result["returncodes"]):
+        try:
+            status = json.loads((attempt_dir / f"rank-{rank}.json").read_text())
+        except (OSError, ValueError):
+            status = None
+        if status is not None:
+            code = status["returncode"]
+        if code is None:
+            outcome = "unknown"
+        elif code < 0:
+            try:
+                outcome = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                outcome = f"killed by signal {-code}"
+        else:
+            outcome = f"exit code {code}"
+        pid = status["pid"] if status else ""
+        lines.append(f"  {rank:>4}  {'algo-' + str(rank // pph + 1):8}  {pid:>7}  {outcome}")
+    return lines
 
 
 def _log_files(record: JobRecord, host: str | None) -> list[Path]:
