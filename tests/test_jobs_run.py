@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import tarfile
 import textwrap
 import time
@@ -288,19 +287,22 @@ def test_output_path_gets_the_sagemaker_layout(tmp_path):
     assert members(record.artifacts["model"]) == {}
 
 
-def test_follow_logs_until_the_end(tmp_path):
-    from hora.jobs.views import follow_logs
-
-    script = "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(0.2)\n"
+def test_logs_follow_until_the_end(tmp_path, capsys):
+    script = "import sys, time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(0.2)\n" \
+             "print('to stderr', file=sys.stderr)\n"
     src = tmp_path / "src"
     src.mkdir()
     (src / "train.py").write_text(script)
     store = JobStore(tmp_path / "home")
-    start_job(parse_spec({"entry_point": "train.py", "source_dir": str(src), "job_name": "follow"}), store, wait=False)
-    lines = list(follow_logs(store, "follow", poll=0.1))
-    assert [line.split("<stdout> ")[1] for line in lines] == [f"tick {i}" for i in range(5)]
+    start_job(parse_spec({"entry_point": "train.py", "source_dir": str(src), "job_name": "follow",
+                          "instance_count": 2}), store, wait=False)
+    assert main(["job", "--home", str(store.home), "logs", "--follow", "follow", "--host", "algo-2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("]", 1)[1] for line in lines] == [f"<stdout> tick {i}" for i in range(5)] + ["<stderr> to stderr"]
+    assert all("[algo-2 rank 1]" in line for line in lines)
     assert store.get("follow").status == "Completed"
-    assert sys.executable  # the detached supervisor ran with this interpreter
+    assert main(["job", "--home", str(store.home), "logs", "follow", "--host", "algo-3"]) == 2
+    assert "job follow has no host 'algo-3'; its hosts are algo-1, algo-2" in capsys.readouterr().err
 
 
 def test_estimator_fit_from_the_main_thread_and_from_another(tmp_path, monkeypatch):
