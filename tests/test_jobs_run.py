@@ -222,7 +222,7 @@ def test_shell_entry_point_and_package_with_requirements(tmp_path):
     helper.mkdir()
     (helper / "helperlib.py").write_text("VALUE = 42\n")
     (helper / "setup.py").write_text("from setuptools import setup\nsetup(name='helperlib', version='1.0', py_modules=['helperlib'])\n")
-    (src / "requirements.txt").write_text(f"{helper}\n")
+    (src / "requirements.txt").write_text(f"{helper}\nnumpy\n")  # numpy is here already: not installed again
     spec = parse_spec({"entry_point": "trainer/main.py", "source_dir": str(src), "job_name": "package",
                        "hyperparameters": {"x": 1},
                        "environment": {"PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0",
@@ -233,6 +233,10 @@ def test_shell_entry_point_and_package_with_requirements(tmp_path):
                                           (store.job_dir("package") / "logs" / "install.log").read_text()[-3000:])
     log = (store.job_dir("package") / "logs" / "algo-1.log").read_text()
     assert "[algo-1 rank 0]<stdout> helper says 42 args ['-x', '1']" in log
+    env = store.job_dir("package") / "env"
+    assert list(env.glob("lib/python*/site-packages/helperlib.py")) and list(env.glob("lib/python*/site-packages/trainer"))
+    assert not list(env.glob("lib/python*/site-packages/numpy"))
+    assert "Requirement already satisfied: numpy" in (store.job_dir("package") / "logs" / "install.log").read_text()
 
     (src / "run.sh").write_text('echo "shell got $# args: $*"; echo "host $SM_CURRENT_HOST" >&2\n')
     spec = parse_spec({"entry_point": "run.sh", "source_dir": str(helper.parent / "pkg"), "job_name": "shell",

@@ -48,15 +48,15 @@ class _Stop(Exception):
     """A stop signal (``hora job stop``, Ctrl-C, max_run) arrived outside the launch of the ranks."""
 
 
-def entry_command(spec: JobSpec, user_args: list[str]) -> list[str]:
+def entry_command(spec: JobSpec, user_args: list[str], python: str = sys.executable) -> list[str]:
     """How the toolkit runs each kind of entry point: a package (``setup.py`` in the source dir) as
     ``python -m module``, a ``.py`` file with Python, a ``.sh`` file with ``/bin/sh``, anything else as a program."""
     entry = spec.entry_point
     if os.path.isfile(os.path.join(spec.source_dir, "setup.py")):
         module = entry[:-3] if entry.endswith(".py") else entry
-        return [sys.executable, "-m", module.replace("/", "."), *user_args]
+        return [python, "-m", module.replace("/", "."), *user_args]
     if entry.endswith(".py"):
-        return [sys.executable, entry, *user_args]
+        return [python, entry, *user_args]
     if entry.endswith(".sh"):
         return ["/bin/sh", entry, *user_args]
     return [os.path.join(".", entry), *user_args]
@@ -207,17 +207,23 @@ class JobRunner:
                 self._status("InProgress", "Starting", f"{len(self.hosts)} host(s) x {self.spec.processes_per_host} process(es)")
                 self._setup_hosts()
                 self._install()
+                self._write_plan()
                 self._status("InProgress", "Downloading", "staging input channels")
                 self._stage_inputs()
                 status, secondary, reason, exit_code = self._train()
+                # From here on a stop signal is only noted: the artifacts are archived whatever comes. (Set inside
+                # the try, so a signal that lands just before it still ends up in the except below.)
+                self._stoppable = False
             except _Stop:
+                self._stoppable = False
                 status, secondary, reason = self._stopped_reason(None)
             except HoraError as exc:
+                self._stoppable = False
                 status, secondary, reason = "Failed", "Failed", f"ClientError: {exc}"
             except Exception as exc:  # a bug or an OS error: still archive and record it
+                self._stoppable = False
                 status, secondary, reason = "Failed", "Failed", f"InternalError: {type(exc).__name__}: {exc}"
             timer.cancel()
-            self._stoppable = False  # the artifacts are archived even when a stop comes now
             self._close_channels()
             self._status("InProgress", "Uploading", "archiving model/ and output/data")
             artifacts, upload_problem = self._archive()
@@ -264,6 +270,11 @@ class JobRunner:
             shutil.copytree(self.spec.source_dir, layout.code_dir, dirs_exist_ok=True, ignore=self._ignore_in_source)
             env = sm_environment(self.spec, layout, host, cpus, gpus)
             (self.job_dir / "hora" / f"env-{host}.json").write_text(json.dumps(env, indent=1))
+        self.say(f"hosts {', '.join(self.hosts)} set up under {self.job_dir / 'hosts'}")
+
+    def _write_plan(self) -> None:
+        """What every rank's wrapper needs: the hosts, their addresses, the command, the metric definitions."""
+        python = str(self._env_python()) if self._env_python().exists() else sys.executable
         user_hps = json.loads(self.job_dir.joinpath("hora", f"env-{self.hosts[0]}.json").read_text())["SM_HPS"]
         plan = {
             "job_name": self.spec.job_name,
@@ -271,12 +282,11 @@ class JobRunner:
             "hosts": self.hosts,
             "addresses": host_addresses(len(self.hosts)),
             "processes_per_host": self.spec.processes_per_host,
-            "command": entry_command(self.spec, to_cmd_args(json.loads(user_hps))),
+            "command": entry_command(self.spec, to_cmd_args(json.loads(user_hps)), python),
             "metric_definitions": [{"Name": m.name, "Regex": m.regex} for m in self.spec.metric_definitions],
             "echo": self.echo,
         }
         (self.job_dir / "hora" / "plan.json").write_text(json.dumps(plan, indent=1))
-        self.say(f"hosts {', '.join(self.hosts)} set up under {self.job_dir / 'hosts'}")
 
     def _ignore_in_source(self, directory: str, names: list[str]) -> list[str]:
         """Not copied into code/: caches, and the job store itself when it lies inside the source dir (it would
@@ -290,21 +300,44 @@ class JobRunner:
     def _env_dir(self) -> Path:
         return self.job_dir / "env"
 
+    def _env_python(self) -> Path:
+        return self._env_dir() / "bin" / "python"
+
+    def _make_env(self) -> None:
+        """A virtual environment for the job that sees every package this Python has (system site-packages, and
+        the outer virtual environment's through a .pth file), so pip installs only what is missing."""
+        venv = [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(self._env_dir())]
+        with open(self.job_dir / "logs" / "install.log", "ab") as log:
+            if _run_in_own_group(venv, self.job_dir, dict(os.environ), log, 300) != 0:
+                raise HoraError(f"cannot create the job's environment {self._env_dir()} (see logs/install.log)")
+        if sys.prefix != sys.base_prefix:  # running inside a venv: its packages are not the "system" ones
+            import site
+            import sysconfig
+
+            purelib = sysconfig.get_path("purelib", vars={"base": str(self._env_dir()),
+                                                          "platbase": str(self._env_dir())})
+            Path(purelib, "_hora_parent_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+
     def _install(self) -> None:
-        """requirements.txt, then a setup.py package, into the job's own directory (``pip install --target``),
-        which every rank gets first on its PYTHONPATH. pip honours PIP_CONSTRAINT / PIP_INDEX_URL from the
-        job's environment."""
+        """requirements.txt, then a setup.py package, into the job's own environment: a virtual environment in
+        the job directory that also sees this Python's packages, so what is already installed (torch, numpy)
+        is not installed again. Its python runs the ranks' scripts. pip honours PIP_CONSTRAINT, PIP_INDEX_URL,
+        PIP_NO_INDEX ... from the job's environment."""
         src = self.layouts[self.hosts[0]].code_dir
         steps = []
         if (src / "requirements.txt").is_file():
             steps.append(("requirements.txt", ["-r", "requirements.txt"]))
         if (src / "setup.py").is_file():
             steps.append(("the setup.py package", ["--no-build-isolation", "."]))
+        if not steps:
+            return
+        self.say(f"creating the job's environment {self._env_dir()}")
+        self._make_env()
         env = {**os.environ, **self.spec.environment}
         for what, args in steps:
             self.say(f"installing {what} into {self._env_dir()}")
-            cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--target",
-                   str(self._env_dir()), *args]
+            cmd = [sys.executable, "-m", "pip", "--python", str(self._env_python()), "install",
+                   "--disable-pip-version-check", "--no-input", *args]
             with open(self.job_dir / "logs" / "install.log", "ab") as log:
                 returncode = _run_in_own_group(cmd, src, env, log, self.spec.max_run)
             if returncode != 0:
@@ -345,7 +378,10 @@ class JobRunner:
         env.update(self.spec.environment)
         import hora  # the ranks import the same hora as this supervisor
 
-        paths = [str(self._env_dir()), str(Path(hora.__file__).resolve().parent.parent)]
+        paths = [str(Path(hora.__file__).resolve().parent.parent)]
+        if self._env_python().exists():  # the job's environment comes first, for `python` in shell scripts too
+            env["PATH"] = os.pathsep.join([str(self._env_python().parent), env.get("PATH", os.defpath)])
+            env["VIRTUAL_ENV"] = str(self._env_dir())
         if env.get("PYTHONPATH"):
             paths.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
