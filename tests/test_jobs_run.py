@@ -400,3 +400,23 @@ def test_max_run_during_the_install_stops_pip_and_its_children(tmp_path):
     while _running(build):
         assert time.monotonic() < deadline, "pip's build process outlived the stopped job"
         time.sleep(0.1)
+
+
+def test_local_checkpoint_path_is_synced_in_and_out(tmp_path):
+    script = """
+        import os
+        ckpt = os.path.join(os.environ["SM_MODEL_DIR"], "..", "checkpoints")
+        print("found", sorted(os.listdir(ckpt)))
+        open(os.path.join(ckpt, "step-" + os.environ["SM_CURRENT_HOST"] + "-" + os.environ["SM_HP_RUN"]), "w").close()
+    """
+    shared = tmp_path / "ckpt"
+    shared.mkdir()
+    (shared / "seed").write_text("from an earlier job")
+    store, first = run_script(tmp_path, script, "ckpt-1", instance_count=2, checkpoint_path=str(shared),
+                              hyperparameters={"run": 1})
+    assert first.status == "Completed", first.failure_reason
+    assert sorted(p.name for p in shared.iterdir()) == ["seed", "step-algo-1-1", "step-algo-2-1"]
+    _, second = run_script(tmp_path, script, "ckpt-2", instance_count=2, checkpoint_path=str(shared),
+                           hyperparameters={"run": 2})
+    log = (store.job_dir("ckpt-2") / "logs" / "algo-2.log").read_text()
+    assert "found ['seed', 'step-algo-1-1', 'step-algo-2-1']" in log
