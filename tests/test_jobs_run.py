@@ -139,8 +139,7 @@ STUBBORN = """
         if rank == 0:
             raise SystemExit(0)
     signal.signal(signal.SIGTERM, on_term)   # rank 1 ignores the request: SIGKILL after the grace period
-    open(os.path.join(os.environ["SM_CHECKPOINT_DIR"] if "SM_CHECKPOINT_DIR" in os.environ else
-         os.path.join(os.environ["SM_MODEL_DIR"], "..", "checkpoints"), f"started-{rank}"), "w").close()
+    open(os.path.join(os.environ["SM_MODEL_DIR"], "..", "checkpoints", f"started-{rank}"), "w").close()
     while True:
         time.sleep(0.05)
 """
@@ -418,5 +417,6 @@ def test_local_checkpoint_path_is_synced_in_and_out(tmp_path):
     assert sorted(p.name for p in shared.iterdir()) == ["seed", "step-algo-1-1", "step-algo-2-1"]
     _, second = run_script(tmp_path, script, "ckpt-2", instance_count=2, checkpoint_path=str(shared),
                            hyperparameters={"run": 2})
+    assert second.status == "Completed", second.failure_reason
     log = (store.job_dir("ckpt-2") / "logs" / "algo-2.log").read_text()
     assert "found ['seed', 'step-algo-1-1', 'step-algo-2-1']" in log
