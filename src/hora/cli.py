@@ -13,6 +13,7 @@ from typing import Any
 from hora import __version__
 from hora.config import Config, describe_settings, env_names, parse_value
 from hora.errors import ConfigError, HoraError
+from hora.jobs.cli import add_job_parser, job_main
 
 #: The flag of ``hora run`` that sets each setting (the flag's value is exported as the setting's HORA_* variable).
 FLAGS = {
@@ -200,9 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"hora {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
     _run_parser(sub)
+    add_job_parser(sub)
     args = parser.parse_args(argv)
     if args.cmd == "run":
         return _run(parser, args)
+    if args.cmd == "job":
+        return job_main(args)
     return 2  # pragma: no cover
 
 

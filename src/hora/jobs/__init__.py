@@ -1,1 +1,28 @@
-"""Training jobs: ``hora job``, a local-first runner of the SageMaker script-mode contract."""
+"""``hora job``: a local-first runner of the SageMaker script-mode contract (see docs/jobs.md).
+
+>>> from hora.jobs import Estimator
+>>> est = Estimator(entry_point="train.py", instance_count=2, processes_per_host=2,
+...                 distribution="mpi", hyperparameters={"epochs": 3})   # doctest: +SKIP
+>>> est.fit({"training": "data/"})                                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from hora.jobs.api import Estimator, start_job, stop_job, wait_job
+from hora.jobs.spec import ChannelSpec, JobSpec, MetricDefinition, SpecError, load_spec, parse_spec
+from hora.jobs.store import JobRecord, JobStore
+
+__all__ = [
+    "ChannelSpec",
+    "Estimator",
+    "JobRecord",
+    "JobSpec",
+    "JobStore",
+    "MetricDefinition",
+    "SpecError",
+    "load_spec",
+    "parse_spec",
+    "start_job",
+    "stop_job",
+    "wait_job",
+]

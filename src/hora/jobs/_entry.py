@@ -1,0 +1,196 @@
+"""Each rank of a job starts here (``python -m hora.jobs._entry JOB_DIR``), under ``hora run``.
+
+It finds its host from its rank (ranks fill hosts in order), gives the script that host's ``SM_*`` variables and
+hora's per-host rank variables, starts the entry point as its child in the wrapper's own process group (so hora
+run's SIGTERM to the group reaches the script directly, and SIGKILL after the grace period takes both), and pumps the
+script's output: every line is tagged ``[algo-2 rank 3]``, appended to the host's log file, matched against the
+metric definitions (values go to the job store) and echoed to hora run. When the script ends it records the
+script's real exit status and stderr tail for the supervisor, and ends the same way (same exit code, or the same
+signal), so hora run's root-cause logic sees the script's outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import IO
+
+from hora.jobs.cluster import host_index_of_rank
+from hora.jobs.store import JobStore
+from hora.runner.launch import _child_setup
+
+TAIL_LINES = 60
+FLUSH_SECONDS = 1.0
+DRAIN_SECONDS = 5.0
+
+
+def rank_env(base: dict[str, str], plan: dict, host_env: dict[str, str], rank: int) -> dict[str, str]:
+    """The script's environment: the launcher's, the host's SM_* set, and hora's variables for this host."""
+    pph, hosts = plan["processes_per_host"], plan["hosts"]
+    index = host_index_of_rank(rank, pph)
+    env = dict(base)
+    env.update(host_env)
+    topo = {
+        "HOSTNAME": hosts[index],
+        "LOCAL_RANK": rank % pph,
+        "LOCAL_SIZE": pph,
+        "CROSS_RANK": index,
+        "CROSS_SIZE": len(hosts),
+    }
+    for k, v in topo.items():
+        env[f"HORA_{k}"] = env[f"HOROVOD_{k}"] = str(v)
+    env.update(
+        LOCAL_RANK=str(rank % pph),
+        LOCAL_WORLD_SIZE=str(pph),
+        GROUP_RANK=str(index),
+        MASTER_ADDR=plan["addresses"][0],
+        HORA_BIND_ADDR=plan["addresses"][index],
+        HORA_JOB_NAME=plan["job_name"],
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+class _Pump:
+    def __init__(self, plan: dict, job_dir: Path, host: str, rank: int, attempt: int) -> None:
+        self.tag = f"[{host} rank {rank}]"
+        self.host, self.rank, self.attempt = host, rank, attempt
+        self.echo = plan["echo"]
+        log = job_dir / "logs" / f"{host}.log"
+        self.log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.metrics = [(m["Name"], re.compile(m["Regex"])) for m in plan["metric_definitions"]]
+        self.store = JobStore(plan["home"]) if self.metrics else None
+        self.job = plan["job_name"]
+        self.pending: list[tuple[str, float, float, str, int, int]] = []
+        self.last_flush = time.monotonic()
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+
+    def line(self, stream: str, text: str) -> None:
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+        # One write per line with O_APPEND: lines of the host's ranks interleave but never tear.
+        os.write(self.log_fd, f"{stamp} {self.tag}<{stream}> {text}\n".encode(errors="replace"))
+        if stream == "stderr":
+            self.tail.append(text)
+        if self.echo:
+            target = sys.stdout if stream == "stdout" else sys.stderr
+            try:
+                target.write(f"{self.tag} {text}\n")
+                target.flush()
+            except (BrokenPipeError, ValueError):
+                pass
+        for name, regex in self.metrics:
+            m = regex.search(text)
+            if m is None:
+                continue
+            try:
+                value = float(m.group(1) if regex.groups else m.group(0))
+            except (ValueError, IndexError, TypeError):
+                continue
+            self.pending.append((name, value, now, self.host, self.rank, self.attempt))
+        if self.pending and time.monotonic() - self.last_flush >= FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        self.last_flush = time.monotonic()
+        if self.pending and self.store is not None:
+            rows, self.pending = self.pending, []
+            self.store.add_metrics(self.job, rows)
+
+
+def _pump(proc: subprocess.Popen[bytes], pump: _Pump) -> None:
+    sel = selectors.DefaultSelector()
+    partial: dict[str, bytes] = {}
+    streams: list[tuple[str, IO[bytes] | None]] = [("stdout", proc.stdout), ("stderr", proc.stderr)]
+    for name, pipe in streams:
+        assert pipe is not None
+        sel.register(pipe, selectors.EVENT_READ, name)
+        partial[name] = b""
+    open_pipes = 2
+    drain_until = None
+    while open_pipes:
+        if drain_until is None and proc.poll() is not None:
+            # The script has ended; something it started may still hold its stdout open. Read what is there,
+            # but do not wait for such a leftover forever.
+            drain_until = time.monotonic() + DRAIN_SECONDS
+        elif drain_until is not None and time.monotonic() > drain_until:
+            pump.line("stderr", f"hora job: the script exited but a process it started still holds its output "
+                                f"open; stopped reading after {DRAIN_SECONDS:g}s")
+            break
+        for key, _ in sel.select(timeout=0.2 if drain_until else FLUSH_SECONDS):
+            name = key.data
+            try:
+                data = os.read(key.fd, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                sel.unregister(key.fileobj)
+                open_pipes -= 1
+                if partial[name]:
+                    pump.line(name, partial[name].decode(errors="replace"))
+                continue
+            *lines, partial[name] = (partial[name] + data).split(b"\n")
+            for raw in lines:
+                pump.line(name, raw.decode(errors="replace").rstrip("\r"))
+        if pump.pending and time.monotonic() - pump.last_flush >= FLUSH_SECONDS:
+            pump.flush()
+    sel.close()
+
+
+def main() -> None:
+    job_dir = Path(sys.argv[1])
+    plan = json.loads((job_dir / "hora" / "plan.json").read_text())
+    rank = int(os.environ["HORA_RANK"])
+    attempt = int(os.environ.get("HORA_JOB_ATTEMPT", "1"))
+    host = plan["hosts"][host_index_of_rank(rank, plan["processes_per_host"])]
+    host_env = json.loads((job_dir / "hora" / f"env-{host}.json").read_text())
+    env = rank_env(dict(os.environ), plan, host_env, rank)
+    # The script ends itself on SIGTERM (hora run signals the whole group); this wrapper keeps pumping its output
+    # until it has gone, and dies with it on SIGKILL.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
+    pump = _Pump(plan, job_dir, host, rank, attempt)
+    try:
+        proc = subprocess.Popen(
+            plan["command"],
+            cwd=job_dir / "hosts" / host / "code",
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=_child_setup,  # the script dies with this wrapper, even one SIGKILLed alone
+        )
+    except OSError as exc:
+        pump.line("stderr", f"hora job: cannot start {plan['command'][0]!r}: {exc.strerror}")
+        code = 127
+        pid = 0
+    else:
+        pid = proc.pid
+        _pump(proc, pump)
+        code = proc.wait()
+    pump.flush()
+    status = {"rank": rank, "host": host, "pid": pid, "returncode": code, "tail": list(pump.tail), "ended": time.time()}
+    out = job_dir / "hora" / f"attempt-{attempt}"
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f"rank-{rank}.tmp"
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, out / f"rank-{rank}.json")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code < 0:  # die of the same signal, so hora run reports the script's outcome unchanged
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        time.sleep(1)
+    os._exit(code if code >= 0 else 128 - code)
+
+
+if __name__ == "__main__":
+    main()

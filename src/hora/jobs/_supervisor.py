@@ -1,0 +1,23 @@
+"""The detached supervisor of a job started without ``--wait``: ``python -m hora.jobs._supervisor HOME NAME``.
+
+It reads the (already validated) spec back from the job store and runs the job to its end; its own messages go to
+the job's ``logs/job.log``, the ranks' output to the per-host logs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from hora.jobs.runner import JobRunner
+from hora.jobs.spec import spec_from_dict
+from hora.jobs.store import JobStore
+
+
+def main() -> None:
+    store = JobStore(sys.argv[1])
+    record = store.get(sys.argv[2])
+    JobRunner(spec_from_dict(record.spec), store, echo=False).run()
+
+
+if __name__ == "__main__":
+    main()

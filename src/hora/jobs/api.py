@@ -1,0 +1,146 @@
+"""Starting, waiting for and stopping jobs: what ``hora job`` and :class:`Estimator` call."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hora._transport.liveness import process_start_time
+from hora.errors import ConfigError, TimeoutError
+from hora.jobs.runner import JobRunner
+from hora.jobs.spec import JobSpec, parse_spec
+from hora.jobs.store import JobRecord, JobStore
+
+__all__ = ["Estimator", "reconcile", "start_job", "stop_job", "wait_job"]
+
+
+def start_job(spec: JobSpec, store: JobStore | None = None, wait: bool = True, echo: bool = True,
+              progress: Callable[[str], None] | None = None) -> JobRecord:
+    """Record the job and run it: here until it ends (``wait=True``), or in a detached supervisor process that
+    outlives this one (``wait=False``; follow it with ``hora job logs --follow``)."""
+    store = store or JobStore()
+    store.create(spec.job_name, spec.to_dict())
+    if wait and threading.current_thread() is threading.main_thread():
+        return JobRunner(spec, store, echo=echo, progress=progress).run()
+    # Off the main thread this process cannot take the signals that carry max_run and `hora job stop` to the
+    # ranks, so the job gets its own supervisor process; waiting for it then means following the store.
+    # Detach through a short-lived middle process, so the supervisor is nobody's child here (no zombie, no
+    # process left behind by whoever called us) and survives this process.
+    code = (
+        "import os, subprocess, sys;"
+        "subprocess.Popen([sys.executable, '-m', 'hora.jobs._supervisor', sys.argv[1], sys.argv[2]],"
+        " start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,"
+        " stderr=open(sys.argv[3], 'ab'), close_fds=True)"
+    )
+    log = store.job_dir(spec.job_name) / "logs" / "supervisor.err"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-c", code, str(store.home), spec.job_name, str(log)], check=True, timeout=60)
+    if wait:
+        return wait_job(store, spec.job_name)
+    return store.get(spec.job_name)
+
+
+def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
+    """A job whose supervisor died (SIGKILL, a crash, a reboot) without ending it is marked Failed, so nobody
+    waits for it forever."""
+    if record.done or record.supervisor_pid is None or _supervisor_alive(record) is not None:
+        return record
+    fresh = store.get(record.name)  # it may have ended between the two reads
+    if fresh.done:
+        return fresh
+    store.update(record.name, ended=time.time(), failure_reason=(
+        f"InternalError: the job's supervisor (pid {record.supervisor_pid}) died without finishing the job; "
+        "its ranks died with it"))
+    store.transition(record.name, "Failed", "Failed", "the supervisor died")
+    return store.get(record.name)
+
+
+def wait_job(store: JobStore, name: str, timeout: float | None = None, poll: float = 0.5) -> JobRecord:
+    """Wait until the job has ended (Completed, Failed or Stopped)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        record = reconcile(store, store.get(name))
+        if record.done:
+            return record
+        if record.supervisor_pid is None and time.time() - record.created > 120:
+            raise ConfigError(f"job {name!r} was recorded but its supervisor never started; see its logs/supervisor.err")
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"job {name!r} is still {record.status}/{record.secondary_status} after {timeout:g}s")
+        time.sleep(poll)
+
+
+def _supervisor_alive(record: JobRecord) -> int | None:
+    """The supervisor's pid if that very process (same start time) still runs."""
+    try:
+        info = json.loads(Path(record.job_dir, "hora", "supervisor.json").read_text())
+    except (OSError, ValueError):
+        return None
+    pid = int(info["pid"])
+    return pid if process_start_time(pid) == info["start"] and info["start"] else None
+
+
+def stop_job(store: JobStore, name: str) -> JobRecord:
+    """Ask a running job to stop: its script gets SIGTERM, then SIGKILL after the spec's ``stop_grace``; the
+    artifacts are archived and the job ends Stopped."""
+    record = store.get(name)
+    if record.done:
+        return record
+    store.update(name, stop_requested=1)
+    pid = _supervisor_alive(record)
+    if pid is None:
+        if record.supervisor_pid is None:
+            raise ConfigError(f"job {name!r} has no supervisor yet; try again in a moment")
+        store.transition(name, "Stopped", "Stopped", "the supervisor had already gone")
+        store.update(name, ended=time.time(), failure_reason="the job's supervisor process was gone when stopped")
+        return store.get(name)
+    store.transition(name, "InProgress", "Stopping", "stop requested")
+    os.kill(pid, signal.SIGTERM)
+    return store.get(name)
+
+
+class Estimator:
+    """SageMaker's ``Estimator``, run by hora on this machine.
+
+    >>> est = Estimator(entry_point="train.py", source_dir="src", instance_count=2, processes_per_host=2,
+    ...                 distribution={"mpi": {"enabled": True}}, hyperparameters={"epochs": 3})
+    >>> est.fit({"training": "data/"})          # doctest: +SKIP
+    >>> est.model_data                          # doctest: +SKIP
+    '/home/me/.hora/jobs/train-.../output/model.tar.gz'
+
+    Every keyword is a spec field (see docs/jobs.md); ``home`` picks the job store (default ``~/.hora``).
+    Relative paths are relative to the current directory.
+    """
+
+    def __init__(self, home: str | None = None, **fields: Any) -> None:
+        self.fields = fields
+        self.store = JobStore(home)
+        self.latest_job: JobRecord | None = None
+        parse_spec({**fields, "inputs": None})  # fail early on everything but the inputs
+
+    def fit(self, inputs: str | Mapping[str, Any] | None = None, wait: bool = True, job_name: str | None = None,
+            logs: bool = True) -> JobRecord:
+        """Validate the spec with ``inputs`` and run the job; returns its record (status, failure_reason ...)."""
+        data = dict(self.fields)
+        if inputs is not None:
+            data["inputs"] = inputs
+        if job_name is not None:
+            data["job_name"] = job_name
+        spec = parse_spec(data, source="the Estimator")
+        progress = (lambda m: print(f"hora job: {m}", file=sys.stderr, flush=True)) if logs else None
+        self.latest_job = start_job(spec, self.store, wait=wait, echo=logs, progress=progress)
+        return self.latest_job
+
+    @property
+    def model_data(self) -> str | None:
+        """Where the last job's model.tar.gz went."""
+        if self.latest_job is None:
+            return None
+        return self.store.get(self.latest_job.name).artifacts.get("model")

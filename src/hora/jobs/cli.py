@@ -1,0 +1,92 @@
+"""``hora job run | list | describe | logs | metrics | stop``: argument parsing and printing only."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hora.errors import HoraError
+
+__all__ = ["add_job_parser", "job_main"]
+
+
+def add_job_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "job",
+        help="run SageMaker script-mode training jobs on this machine",
+        description="Run SageMaker script-mode training jobs locally: hosts algo-1..N, SM_* variables, metrics, "
+        "failure reasons and artifacts. See docs/jobs.md.",
+    )
+    p.add_argument("--home", metavar="DIR", help="job store directory (default $HORA_JOB_HOME or ~/.hora)")
+    jsub = p.add_subparsers(dest="job_cmd", required=True)
+    run = jsub.add_parser("run", help="validate a YAML spec and start the job")
+    run.add_argument("spec", help="the job spec (YAML)")
+    run.add_argument("--wait", action="store_true", help="run in the foreground, show its output, end with a summary")
+    run.add_argument("--job-name", help="override the spec's job_name")
+    jsub.add_parser("list", help="every job in the store")
+    d = jsub.add_parser("describe", help="status, failure reason, artifacts and history of a job")
+    d.add_argument("job")
+    lg = jsub.add_parser("logs", help="a job's log lines, tagged with host and rank")
+    lg.add_argument("job")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    lg.add_argument("--host", help="only this host's lines (algo-1, algo-2, ...)")
+    m = jsub.add_parser("metrics", help="the metric values parsed from the logs")
+    m.add_argument("job")
+    m.add_argument("--plot", metavar="FILE.png", help="also draw the curves into FILE.png (needs matplotlib)")
+    st = jsub.add_parser("stop", help="stop a running job (SIGTERM to the script, SIGKILL after stop_grace)")
+    st.add_argument("job")
+    st.add_argument("--wait", action="store_true", help="wait until it has stopped and show the summary")
+
+
+def _progress(message: str) -> None:
+    print(f"hora job: {message}", file=sys.stderr, flush=True)
+
+
+def job_main(args: argparse.Namespace) -> int:
+    from hora.jobs import views
+    from hora.jobs.api import reconcile, start_job, stop_job, wait_job
+    from hora.jobs.spec import load_spec
+    from hora.jobs.store import JobStore
+
+    store = JobStore(args.home)
+    try:
+        if args.job_cmd == "run":
+            spec = load_spec(args.spec, {"job_name": args.job_name} if args.job_name else None)
+            if not args.wait:
+                record = start_job(spec, store, wait=False)
+                print(f"started job {record.name} ({spec.instance_count} host(s) x {spec.processes_per_host} "
+                      f"process(es)) in {record.job_dir}")
+                print(f"follow it with: hora job logs --follow {record.name}")
+                return 0
+            _progress(f"job {spec.job_name}: {spec.instance_count} host(s) x {spec.processes_per_host} process(es)")
+            record = start_job(spec, store, wait=True, progress=_progress)
+            print(views.summary(record), file=sys.stderr, flush=True)
+            return 0 if record.status == "Completed" else 1
+        if args.job_cmd == "list":
+            print(views.job_table([reconcile(store, r) for r in store.jobs()]))
+        elif args.job_cmd == "describe":
+            reconcile(store, store.get(args.job))
+            print(views.describe(store, args.job))
+        elif args.job_cmd == "logs":
+            lines = views.follow_logs(store, args.job, args.host) if args.follow else views.read_logs(
+                store, args.job, args.host)
+            for line in lines:
+                print(line, flush=args.follow)
+        elif args.job_cmd == "metrics":
+            print(views.metrics_table(store, args.job))
+            if args.plot:
+                print(f"plotted to {views.plot_metrics(store, args.job, args.plot)}")
+        elif args.job_cmd == "stop":
+            record = stop_job(store, args.job)
+            if record.done:
+                print(f"job {record.name} has already ended: {record.status}")
+                return 0
+            print(f"stopping job {record.name}")
+            if args.wait:
+                print(views.summary(wait_job(store, args.job)))
+    except HoraError as exc:
+        print(f"hora job: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

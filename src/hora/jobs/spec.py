@@ -1,0 +1,477 @@
+"""The job spec: what a training job runs, on how many hosts, with which data, and its limits.
+
+A spec comes from a YAML file (:func:`load_spec`) or from Python (:class:`hora.jobs.Estimator`); either way
+:func:`parse_spec` checks *everything* before anything starts and raises one :class:`SpecError` that lists every
+problem, so a user fixes a spec in one round instead of one error at a time.
+
+Field names follow the SageMaker Python SDK (``entry_point``, ``instance_count``, ``max_run`` ...), so a spec reads
+like the ``Estimator(...)`` call it replaces.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shlex
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hora.errors import ConfigError
+
+__all__ = ["ChannelSpec", "JobSpec", "MetricDefinition", "SpecError", "load_spec", "parse_spec", "spec_from_dict"]
+
+INPUT_MODES = ("File", "Pipe")
+DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
+STRATEGIES = ("none", "mpi", "allreduce", "parameter_server")
+DEFAULT_MAX_RUN = 24 * 3600  # SageMaker's default MaxRuntimeInSeconds
+DEFAULT_STOP_GRACE = 30.0
+_JOB_NAME = re.compile(r"^[A-Za-z0-9](-*[A-Za-z0-9]){0,62}$")  # SageMaker's TrainingJobName pattern
+_CHANNEL_NAME = re.compile(r"^[A-Za-z0-9\.\-_]{1,64}$")  # SageMaker's ChannelName pattern
+
+FIELDS = (
+    "entry_point", "source_dir", "hyperparameters", "instance_count", "instance_type", "processes_per_host",
+    "distribution", "inputs", "input_mode", "output_path", "checkpoint_path", "metric_definitions", "max_run",
+    "max_retry_attempts", "environment", "job_name", "stop_grace",
+)
+CHANNEL_FIELDS = ("uri", "s3_data", "input_mode", "distribution", "content_type", "record_wrapping")
+DISTRIBUTION_FIELDS = ("enabled", "processes_per_host", "custom_mpi_options")
+
+
+class SpecError(ConfigError):
+    """A job spec is invalid; ``problems`` lists every problem found (the message shows them all)."""
+
+    def __init__(self, problems: list[str], source: str = "the job spec") -> None:
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source} has {len(problems)} problem{'s' if len(problems) > 1 else ''}:\n{lines}")
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """One input channel: where its data comes from and how the script sees it.
+
+    ``uri`` is a local path (made absolute) or an ``s3://`` URI. ``input_mode`` is ``File`` (copied into
+    ``input/data/<name>`` before the script starts) or ``Pipe`` (FIFOs ``<name>_<epoch>``), ``distribution``
+    ``FullyReplicated`` (every host gets everything) or ``ShardedByS3Key`` (each host its share of the keys).
+    """
+
+    name: str
+    uri: str
+    input_mode: str = "File"
+    distribution: str = "FullyReplicated"
+    content_type: str | None = None
+    record_wrapping: str | None = None
+
+    @property
+    def is_s3(self) -> bool:
+        return self.uri.startswith("s3://")
+
+
+@dataclass(frozen=True)
+class MetricDefinition:
+    """A metric: every log line the regex matches gives one value (its first group, else the whole match)."""
+
+    name: str
+    regex: str
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated job spec (build it with :func:`parse_spec`; every path in it is absolute)."""
+
+    entry_point: str  # relative to source_dir
+    source_dir: str
+    job_name: str
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    instance_count: int = 1
+    instance_type: str = "local"
+    processes_per_host: int = 1
+    strategy: str = "none"  # none | mpi | allreduce
+    custom_mpi_options: str = ""
+    run_settings: dict[str, Any] = field(default_factory=dict)  # hora run settings from custom_mpi_options
+    inputs: tuple[ChannelSpec, ...] = ()
+    output_path: str | None = None
+    checkpoint_path: str | None = None
+    metric_definitions: tuple[MetricDefinition, ...] = ()
+    max_run: float = DEFAULT_MAX_RUN
+    max_retry_attempts: int = 0
+    environment: dict[str, str] = field(default_factory=dict)
+    stop_grace: float = DEFAULT_STOP_GRACE
+
+    @property
+    def host_count(self) -> int:
+        return self.instance_count
+
+    @property
+    def world_size(self) -> int:
+        return self.instance_count * self.processes_per_host
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able form (the job store keeps it; ``describe`` shows it)."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("inputs", "metric_definitions")}
+        out["inputs"] = {c.name: c.__dict__ for c in self.inputs}
+        out["metric_definitions"] = [{"Name": m.name, "Regex": m.regex} for m in self.metric_definitions]
+        return out
+
+
+def load_spec(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None = None) -> JobSpec:
+    """Read a YAML spec file; relative paths in it are relative to the file's directory."""
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError("reading a YAML job spec needs PyYAML: pip install 'hora[jobs]'") from None
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the job spec {str(p)!r}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError([f"not valid YAML: {exc}"], f"job spec {str(p)!r}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError([f"the top level must be a mapping of fields, got {type(data).__name__}"], f"job spec {str(p)!r}")
+    data = {**data, **(overrides or {})}
+    return parse_spec(data, base_dir=p.resolve().parent, source=f"job spec {str(p)!r}")
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _unknown(key: str, known: tuple[str, ...], where: str) -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; known fields: {', '.join(known)}"
+    return f"unknown field {key!r}{where}{hint}"
+
+
+class _Checker:
+    """Collects problems instead of raising at the first, so the user sees all of them."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def add(self, problem: str) -> None:
+        self.problems.append(problem)
+
+    def int_(self, data: Mapping[str, Any], key: str, default: int, minimum: int, where: str = "") -> int:
+        value = data.get(key, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.add(f"{key}{where} must be a whole number >= {minimum}, got {value!r} ({_type_name(value)})")
+            return default
+        if value < minimum:
+            self.add(f"{key}{where} must be >= {minimum}, got {value}")
+            return default
+        return value
+
+    def number(self, data: Mapping[str, Any], key: str, default: float) -> float:
+        value = data.get(key, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            self.add(f"{key} must be a number of seconds > 0, got {value!r} ({_type_name(value)})")
+            return default
+        if value <= 0:
+            self.add(f"{key} must be > 0 seconds, got {value}")
+            return default
+        return float(value)
+
+    def str_(self, data: Mapping[str, Any], key: str, where: str = "") -> str | None:
+        value = data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, (str, os.PathLike)):
+            self.add(f"{key}{where} must be a string, got {value!r} ({_type_name(value)})")
+            return None
+        return os.fspath(value)
+
+
+def _local(path: str, base: Path) -> str:
+    return str((base / os.path.expanduser(path)).resolve())
+
+
+def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None = None, source: str = "the job spec") -> JobSpec:
+    """Check a spec given as a mapping and return the :class:`JobSpec`.
+
+    Raises:
+        SpecError: listing every problem found (unknown fields with a did-you-mean, wrong types, a missing entry
+            point or channel path, negative counts, unsupported strategies).
+    """
+    base = Path(base_dir or os.getcwd()).resolve()
+    c = _Checker()
+    for key in data:
+        if key not in FIELDS:
+            c.add(_unknown(str(key), FIELDS, ""))
+
+    # Code: entry point (required) inside source_dir (default: the entry point's directory).
+    entry = c.str_(data, "entry_point")
+    source_dir = c.str_(data, "source_dir")
+    entry_rel = ""
+    src = ""
+    if entry is None and "entry_point" not in data:
+        c.add("entry_point is missing: name the training script, e.g. entry_point: train.py")
+    elif entry is not None:
+        if source_dir is not None:
+            src = _local(source_dir, base)
+            if not os.path.isdir(src):
+                c.add(f"source_dir {source_dir!r} is not a directory (looked at {src})")
+            elif not os.path.isfile(os.path.join(src, entry)):
+                c.add(f"entry_point {entry!r} is not a file in source_dir {src}")
+            entry_rel = entry
+        else:
+            full = _local(entry, base)
+            if not os.path.isfile(full):
+                c.add(f"entry_point {entry!r} does not exist (looked at {full})")
+            src, entry_rel = os.path.dirname(full), os.path.basename(full)
+
+    hps = data.get("hyperparameters") or {}
+    if not isinstance(hps, Mapping):
+        c.add(f"hyperparameters must be a mapping of name: value, got {_type_name(hps)}")
+        hps = {}
+    for k, v in hps.items():
+        if not isinstance(k, str) or not k:
+            c.add(f"hyperparameter name {k!r} must be a non-empty string")
+        try:
+            import json
+
+            json.dumps(v)
+        except (TypeError, ValueError):
+            c.add(f"hyperparameter {k!r} has a value that is not JSON-encodable: {v!r}")
+
+    instance_count = c.int_(data, "instance_count", 1, 1)
+    if instance_count > 254:
+        c.add(f"instance_count {instance_count} is more than the 254 hosts a local cluster can address")
+    instance_type = c.str_(data, "instance_type") or "local"
+    pph = c.int_(data, "processes_per_host", 0, 1) if data.get("processes_per_host") is not None else 0
+
+    # distribution: "mpi" / {"mpi": {"enabled": true, "processes_per_host": 2, "custom_mpi_options": "..."}}
+    strategy, mpi_options = "none", ""
+    dist = data.get("distribution")
+    if dist is None:
+        pass
+    elif isinstance(dist, str):
+        if dist not in STRATEGIES:
+            close = difflib.get_close_matches(dist, STRATEGIES, n=1)
+            c.add(f"distribution {dist!r} is not one of {', '.join(STRATEGIES)}" + (f"; did you mean {close[0]!r}?" if close else ""))
+        else:
+            strategy = dist
+    elif isinstance(dist, Mapping):
+        if len(dist) != 1:
+            c.add(f"distribution must name one strategy ({', '.join(STRATEGIES[1:])}), got {sorted(dist)}")
+        for name, opts in dist.items():
+            if name not in STRATEGIES[1:]:
+                close = difflib.get_close_matches(str(name), STRATEGIES, n=1)
+                c.add(f"distribution strategy {name!r} is not one of {', '.join(STRATEGIES[1:])}" + (f"; did you mean {close[0]!r}?" if close else ""))
+                continue
+            opts = {} if opts is None else opts
+            if not isinstance(opts, Mapping):
+                c.add(f"distribution.{name} must be a mapping (enabled, processes_per_host, custom_mpi_options), got {_type_name(opts)}")
+                continue
+            for k in opts:
+                if k not in DISTRIBUTION_FIELDS:
+                    c.add(_unknown(str(k), DISTRIBUTION_FIELDS, f" in distribution.{name}"))
+            enabled = opts.get("enabled", True)
+            if not isinstance(enabled, bool):
+                c.add(f"distribution.{name}.enabled must be true or false, got {enabled!r}")
+            elif enabled:
+                strategy = name
+            inner = c.int_(opts, "processes_per_host", 0, 1, f" (in distribution.{name})") if opts.get("processes_per_host") is not None else 0
+            if inner and pph and inner != pph:
+                c.add(f"processes_per_host is {pph} but distribution.{name}.processes_per_host is {inner}; give one")
+            pph = pph or inner
+            mpi_options = c.str_(opts, "custom_mpi_options", f" (in distribution.{name})") or ""
+    else:
+        c.add(f"distribution must be a strategy name or a mapping, got {_type_name(dist)}")
+    if strategy == "parameter_server":
+        c.add("distribution parameter_server is not yet supported by hora job (use mpi / allreduce, or none)")
+    run_settings: dict[str, Any] = {}
+    if mpi_options:
+        run_settings = _run_settings(mpi_options, c)
+    pph = pph or 1
+
+    # Channels.
+    job_mode = c.str_(data, "input_mode") or "File"
+    if job_mode not in INPUT_MODES:
+        c.add(f"input_mode {job_mode!r} must be File or Pipe")
+        job_mode = "File"
+    channels: list[ChannelSpec] = []
+    inputs = data.get("inputs") or {}
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = {"training": inputs}  # SageMaker's fit("s3://...") means the "training" channel
+    if not isinstance(inputs, Mapping):
+        c.add(f"inputs must map channel names to a path, an s3:// URI or a mapping, got {_type_name(inputs)}")
+        inputs = {}
+    for name, value in inputs.items():
+        ch = _channel(str(name), value, job_mode, base, c)
+        if ch is not None:
+            channels.append(ch)
+
+    output_path = c.str_(data, "output_path")
+    if output_path and not output_path.startswith("s3://"):
+        output_path = _local(output_path, base)
+    checkpoint_path = c.str_(data, "checkpoint_path")
+    if checkpoint_path and not checkpoint_path.startswith("s3://"):
+        checkpoint_path = _local(checkpoint_path, base)
+
+    metrics: list[MetricDefinition] = []
+    mdefs = data.get("metric_definitions") or []
+    if not isinstance(mdefs, list):
+        c.add(f"metric_definitions must be a list of {{Name, Regex}}, got {_type_name(mdefs)}")
+        mdefs = []
+    for i, m in enumerate(mdefs):
+        if not isinstance(m, Mapping):
+            c.add(f"metric_definitions[{i}] must be a mapping with Name and Regex, got {m!r}")
+            continue
+        norm = {str(k).lower(): v for k, v in m.items()}
+        for k in norm:
+            if k not in ("name", "regex"):
+                c.add(_unknown(str(k), ("Name", "Regex"), f" in metric_definitions[{i}]"))
+        name, regex = norm.get("name"), norm.get("regex")
+        if not isinstance(name, str) or not name:
+            c.add(f"metric_definitions[{i}] needs a Name (a string)")
+            continue
+        if not isinstance(regex, str) or not regex:
+            c.add(f"metric {name!r} needs a Regex (a string)")
+            continue
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            c.add(f"metric {name!r}: Regex {regex!r} does not compile: {exc}")
+            continue
+        metrics.append(MetricDefinition(name, regex))
+
+    max_run = c.number(data, "max_run", DEFAULT_MAX_RUN)
+    retries = c.int_(data, "max_retry_attempts", 0, 0)
+    stop_grace = c.number(data, "stop_grace", DEFAULT_STOP_GRACE)
+
+    env_in = data.get("environment") or {}
+    environment: dict[str, str] = {}
+    if not isinstance(env_in, Mapping):
+        c.add(f"environment must be a mapping of NAME: value, got {_type_name(env_in)}")
+    else:
+        for k, v in env_in.items():
+            if not isinstance(k, str) or not k or "=" in k:
+                c.add(f"environment variable name {k!r} is not valid")
+            elif isinstance(v, (dict, list)) or v is None:
+                c.add(f"environment variable {k} must be a string or number, got {v!r}")
+            else:
+                environment[k] = str(v).lower() if isinstance(v, bool) else str(v)
+
+    job_name = c.str_(data, "job_name")
+    if job_name is not None and not _JOB_NAME.match(job_name):
+        c.add(f"job_name {job_name!r} must be 1-63 letters, digits and hyphens, starting with a letter or digit")
+    if c.problems:
+        raise SpecError(c.problems, source)
+    if job_name is None:
+        stem = re.sub(r"[^A-Za-z0-9]+", "-", Path(entry_rel).stem).strip("-")[:30] or "job"
+        job_name = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    return JobSpec(
+        entry_point=entry_rel,
+        source_dir=src,
+        job_name=job_name,
+        hyperparameters=dict(hps),
+        instance_count=instance_count,
+        instance_type=instance_type,
+        processes_per_host=pph,
+        strategy=strategy,
+        custom_mpi_options=mpi_options,
+        run_settings=run_settings,
+        inputs=tuple(channels),
+        output_path=output_path,
+        checkpoint_path=checkpoint_path,
+        metric_definitions=tuple(metrics),
+        max_run=max_run,
+        max_retry_attempts=retries,
+        environment=environment,
+        stop_grace=stop_grace,
+    )
+
+
+def _channel(name: str, value: Any, job_mode: str, base: Path, c: _Checker) -> ChannelSpec | None:
+    if not _CHANNEL_NAME.match(name):
+        c.add(f"channel name {name!r} must be 1-64 letters, digits, '.', '-' or '_'")
+        return None
+    opts: Mapping[str, Any]
+    if isinstance(value, (str, os.PathLike)):
+        opts = {"uri": os.fspath(value)}
+    elif isinstance(value, Mapping):
+        opts = value
+        for k in opts:
+            if k not in CHANNEL_FIELDS:
+                c.add(_unknown(str(k), CHANNEL_FIELDS, f" in channel {name!r}"))
+    else:
+        c.add(f"channel {name!r} must be a path, an s3:// URI or a mapping with uri, got {_type_name(value)}")
+        return None
+    uri = c.str_(opts, "uri", f" of channel {name!r}") or c.str_(opts, "s3_data", f" of channel {name!r}")
+    if not uri:
+        c.add(f"channel {name!r} has no uri (a local path or s3://bucket/prefix)")
+        return None
+    if not uri.startswith("s3://"):
+        if "://" in uri:
+            c.add(f"channel {name!r}: {uri!r} is neither a local path nor an s3:// URI")
+            return None
+        path = _local(uri, base)
+        if not os.path.exists(path):
+            c.add(f"channel {name!r}: the path {uri!r} does not exist (looked at {path})")
+            return None
+        uri = path
+    mode = c.str_(opts, "input_mode", f" of channel {name!r}") or job_mode
+    if mode not in INPUT_MODES:
+        c.add(f"channel {name!r}: input_mode {mode!r} must be File or Pipe")
+    dist = c.str_(opts, "distribution", f" of channel {name!r}") or "FullyReplicated"
+    if dist not in DISTRIBUTIONS:
+        c.add(f"channel {name!r}: distribution {dist!r} must be FullyReplicated or ShardedByS3Key")
+    wrapping = c.str_(opts, "record_wrapping", f" of channel {name!r}")
+    if wrapping not in (None, "None", "RecordIO"):
+        c.add(f"channel {name!r}: record_wrapping {wrapping!r} must be None or RecordIO")
+    return ChannelSpec(name, uri, mode, dist, c.str_(opts, "content_type", f" of channel {name!r}"), wrapping)
+
+
+def _run_settings(options: str, c: _Checker) -> dict[str, Any]:
+    """``custom_mpi_options`` are ``hora run`` flags (``--fusion-threshold-mb 32 --transport tcp``): check them
+    with hora run's own parser, so a typo is a spec error instead of a failed launch."""
+    import argparse
+    import contextlib
+    import io
+
+    from hora import cli
+
+    try:
+        words = shlex.split(options)
+    except ValueError as exc:
+        c.add(f"custom_mpi_options {options!r} cannot be split into words: {exc}")
+        return {}
+    parser = argparse.ArgumentParser(prog="hora run", add_help=False)
+    sub = parser.add_subparsers(dest="cmd")
+    cli._run_parser(sub)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = parser.parse_args(["run", *words, "--", "true"])
+    except SystemExit:
+        last = err.getvalue().strip().splitlines()[-1:] or ["not valid"]
+        c.add(f"custom_mpi_options {options!r} are not valid hora run options: {last[0]}")
+        return {}
+    for flag in ("np", "hosts", "output_filename"):
+        if getattr(args, flag, None) is not None:
+            c.add(f"custom_mpi_options may not set {flag}: hora job sets the ranks and hosts itself")
+    return cli._settings(args)
+
+
+def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:
+    """Rebuild a :class:`JobSpec` from :meth:`JobSpec.to_dict` (the store's copy; already validated)."""
+    fields = dict(data)
+    fields["inputs"] = tuple(ChannelSpec(**c) for c in fields.get("inputs", {}).values())
+    fields["metric_definitions"] = tuple(
+        MetricDefinition(m["Name"], m["Regex"]) for m in fields.get("metric_definitions", [])
+    )
+    return JobSpec(**fields)

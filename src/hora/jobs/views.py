@@ -1,0 +1,212 @@
+"""What ``hora job list / describe / logs / metrics`` print: readable text built from the job store and files."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from hora.errors import ConfigError
+from hora.jobs.store import JobRecord, JobStore
+
+__all__ = ["describe", "follow_logs", "job_table", "metrics_table", "plot_metrics", "read_logs", "summary"]
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def job_table(records: list[JobRecord]) -> str:
+    if not records:
+        return "no jobs yet (hora job run SPEC starts one)"
+    rows = [("NAME", "STATUS", "SECONDARY", "CREATED", "DURATION", "HOSTS")]
+    for r in records:
+        rows.append((r.name, r.status, r.secondary_status, _when(r.created), _duration(r.duration),
+                     f"{r.spec.get('instance_count', 1)}x{r.spec.get('processes_per_host', 1)}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def summary(record: JobRecord) -> str:
+    """The few lines printed when a job ends."""
+    attempts = f"{record.attempts} attempt{'s' if record.attempts != 1 else ''}"
+    lines = [f"job {record.name}: {record.status} ({record.secondary_status}) after {_duration(record.duration)}, {attempts}"]
+    if record.failure_reason:
+        lines.append("failure reason:")
+        lines += [f"  {line}" for line in record.failure_reason.splitlines()]
+    for kind, where in sorted(record.artifacts.items()):
+        lines.append(f"{kind + ':':8} {where}")
+    lines.append(f"{'logs:':8} {Path(record.job_dir) / 'logs'}  (hora job logs {record.name})")
+    return "\n".join(lines)
+
+
+def describe(store: JobStore, name: str) -> str:
+    r = store.get(name)
+    spec = r.spec
+    lines = [
+        f"Name:              {r.name}",
+        f"Status:            {r.status}",
+        f"Secondary status:  {r.secondary_status}",
+        f"Created:           {_when(r.created)}",
+        f"Started:           {_when(r.started)}",
+        f"Ended:             {_when(r.ended)}",
+        f"Duration:          {_duration(r.duration)}",
+        f"Attempts:          {r.attempts} (max_retry_attempts {spec.get('max_retry_attempts', 0)})",
+        f"Entry point:       {spec['entry_point']} in {spec['source_dir']}",
+        f"Hosts:             {spec['instance_count']} x {spec['processes_per_host']} process(es), "
+        f"distribution {spec['strategy']}",
+        f"Hyperparameters:   {json.dumps(spec.get('hyperparameters', {}), sort_keys=True)}",
+        f"Max run:           {spec['max_run']:g}s",
+        f"Job directory:     {r.job_dir}",
+    ]
+    for ch in spec.get("inputs", {}).values():
+        lines.append(f"Channel {ch['name']}: {ch['uri']} ({ch['input_mode']}, {ch['distribution']})")
+    if r.exit_code is not None:
+        lines.append(f"Exit code:         {r.exit_code}")
+    if r.failure_reason:
+        lines.append("Failure reason:")
+        lines += [f"  {line}" for line in r.failure_reason.splitlines()]
+    for kind, where in sorted(r.artifacts.items()):
+        lines.append(f"Artifact {kind}: {where}")
+    lines += _rank_outcomes(r)
+    metrics = store.metrics(name)
+    if metrics:
+        names = sorted({m[0] for m in metrics})
+        lines.append("Final metrics:     " + ", ".join(
+            f"{n}={next(m[1] for m in reversed(metrics) if m[0] == n):g}" for n in names))
+    lines.append("Status history:")
+    for t, status, secondary, message in store.transitions(name):
+        lines.append(f"  {_when(t)}  {status:10} {secondary:18} {message.splitlines()[0] if message else ''}".rstrip())
+    return "\n".join(lines)
+
+
+def _rank_outcomes(r: JobRecord) -> list[str]:
+    """The last attempt's ranks: host, pid and how each script ended."""
+    attempt_dir = Path(r.job_dir) / "hora" / f"attempt-{r.attempts}"
+    try:
+        result = json.loads((attempt_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return []
+    pph = int(r.spec.get("processes_per_host", 1))
+    lines = [f"Ranks (attempt {r.attempts}):", f"  {'rank':>4}  {'host':8}  {'pid':>7}  outcome"]
+    for rank, code in enumerate(result["returncodes"]):
+        try:
+            status = json.loads((attempt_dir / f"rank-{rank}.json").read_text())
+        except (OSError, ValueError):
+            status = None
+        if status is not None:
+            code = status["returncode"]
+        if code is None:
+            outcome = "unknown"
+        elif code < 0:
+            try:
+                outcome = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                outcome = f"killed by signal {-code}"
+        else:
+            outcome = f"exit code {code}"
+        pid = status["pid"] if status else ""
+        lines.append(f"  {rank:>4}  {'algo-' + str(rank // pph + 1):8}  {pid:>7}  {outcome}")
+    return lines
+
+
+def _log_files(record: JobRecord, host: str | None) -> list[Path]:
+    logs = Path(record.job_dir) / "logs"
+    count = int(record.spec.get("instance_count", 1))
+    hosts = [f"algo-{i + 1}" for i in range(count)]
+    if host is not None:
+        if host not in hosts:
+            raise ConfigError(f"job {record.name} has no host {host!r}; its hosts are {', '.join(hosts)}")
+        hosts = [host]
+    return [logs / f"{h}.log" for h in hosts]
+
+
+def read_logs(store: JobStore, name: str, host: str | None = None) -> list[str]:
+    """Every host's log lines merged in time order (each line starts with its UTC timestamp)."""
+    lines: list[str] = []
+    for f in _log_files(store.get(name), host):
+        if f.is_file():
+            lines += f.read_text(errors="replace").splitlines()
+    return sorted(lines, key=lambda line: line[:24])  # stable: one host's order is kept within a millisecond
+
+
+def follow_logs(store: JobStore, name: str, host: str | None = None, poll: float = 0.5) -> Iterator[str]:
+    """New log lines as they are written, until the job has ended and its logs are drained."""
+    offsets: dict[Path, int] = {}
+    partial: dict[Path, str] = {}
+    while True:
+        from hora.jobs.api import reconcile
+
+        done = reconcile(store, store.get(name)).done  # read before the files: nothing written before the end is missed
+        batch: list[str] = []
+        for f in _log_files(store.get(name), host):
+            try:
+                with open(f, errors="replace") as fh:
+                    fh.seek(offsets.get(f, 0))
+                    data = fh.read()
+                    offsets[f] = fh.tell()
+            except FileNotFoundError:
+                continue
+            *complete, partial[f] = (partial.get(f, "") + data).split("\n")
+            batch += complete
+        yield from sorted(batch, key=lambda line: line[:24])
+        if done:
+            return
+        time.sleep(poll)
+
+
+def metrics_table(store: JobStore, name: str) -> str:
+    store.get(name)
+    rows = store.metrics(name)
+    if not rows:
+        return f"job {name} has no metric values (metric_definitions match no log line yet)"
+    out = [("TIME", "METRIC", "VALUE", "HOST", "RANK", "ATTEMPT")]
+    for metric, value, ts, host, rank, attempt in rows:
+        stamp = time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts % 1 * 1000):03d}"
+        out.append((stamp, metric, f"{value:g}", host, str(rank), str(attempt)))
+    widths = [max(len(r[i]) for r in out) for i in range(len(out[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in out)
+
+
+def plot_metrics(store: JobStore, name: str, path: str) -> str:
+    """One subplot per metric, one line per host/rank, x = seconds since the job started."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'hora[jobs-plot]'") from None
+    record = store.get(name)
+    rows = store.metrics(name)
+    if not rows:
+        raise ConfigError(f"job {name} has no metric values to plot")
+    names = sorted({r[0] for r in rows})
+    t0 = record.started or min(r[2] for r in rows)
+    fig, axes = plt.subplots(len(names), 1, figsize=(8, 3 * len(names)), squeeze=False)
+    for ax, metric in zip(axes[:, 0], names):
+        series: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        for m, value, ts, host, rank, _ in rows:
+            if m == metric:
+                series.setdefault((host, rank), []).append((ts - t0, value))
+        for (host, rank), points in sorted(series.items()):
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=f"{host} rank {rank}")
+        ax.set_title(metric)
+        ax.set_xlabel("seconds since start")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
