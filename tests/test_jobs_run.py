@@ -420,3 +420,33 @@ def test_local_checkpoint_path_is_synced_in_and_out(tmp_path):
     assert second.status == "Completed", second.failure_reason
     log = (store.job_dir("ckpt-2") / "logs" / "algo-2.log").read_text()
     assert "found ['seed', 'step-algo-1-1', 'step-algo-2-1']" in log
+
+
+PIPE_SCRIPT = """
+    import json, os
+    import hora.numpy as hvd
+    from hora.data import PipeDataset
+
+    hvd.init()
+    ds = PipeDataset("training")  # the FIFOs training_0, training_1, ... one per pass
+    epochs = [[line.strip() for line in ds] for _ in range(3)]
+    everyone = hvd.allgather_object(epochs)
+    host = os.environ["SM_CURRENT_HOST"]
+    with open(os.path.join(os.environ["SM_MODEL_DIR"], f"pipe-{host}.json"), "w") as f:
+        json.dump({"mine": epochs, "everyone": everyone}, f)
+"""
+
+
+def test_pipe_mode_job_reads_several_epochs_from_fifos(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(4):
+        (data / f"part-{i}.txt").write_text("".join(f"record-{i}-{j}\n" for j in range(3)))
+    _store, record = run_script(tmp_path, PIPE_SCRIPT, "pipe-job", instance_count=2, processes_per_host=1,
+                               input_mode="Pipe",
+                               inputs={"training": {"uri": str(data), "distribution": "ShardedByS3Key"}})
+    assert record.status == "Completed", record.failure_reason
+    got = json.loads(members(record.artifacts["model"])["pipe-algo-1.json"])
+    shard = [[f"record-{i}-{j}" for i in (0, 2) for j in range(3)], [f"record-{i}-{j}" for i in (1, 3) for j in range(3)]]
+    assert got["mine"] == [shard[0]] * 3  # the same records in every epoch, each epoch a fresh FIFO
+    assert [e[0] for e in got["everyone"]] == shard

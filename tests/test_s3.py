@@ -359,3 +359,48 @@ def test_s3_uri_parsing():
     assert s3.S3Uri("b", "").child("m") == s3.S3Uri("b", "m")
     with pytest.raises(ValueError, match="no bucket"):
         s3.S3Uri.parse("s3:///key")
+
+
+# -- whole jobs against the server --------------------------------------------------------------------------------
+SHARD_SCRIPT = """
+    import json, os
+    import hora.numpy as hvd
+
+    hvd.init()
+    files = sorted(os.listdir(os.environ["SM_CHANNEL_TRAINING"]))
+    everyone = hvd.allgather_object(files)
+    with open(os.path.join(os.environ["SM_MODEL_DIR"], f"seen-{os.environ['SM_CURRENT_HOST']}.json"), "w") as f:
+        json.dump(everyone, f)
+    with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "note.txt"), "w") as f:
+        f.write("done")
+"""
+
+
+def test_a_job_with_a_sharded_s3_channel_and_s3_output(bucket, tmp_path):
+    """Each host gets its share of the keys (together: all of them, once), and the artifacts land in S3."""
+    import tarfile
+    import textwrap
+
+    from hora.jobs import JobStore, parse_spec, start_job
+
+    client, name = bucket
+    keys = {f"data/part-{i:02d}.csv": f"{i}\n".encode() for i in range(5)}
+    _put(client, name, keys)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text(textwrap.dedent(SHARD_SCRIPT))
+    spec = parse_spec({
+        "entry_point": "train.py", "source_dir": str(src), "job_name": "s3-job", "instance_count": 2,
+        "processes_per_host": 1, "output_path": f"s3://{name}/results",
+        "inputs": {"training": {"uri": f"s3://{name}/data", "distribution": "ShardedByS3Key"}},
+    })
+    record = start_job(spec, JobStore(tmp_path / "home"), wait=True, echo=False)
+    assert record.status == "Completed", record.failure_reason
+    assert record.artifacts["model"] == f"s3://{name}/results/s3-job/output/model.tar.gz", record.artifacts
+    got = tmp_path / "model.tar.gz"
+    client.download_file(name, "results/s3-job/output/model.tar.gz", str(got))
+    with tarfile.open(got) as tar:
+        seen = json.loads(tar.extractfile("seen-algo-1.json").read())  # type: ignore[union-attr]
+    assert seen == [["part-00.csv", "part-02.csv", "part-04.csv"], ["part-01.csv", "part-03.csv"]]
+    listed = {o["Key"] for o in client.list_objects_v2(Bucket=name, Prefix="results/")["Contents"]}
+    assert listed == {"results/s3-job/output/model.tar.gz", "results/s3-job/output/output.tar.gz"}
