@@ -248,5 +248,5 @@ def test_torchrun_multi_node_variables(master):
     _expect_two_nodes(results)
     assert addrs[0]["rendezvous"] == addr if master == "address" else not addrs[0]["rendezvous"].startswith("127.")
     for r, a in addrs.items():
-        assert a["host"] == f"node-{r // 2}" and a["transport"] == "tcp", (r, a)
+        assert a["host"] == f"node-{r // 2}" and a["transport"] == "hierarchical", (r, a)
         assert not a["bind"].startswith("127."), (r, a)  # data connections from the other node must reach it
