@@ -463,7 +463,7 @@ def driver(args: argparse.Namespace) -> int:
         notes.append(f"interrupted ({type(exc).__name__} {exc}); results so far are above")
         status = 130
     finally:
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the clean-up short
         if cluster is not None:
             try:
