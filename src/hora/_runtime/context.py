@@ -268,7 +268,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         peers = [json.loads(raw[f"rank/{r}"]) for r in range(size)]
         _check_engine_settings(peers)
         topo = _topology(peers, rank, launch.source)
-        transport = _choose_transport(config, topo["hosts"])
+        transport = _choose_transport(config, topo["hosts"], size)
 
         expected: set[tuple[Role, int]] = set()
         if rank == 0:
@@ -399,7 +399,7 @@ def _check_engine_settings(peers: list[dict[str, Any]]) -> None:
             )
 
 
-def _choose_transport(config: Config, hosts: list[str]) -> str:
+def _choose_transport(config: Config, hosts: list[str], size: int) -> str:
     if config.transport == "shm" and len(hosts) > 1:
         raise ConfigError(
             f"HORA_TRANSPORT=shm needs every rank on one host, but ranks run on {len(hosts)} hosts "
@@ -408,6 +408,8 @@ def _choose_transport(config: Config, hosts: list[str]) -> str:
     if config.transport == "auto":
         if len(hosts) == 1:
             return "shm"
+        if size == len(hosts):  # one rank per host: no step within a host, the flat ring is the same algorithm
+            return "tcp"
         return "hierarchical" if config.hierarchical_allreduce or config.hierarchical_allgather else "tcp"
     return config.transport
 
