@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,7 @@ HPS = {"epochs": 3, "lr": 0.1, "name": "adam", "flag": True, "off": False, "laye
        "opts": {"b": 2, "a": "x"}, "n": 5, "empty": None}
 
 DUMP = textwrap.dedent("""
-    import json, os, sys
+    import json, os, socket, sys
     import numpy as np
     import hora.numpy as hvd
     from hora._runtime import context
@@ -33,6 +34,9 @@ DUMP = textwrap.dedent("""
         "transport": context.current().transport,
         "topology": [hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()],
         "sum": float(total[0]),
+        "resolved": {h: socket.gethostbyname(h) for h in json.loads(os.environ["SM_HOSTS"])} if os.geteuid() == 0
+        else None,
+        "hostname": socket.gethostname(),
     }
     with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], f"rank-{hvd.rank()}.json"), "w") as f:
         json.dump(out, f)
@@ -178,6 +182,16 @@ def test_hora_rank_variables_follow_the_hosts(job):
         assert d["sum"] == 6.0
         assert d["peer_addresses"] == ["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"]
         assert d["transport"] == "hierarchical"  # two hosts: shared memory within each, TCP between them
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="host names resolve in a private mount namespace, which needs root")
+def test_host_names_resolve_and_are_the_host_name(job):
+    """As in a SageMaker container: algo-K resolves to host K's address, and it is the machine's name."""
+    _spec, _hosts, dumps = job
+    for rank, d in dumps.items():
+        assert d["resolved"] == {"algo-1": "127.0.0.1", "algo-2": "127.0.0.2"}, d["resolved"]
+        assert d["hostname"] == f"algo-{rank // 2 + 1}"
+    assert "algo-1" not in Path("/etc/hosts").read_text()  # the machine's own file is untouched
 
 
 def test_docs_name_every_variable_a_script_gets(job):

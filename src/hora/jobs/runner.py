@@ -27,7 +27,7 @@ from hora._transport.liveness import process_start_time
 from hora.errors import HoraError
 from hora.jobs import _stage
 from hora.jobs.channels import ChannelHandle
-from hora.jobs.cluster import host_addresses, host_index_of_rank, host_names
+from hora.jobs.cluster import host_addresses, host_index_of_rank, host_names, hosts_file_text
 from hora.jobs.contract import (
     HostLayout,
     host_layout,
@@ -288,6 +288,11 @@ class JobRunner:
             "echo": self.echo,
         }
         (self.job_dir / "hora" / "plan.json").write_text(json.dumps(plan, indent=1))
+        try:
+            base_hosts = Path("/etc/hosts").read_text()
+        except OSError:
+            base_hosts = "127.0.0.1\tlocalhost\n"
+        (self.job_dir / "hora" / "hosts").write_text(hosts_file_text(base_hosts, len(self.hosts)))
 
     def _ignore_in_source(self, directory: str, names: list[str]) -> list[str]:
         """Not copied into code/: caches, and the job store itself when it lies inside the source dir (it would
