@@ -6,6 +6,7 @@ import numpy as np
 
 import hora.numpy as hvd
 from hora._transport.base import DTYPES, even_counts
+from hora.errors import ConfigError
 
 ALL_DTYPES = list(DTYPES)
 FLOATS = {"float16", "bfloat16", "float32", "float64"}
@@ -263,3 +264,31 @@ def topology_worker() -> dict:
     assert hvd.allreduce(np.array([1.0]), op=hvd.Sum)[0] == hvd.size()
     hvd.shutdown()
     return info
+
+
+def process_set_worker() -> bool:
+    """hora.numpy's process_set= on 4 ranks: each set's results involve its members only, root_rank is global,
+    async handles complete on their set, and a non-member gets a clear error."""
+    hvd.init()
+    me = hvd.rank()
+    evens, odds = hvd.add_process_set([0, 2]), hvd.add_process_set([1, 3])
+    mine, other = (evens, odds) if me % 2 == 0 else (odds, evens)
+    members = mine.ranks
+    check(hvd.allreduce(np.array([float(me)]), op=hvd.Sum, process_set=mine), np.array([float(sum(members))]), "sum")
+    check(hvd.allreduce(np.array([1.0]), op=hvd.Sum), np.array([4.0]), "global sum between set ops")
+    check(hvd.broadcast(np.array([me]), members[1], process_set=mine), np.array([members[1]]), "broadcast")
+    check(hvd.broadcast(np.array([me]), root_rank=members[0], process_set=mine), np.array([members[0]]), "root kw")
+    check(hvd.allgather(np.array([me]), process_set=mine), np.array(members), "allgather")
+    h = hvd.allreduce_async(np.ones(3), op=hvd.Sum, name="async.on.set", process_set=mine)
+    check(hvd.synchronize(h), np.full(3, 2.0), "async")
+    assert hvd.allgather_object(me, process_set=mine) == members
+    hvd.barrier(process_set=mine)
+    try:
+        hvd.allreduce(np.ones(1), process_set=other)
+    except ConfigError as e:
+        assert "is not a member of process set" in str(e), e
+    else:
+        raise AssertionError("a non-member ran a collective on a process set")
+    assert hvd.remove_process_set(evens) and hvd.remove_process_set(odds)
+    hvd.shutdown()
+    return True

@@ -61,3 +61,9 @@ def test_topology_and_exported_variables(np_):
         assert (env["HOROVOD_RANK"], env["HOROVOD_SIZE"], env["HOROVOD_LOCAL_RANK"], env["HOROVOD_LOCAL_SIZE"]) == (
             str(r), str(np_), str(r), str(np_))
         assert (env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"], env["HOROVOD_HOSTNAME"]) == ("0", "1", "localhost")
+
+
+def test_process_sets_in_hora_numpy():
+    from collective_workers import process_set_worker
+
+    assert run_ranks(process_set_worker, 4, timeout=120) == [True] * 4
