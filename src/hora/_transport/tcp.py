@@ -100,7 +100,8 @@ class TcpPlane(DataPlane):
         labels: dict[int, str] | None = None,
     ) -> None:
         self.rank, self.size = rank, size
-        self._labels = labels or {}  # peer -> how messages name it (a lane's peers are ranks of the whole job)
+        # how messages name each peer (a lane's peers are ranks of the whole job)
+        self._who = {p: (labels or {}).get(p) or f"rank {p}" for p in socks}
         self._socks = socks
         self._chunk = max(4096, chunk_bytes)
         self._timeout = op_timeout
@@ -116,20 +117,17 @@ class TcpPlane(DataPlane):
     def _send(self, peer: int, a: np.ndarray) -> None:
         self._sender.submit(self._socks[peer], _bytes(a), peer)
 
-    def _who(self, peer: int) -> str:
-        return self._labels.get(peer) or f"rank {peer}"
-
     def _recv(self, peer: int, a: np.ndarray) -> None:
         if a.size:
             try:
-                recv_into_exact(self._socks[peer], _bytes(a), self._who(peer))
+                recv_into_exact(self._socks[peer], _bytes(a), self._who[peer])
             except builtins.TimeoutError:
                 raise TimeoutError(
-                    f"{self.what} waited {self._timeout:g}s for data from {self._who(peer)} over TCP; "
+                    f"{self.what} waited {self._timeout:g}s for data from {self._who[peer]} over TCP; "
                     "the peer is alive but stuck (raise HORA_OP_TIMEOUT_SECONDS if it is just slow)"
                 ) from None
             except PeerLostError as exc:
-                raise PeerLostError(f"{self._who(peer)} left during {self.what}: {exc}") from None
+                raise PeerLostError(f"{self._who[peer]} left during {self.what}: {exc}") from None
 
     def _wait_sends(self) -> None:
         try:
@@ -137,10 +135,10 @@ class TcpPlane(DataPlane):
         except _SendFailed as failed:
             if isinstance(failed.exc, socket.timeout):
                 raise TimeoutError(
-                    f"{self.what}: sending to {self._who(failed.peer)} stalled for {self._timeout:g}s"
+                    f"{self.what}: sending to {self._who[failed.peer]} stalled for {self._timeout:g}s"
                 ) from None
             raise PeerLostError(
-                f"{self._who(failed.peer)} left during {self.what} (send failed: {failed.exc})"
+                f"{self._who[failed.peer]} left during {self.what} (send failed: {failed.exc})"
             ) from None
 
     def _scratch_for(self, dtype: np.dtype, n: int) -> np.ndarray:
