@@ -3,12 +3,11 @@
 A thin adapter from the job runner's view (a :class:`ChannelSpec`, a host's ``input/data`` directory, progress as
 text lines) onto :mod:`hora.jobs.channels`, which does the work: File and Pipe mode from local paths or ``s3://``
 (endpoint from ``HORA_S3_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3``), ShardedByS3Key, progress for large copies, and
-artifact upload.
+artifact upload (the runner calls ``channels.upload`` itself).
 
 - ``stage_channel``: File mode fills ``data_dir/<channel>/``; Pipe mode creates the FIFOs
   ``data_dir/<channel>_<epoch>`` and feeds them. The runner closes the returned handle after the attempt's ranks
   have exited (it stops Pipe feeders).
-- ``upload``: a file to a local directory or an ``s3://`` prefix, keeping its name.
 - ``download_dir`` / ``upload_dir``: checkpoint sync between a host's ``checkpoints/`` and ``checkpoint_path``.
 """
 
@@ -21,7 +20,7 @@ from hora.jobs import channels, s3
 from hora.jobs.channels import ChannelHandle, TransferProgress
 from hora.jobs.spec import ChannelSpec
 
-__all__ = ["download_dir", "stage_channel", "upload", "upload_dir"]
+__all__ = ["download_dir", "stage_channel", "upload_dir"]
 
 
 def _lines(what: str, progress: Callable[[str], None] | None) -> Callable[[TransferProgress], None] | None:
@@ -43,10 +42,6 @@ def stage_channel(
         host_count=host_count,
         progress=_lines(f"channel {channel.name}", progress),
     )
-
-
-def upload(path: Path, dest: str) -> str:
-    return channels.upload(path, dest)
 
 
 def download_dir(uri: str, directory: Path) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from hora._transport.liveness import process_start_time
 from hora.errors import HoraError
-from hora.jobs import _stage
+from hora.jobs import _stage, channels
 from hora.jobs.channels import ChannelHandle
 from hora.jobs.cluster import host_addresses, host_index_of_rank, host_names, hosts_file_text
 from hora.jobs.contract import (
@@ -452,7 +452,7 @@ class JobRunner:
             dest = (f"{self.spec.output_path.rstrip('/')}/{self.spec.job_name}/output" if self.spec.output_path
                     else str(self.job_dir / "output"))
             for name in ("model.tar.gz", "output.tar.gz"):
-                artifacts[name.split(".")[0]] = _stage.upload(staging / name, dest)
+                artifacts[name.split(".")[0]] = channels.upload(staging / name, dest)
         except (HoraError, OSError) as exc:
             return artifacts, f"ClientError: archiving the artifacts failed: {exc}"
         return artifacts, None

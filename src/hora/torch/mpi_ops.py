@@ -21,8 +21,13 @@ import numpy as np
 import torch
 
 from hora import _frontend as _f
-from hora._engine.messages import ReduceOp
 from hora._frontend import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
     cross_rank,
     cross_size,
     is_homogeneous,
@@ -47,7 +52,13 @@ from hora.errors import HoraError
 from hora.torch.compression import Compression
 
 __all__ = [
+    "Adasum",
+    "Average",
+    "Max",
+    "Min",
     "ProcessSet",
+    "Product",
+    "Sum",
     "add_process_set",
     "cross_rank",
     "cross_size",
@@ -63,13 +74,6 @@ __all__ = [
     "start_timeline",
     "stop_timeline",
 ]
-
-Average = ReduceOp.AVERAGE
-Sum = ReduceOp.SUM
-Adasum = ReduceOp.ADASUM
-Min = ReduceOp.MIN
-Max = ReduceOp.MAX
-Product = ReduceOp.PRODUCT
 
 HorovodInternalError = HoraError
 """What a failed collective raises (Horovod's name; every hora error is a ``RuntimeError``)."""
