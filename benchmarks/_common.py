@@ -130,6 +130,17 @@ def mpi_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def finish(notes: list[str], elapsed: float, json_path: str | None, record: dict[str, Any]) -> None:
+    """The end of every benchmark's report: its notes, the total time, and (``--json``) ``record`` with both."""
+    if notes:
+        print("Notes:\n" + "\n".join(f"- {x}" for x in notes) + "\n")
+    print(f"Total time: {elapsed:.0f} s")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({**record, "notes": notes, "elapsed_s": elapsed}, f, indent=1)
+        print(f"Wrote {json_path}")
+
+
 def emit(rank: int, record: dict[str, Any]) -> None:
     """Rank 0 reports one record to the driver."""
     if rank == 0:

@@ -23,7 +23,6 @@ nccl-tests: allreduce busbw = algbw*2(N-1)/N, allgather busbw = algbw*(N-1)/N, b
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 from _common import (
     emit,
+    finish,
     format_gbps,
     format_size,
     format_time,
@@ -484,24 +484,12 @@ def driver(args: argparse.Namespace) -> int:
         notes.append(
             f"{LABELS[r['framework']]} {r['op']} {format_size(r['size'])} N={r['np']} returned a wrong result"
         )
-    if notes:
-        print("Notes:\n" + "\n".join(f"- {x}" for x in notes) + "\n")
-    print(f"Total time: {elapsed:.0f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "machine": {**machine(), "copy_GBps": copy_gbps},
-                    "args": {k: v for k, v in vars(args).items() if k not in ("worker", "label")},
-                    "versions": versions,
-                    "notes": notes,
-                    "elapsed_s": elapsed,
-                    "results": results,
-                },
-                f,
-                indent=1,
-            )
-        print(f"Wrote {args.json}")
+    finish(notes, elapsed, args.json, {
+        "machine": {**machine(), "copy_GBps": copy_gbps},
+        "args": {k: v for k, v in vars(args).items() if k not in ("worker", "label")},
+        "versions": versions,
+        "results": results,
+    })  # fmt: skip
     return 1 if wrong or (notes and not results) else 0
 
 

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 from _common import (
     emit,
+    finish,
     format_gbps,
     format_size,
     hora_command,
@@ -474,16 +475,7 @@ def driver(args: argparse.Namespace) -> int:
             finally:
                 cluster.close()
     elapsed = time.time() - started
-    if notes:
-        print("Notes:\n" + "\n".join(f"- {x}" for x in notes) + "\n")
-    print(f"Total time: {elapsed:.0f} s")
-    if args.json:
-        report.update(
-            notes=notes, elapsed_s=elapsed, args={k: v for k, v in vars(args).items() if k != "worker"}
-        )
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-        print(f"Wrote {args.json}")
+    finish(notes, elapsed, args.json, {**report, "args": {k: v for k, v in vars(args).items() if k != "worker"}})
     if status == 0 and notes and not any(lay["results"] for lay in report["layouts"]):
         status = 1
     return status

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 from _common import (
     emit,
+    finish,
     format_time,
     hora_command,
     machine,
@@ -490,25 +491,13 @@ def driver(args: argparse.Namespace) -> int:
         print(table(args, n, summaries.get(n, {})))
     wrong = [f"{key} at N={n}" for n, s in summaries.items() for key, v in s.items() if not v["ok"]]
     notes += [f"{w} returned a wrong result" for w in wrong]
-    if notes:
-        print("Notes:\n" + "\n".join(f"- {x}" for x in notes) + "\n")
-    print(f"Total time: {elapsed:.0f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "machine": m,
-                    "args": {k: v for k, v in vars(args).items() if k not in ("worker", "group", "round")},
-                    "starts": starts,
-                    "notes": notes,
-                    "elapsed_s": elapsed,
-                    "summary": {str(n): s for n, s in summaries.items()},
-                    "results": raw,
-                },
-                f,
-                indent=1,
-            )
-        print(f"Wrote {args.json}")
+    finish(notes, elapsed, args.json, {
+        "machine": m,
+        "args": {k: v for k, v in vars(args).items() if k not in ("worker", "group", "round")},
+        "starts": starts,
+        "summary": {str(n): s for n, s in summaries.items()},
+        "results": raw,
+    })  # fmt: skip
     return 1 if wrong or not raw else 0
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import os
 import sys
@@ -46,7 +45,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _common import emit, hora_command, machine, parse_counts, run_ranks, torch_missing
+from _common import emit, finish, hora_command, machine, parse_counts, run_ranks, torch_missing
 
 FRAMEWORKS = {"hora": "hora DistributedOptimizer", "ddp": "torch DDP (gloo)"}
 BASELINE = "ddp"
@@ -380,25 +379,13 @@ def driver(args: argparse.Namespace) -> int:
         print(table(args, n, summaries.get(n, {})))
     wrong = [f"{fw} at N={n}" for n, s in summaries.items() for fw, v in s.items() if not v["ok"]]
     notes += [f"{w}: the replicas' parameters differ after training" for w in wrong]
-    if notes:
-        print("Notes:\n" + "\n".join(f"- {x}" for x in notes) + "\n")
-    print(f"Total time: {elapsed:.0f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "machine": m,
-                    "args": {k: v for k, v in vars(args).items() if k not in ("worker", "round")},
-                    "starts": starts,
-                    "notes": notes,
-                    "elapsed_s": elapsed,
-                    "summary": {str(n): s for n, s in summaries.items()},
-                    "results": raw,
-                },
-                f,
-                indent=1,
-            )
-        print(f"Wrote {args.json}")
+    finish(notes, elapsed, args.json, {
+        "machine": m,
+        "args": {k: v for k, v in vars(args).items() if k not in ("worker", "round")},
+        "starts": starts,
+        "summary": {str(n): s for n, s in summaries.items()},
+        "results": raw,
+    })  # fmt: skip
     return 1 if wrong or failed or not raw else 0
 
 
