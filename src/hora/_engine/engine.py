@@ -596,7 +596,8 @@ class Engine:
         except (HoraError, OSError, ValueError) as exc:
             self._drop(peer)
             raise PeerLostError(
-                f"{self._who(peer)} closed its control connection during negotiation ({exc})"
+                f"{self._who(peer)} closed its control connection during negotiation: the process died or left "
+                f"without hvd.shutdown() ({exc})"
             ) from None
 
     # -- execution -------------------------------------------------------------------------------------------
