@@ -51,6 +51,7 @@ class Role(enum.IntEnum):
     RENDEZVOUS = 1
     CONTROL = 2
     DATA = 3
+    AGENT = 4  # hora job: a host's agent, asked to run a command for the master host (hora.jobs._host)
 
 
 def new_secret() -> bytes:

@@ -76,6 +76,7 @@ class LaunchSpec:
     ssh: SshOptions | None = None
     network_interface: str | None = None
     start_timeout: float = 30.0
+    local_hosts: Sequence[str] = ()  # host names that are this machine whatever they resolve to (hora job's algo-1)
 
 
 @dataclass
@@ -403,7 +404,7 @@ def _plan(spec: LaunchSpec) -> _Plan:
     else:
         slots = [RankSlot(r, spec.hostname, r, spec.np, 0, 1) for r in range(spec.np)]
     hosts = list(dict.fromkeys(s.host for s in slots))
-    remote = [h for h in hosts if not is_local_host(h)]
+    remote = [h for h in hosts if h not in spec.local_hosts and not is_local_host(h)]
     if remote:
         ssh = spec.ssh or SshOptions()
         seen = preflight(remote, ssh)

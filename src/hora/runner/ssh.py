@@ -32,6 +32,14 @@ class SshOptions:
     identity_file: str | None = None
     options: Sequence[str] = field(default_factory=tuple)
     connect_timeout: float = 10.0
+    #: A command used instead of ``ssh [options]`` (as Open MPI's ``plm_rsh_agent``): it is given the host and the
+    #: shell command, and must run the command there with its stdin/stdout/stderr connected and exit with its
+    #: status. ``hora job`` reaches its hosts' agents this way (:mod:`hora.jobs._rsh`).
+    agent: Sequence[str] | None = None
+
+    @property
+    def program(self) -> str:
+        return " ".join(self.agent) if self.agent else "ssh"
 
     def args(self) -> list[str]:
         """Everything between ``ssh`` and the host name."""
@@ -53,6 +61,8 @@ class SshOptions:
 
 def ssh_command(host: str, ssh: SshOptions, remote: str) -> list[str]:
     """The argv that runs the shell command ``remote`` on ``host`` (no secret ever goes into it)."""
+    if ssh.agent:
+        return [*ssh.agent, host, remote]
     return ["ssh", *ssh.args(), "-T", host, remote]
 
 
@@ -72,7 +82,7 @@ def _tcp_connects(host: str, port: int, timeout: float) -> bool:
         return False
 
 
-def _classify(host: str, port: int, stderr: str, code: int | None, limit: float) -> str:
+def _classify(host: str, port: int, stderr: str, code: int | None, limit: float, program: str = "ssh") -> str:
     lines = [x.strip() for x in stderr.splitlines() if x.strip()]
     detail = lines[-1] if lines else f"ssh exited with {code}"
     low = stderr.lower()
@@ -101,7 +111,7 @@ def _classify(host: str, port: int, stderr: str, code: int | None, limit: float)
         return f"host {host}: unreachable on port {port} ({detail}); check that the host is up and routable from here"
     if "closed by" in low or "connection reset" in low:
         return f"host {host}: closed the connection during the SSH handshake ({detail}); is an SSH server listening on port {port}?"
-    return f"host {host}: 'ssh {host} true' failed with exit code {code}: {detail}"
+    return f"host {host}: '{program} {host} true' failed with exit code {code}: {detail}"
 
 
 def _check(host: str, ssh: SshOptions, result: _Check) -> None:
@@ -111,10 +121,10 @@ def _check(host: str, ssh: SshOptions, result: _Check) -> None:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=limit, text=True)
     except subprocess.TimeoutExpired as exc:
         stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        result.problem = _classify(host, ssh.port or 22, stderr, None, ssh.connect_timeout)
+        result.problem = _classify(host, ssh.port or 22, stderr, None, ssh.connect_timeout, ssh.program)
         return
     except FileNotFoundError:
-        result.problem = "the 'ssh' client is not installed on this machine (install openssh-client)"
+        result.problem = f"'{argv[0]}' is not installed on this machine" + ("" if ssh.agent else " (install openssh-client)")
         return
     for line in proc.stdout.splitlines():
         if line.startswith("hora-preflight"):
@@ -126,6 +136,10 @@ def _check(host: str, ssh: SshOptions, result: _Check) -> None:
         result.problem = (
             f"host {host}: ssh succeeded but the remote shell printed nothing; check the login shell"
         )
+        return
+    if ssh.agent:  # not ssh: its own message says what went wrong
+        lines = [x.strip() for x in proc.stderr.splitlines() if x.strip()]
+        result.problem = f"host {host}: " + (lines[-1] if lines else f"'{ssh.program} {host} true' exited with {proc.returncode}")
         return
     result.problem = _classify(host, ssh.port or 22, proc.stderr, proc.returncode, ssh.connect_timeout)
 
