@@ -49,22 +49,16 @@ def _run(*argv: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
 
 def unavailable() -> str:
     """Why the fixture cannot be built here ('' when it can)."""
-    if sys.platform != "linux":
-        return "network namespaces need Linux"
-    if os.geteuid() != 0:
-        return "network namespaces need root (run the tests as root, as CI does)"
-    for tool in ("ip", "ssh", "ssh-keygen"):
+    from hora.jobs import netns
+
+    why = netns.unavailable()  # Linux, root, iproute2, and `ip netns add` works
+    if why:
+        return why
+    for tool in ("ssh", "ssh-keygen"):
         if shutil.which(tool) is None:
-            return f"'{tool}' is not installed (.ci/run installs iproute2 and openssh)"
+            return f"'{tool}' is not installed (.ci/run installs openssh)"
     if not os.access(SSHD, os.X_OK):
         return f"{SSHD} is not installed (.ci/run installs openssh-server)"
-    probe = f"hora-probe-{os.getpid()}"
-    try:
-        _run("ip", "netns", "add", probe)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        err = exc.stderr if isinstance(exc, subprocess.CalledProcessError) else "timed out"
-        return f"'ip netns add' does not work here: {str(err).strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=20)
     return ""
 
 

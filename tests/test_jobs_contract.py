@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -37,6 +38,9 @@ DUMP = textwrap.dedent("""
         "resolved": {h: socket.gethostbyname(h) for h in json.loads(os.environ["SM_HOSTS"])} if os.geteuid() == 0
         else None,
         "hostname": socket.gethostname(),
+        "netns": os.stat("/proc/self/ns/net").st_ino,
+        "opt_ml": json.load(open("/opt/ml/input/config/resourceconfig.json"))["current_host"]
+        if os.geteuid() == 0 else None,
     }
     with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], f"rank-{hvd.rank()}.json"), "w") as f:
         json.dump(out, f)
@@ -51,9 +55,19 @@ def test_cmd_args_encoding_is_the_toolkits():
     ]
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    base = tmp_path_factory.mktemp("contract")
+def _network_unavailable() -> str:
+    from hora.jobs import netns
+
+    return netns.unavailable()
+
+
+@pytest.fixture(scope="module", params=["namespace", "loopback"])
+def job(request, tmp_path_factory):
+    """The contract job, once with a network namespace per host (as root) and once on loopback addresses."""
+    network = request.param
+    if network == "namespace" and _network_unavailable():
+        pytest.skip(f"network namespaces: {_network_unavailable()}")
+    base = tmp_path_factory.mktemp(f"contract-{network}")
     (base / "dump.py").write_text(DUMP)
     for ch in ("training", "eval"):
         (base / ch).mkdir()
@@ -62,7 +76,7 @@ def job(tmp_path_factory):
         {"entry_point": "dump.py", "hyperparameters": HPS, "instance_count": 2,
          "distribution": {"mpi": {"enabled": True, "processes_per_host": 2}},
          "inputs": {"training": "training", "eval": {"uri": "eval", "content_type": "text/csv"}},
-         "environment": {"MY_SETTING": "on"}, "job_name": "contract-job"},
+         "environment": {"MY_SETTING": "on"}, "job_name": "contract-job", "network": network},
         base_dir=base,
     )
     store = JobStore(base / "home")
@@ -73,11 +87,12 @@ def job(tmp_path_factory):
     for rank in range(4):
         host = hosts["algo-1" if rank < 2 else "algo-2"]
         dumps[rank] = json.loads((host / "output" / "data" / f"rank-{rank}.json").read_text())
-    return spec, hosts, dumps
+    plan = json.loads((store.job_dir("contract-job") / "hora" / "plan.json").read_text())
+    return spec, hosts, dumps, plan
 
 
 def test_config_files(job):
-    _, hosts, _ = job
+    _, hosts, _, plan = job
     for name, root in hosts.items():
         config = root / "input" / "config"
         hps = json.loads((config / "hyperparameters.json").read_text())
@@ -89,7 +104,7 @@ def test_config_files(job):
         assert hps["sagemaker_mpi_num_of_processes_per_host"] == "2"
         assert json.loads((config / "resourceconfig.json").read_text())["current_host"] == name
         resource = json.loads((config / "resourceconfig.json").read_text())
-        assert resource["hosts"] == ["algo-1", "algo-2"] and resource["network_interface_name"] == "lo"
+        assert resource["hosts"] == ["algo-1", "algo-2"] and resource["network_interface_name"] == plan["interface"]
         assert json.loads((config / "inputdataconfig.json").read_text()) == {
             "training": {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated", "RecordWrapperType": "None"},
             "eval": {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated", "RecordWrapperType": "None",
@@ -102,7 +117,7 @@ def test_config_files(job):
 
 
 def test_argv_and_user_args(job):
-    _, _, dumps = job
+    _, _, dumps, _ = job
     for d in dumps.values():
         assert d["argv"] == to_cmd_args(HPS)
         assert json.loads(d["env"]["SM_USER_ARGS"]) == to_cmd_args(HPS)
@@ -110,7 +125,7 @@ def test_argv_and_user_args(job):
 
 
 def test_sm_variables(job):
-    spec, hosts, dumps = job
+    spec, hosts, dumps, plan = job
     for rank, d in dumps.items():
         env = d["env"]
         host = "algo-1" if rank < 2 else "algo-2"
@@ -144,7 +159,7 @@ def test_sm_variables(job):
             "SM_MODULE_DIR": spec.source_dir,
             "SM_FRAMEWORK_PARAMS": '{"sagemaker_mpi_custom_mpi_options":"","sagemaker_mpi_enabled":true,'
             '"sagemaker_mpi_num_of_processes_per_host":2}',
-            "SM_NETWORK_INTERFACE_NAME": "lo",
+            "SM_NETWORK_INTERFACE_NAME": plan["interface"],
             "SM_LOG_LEVEL": "20",
             "SM_CURRENT_INSTANCE_TYPE": "local",
         }
@@ -165,7 +180,12 @@ def test_sm_variables(job):
 
 
 def test_hora_rank_variables_follow_the_hosts(job):
-    _, _, dumps = job
+    _, _, dumps, plan = job
+    addresses = plan["addresses"]
+    if plan["network"] == "loopback":
+        assert addresses == ["127.0.0.1", "127.0.0.2"]  # each host has its own loopback address
+    else:
+        assert plan["interface"] == "eth0" and len(set(addresses)) == 2
     for rank, d in dumps.items():
         env, host_index = d["env"], rank // 2
         assert env["HORA_RANK"] == str(rank) and env["HORA_SIZE"] == "4"
@@ -174,24 +194,44 @@ def test_hora_rank_variables_follow_the_hosts(job):
         assert env["HORA_CROSS_RANK"] == str(host_index)
         assert env["HORA_HOSTNAME"] == f"algo-{host_index + 1}"
         assert env["HORA_JOB_NAME"] == "contract-job"
-        assert env["HORA_BIND_ADDR"] == f"127.0.0.{host_index + 1}"  # each host has its own loopback address
+        assert env["HORA_BIND_ADDR"] == addresses[host_index]
         assert d["torchrun"] == {"RANK": str(rank), "WORLD_SIZE": "4", "LOCAL_RANK": str(rank % 2),
                                  "LOCAL_WORLD_SIZE": "2"}
         # hora itself sees two hosts of two ranks, and the allreduce across them is right
         assert d["topology"] == [rank, 4, rank % 2, 2, host_index, 2]
         assert d["sum"] == 6.0
-        assert d["peer_addresses"] == ["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"]
+        assert d["peer_addresses"] == [addresses[0], addresses[0], addresses[1], addresses[1]]
         assert d["transport"] == "hierarchical"  # two hosts: shared memory within each, TCP between them
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="host names resolve in a private mount namespace, which needs root")
 def test_host_names_resolve_and_are_the_host_name(job):
     """As in a SageMaker container: algo-K resolves to host K's address, and it is the machine's name."""
-    _spec, _hosts, dumps = job
+    _spec, _hosts, dumps, plan = job
     for rank, d in dumps.items():
-        assert d["resolved"] == {"algo-1": "127.0.0.1", "algo-2": "127.0.0.2"}, d["resolved"]
+        assert d["resolved"] == {"algo-1": plan["addresses"][0], "algo-2": plan["addresses"][1]}, d["resolved"]
         assert d["hostname"] == f"algo-{rank // 2 + 1}"
+        assert d["opt_ml"] == f"algo-{rank // 2 + 1}"  # the host's tree is at /opt/ml, as in a SageMaker container
     assert "algo-1" not in Path("/etc/hosts").read_text()  # the machine's own file is untouched
+    assert not Path("/opt/ml/input/config").exists()  # nor its /opt/ml
+
+
+def test_each_host_is_a_network_of_its_own(job):
+    """With namespaces, the two ranks of a host share one network namespace, the hosts do not, and neither is this
+    machine's; on loopback addresses everything shares this machine's."""
+    _spec, _hosts, dumps, plan = job
+    mine = os.stat("/proc/self/ns/net").st_ino
+    per_host = [{dumps[r]["netns"] for r in (0, 1)}, {dumps[r]["netns"] for r in (2, 3)}]
+    if plan["network"] == "namespace":
+        assert all(len(s) == 1 for s in per_host) and per_host[0] != per_host[1] and mine not in per_host[0] | per_host[1]
+    else:
+        assert per_host == [{mine}, {mine}]
+
+
+def test_the_namespaces_are_gone_after_the_job(job):
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    if job[3]["network"] == "namespace":
+        assert not any(name in listing for name in job[3]["namespaces"]), listing
 
 
 def test_docs_name_every_variable_a_script_gets(job):

@@ -261,9 +261,9 @@ def test_install_failure_is_a_clear_reason(tmp_path):
     assert "no-such-package-hora-test" in record.failure_reason
 
 
-def test_cli_run_wait_prints_progress_and_summary(tmp_path, capsys):
+def test_cli_run_wait_prints_progress_and_summary(tmp_path, capfd):
     code = main(["job", "--home", str(tmp_path / "home"), "run", str(EXAMPLE), "--wait", "--job-name", "cli"])
-    captured = capsys.readouterr()
+    captured = capfd.readouterr()
     assert code == 0, captured.err
     assert "hora job: InProgress / Downloading: staging input channels" in captured.err
     assert "job cli: Completed (Completed) after" in captured.err
@@ -271,14 +271,14 @@ def test_cli_run_wait_prints_progress_and_summary(tmp_path, capsys):
     # the ranks' output is shown while it runs, tagged with host and rank
     assert "[algo-1 rank 0] epoch 8: train_loss=" in captured.out
     assert main(["job", "--home", str(tmp_path / "home"), "run", str(EXAMPLE), "--job-name", "cli"]) == 2
-    assert "a job named 'cli' already exists" in capsys.readouterr().err
+    assert "a job named 'cli' already exists" in capfd.readouterr().err
     bad = tmp_path / "bad.yaml"
     bad.write_text("entry_point: nope.py\nmax_runn: 3\n")
     assert main(["job", "--home", str(tmp_path / "home"), "run", str(bad)]) == 2
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert "has 2 problems" in err and "did you mean 'max_run'?" in err
     assert main(["job", "--home", str(tmp_path / "home"), "describe", "nope"]) == 2
-    assert "no job named 'nope'" in capsys.readouterr().err
+    assert "no job named 'nope'" in capfd.readouterr().err
 
 
 def test_output_path_gets_the_sagemaker_layout(tmp_path):

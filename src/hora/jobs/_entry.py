@@ -1,4 +1,5 @@
-"""Each rank of a job starts here (``python -m hora.jobs._entry JOB_DIR``), under ``hora run``.
+"""Each rank of a job starts here (``python -m hora.jobs._entry JOB_DIR``), under ``hora run``, inside its host's
+process tree (:mod:`hora.jobs._host`), whose namespaces it inherits.
 
 It finds its host from its rank (ranks fill hosts in order), gives the script that host's ``SM_*`` variables and
 hora's per-host rank variables, starts the entry point as its child in the wrapper's own process group (so hora
@@ -23,7 +24,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO
 
-from hora.jobs.cluster import enter_host, host_index_of_rank
+from hora.jobs.cluster import host_index_of_rank
 from hora.jobs.store import JobStore
 from hora.runner.launch import _child_setup
 
@@ -153,7 +154,6 @@ def main() -> None:
     host = plan["hosts"][host_index_of_rank(rank, plan["processes_per_host"])]
     host_env = json.loads((job_dir / "hora" / f"env-{host}.json").read_text())
     env = rank_env(dict(os.environ), plan, host_env, rank)
-    enter_host(host, job_dir / "hora" / "hosts")  # algo-K resolves and is the host name (as root; see cluster.py)
     # The script ends itself on SIGTERM (hora run signals the whole group); this wrapper keeps pumping its output
     # until it has gone, and dies with it on SIGKILL.
     signal.signal(signal.SIGTERM, lambda *_: None)

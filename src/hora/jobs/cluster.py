@@ -1,13 +1,17 @@
 """The local cluster's hosts: their names, their addresses, and which rank runs on which host.
 
-This is the one place that maps a host to an address. Every host is a directory and a set of processes on this
-machine; host K (algo-K) gets the loopback address 127.0.0.K, where its ranks bind and advertise their servers
-(``HORA_BIND_ADDR``), so traffic between hosts really goes between distinct addresses. Where 127.0.0.K cannot be
-bound (not Linux), every host shares 127.0.0.1.
+Every host ``algo-K`` is a directory and a process tree on this machine (:mod:`hora.jobs._host`), with an address
+of its own where its ranks bind and advertise their servers (``HORA_BIND_ADDR``), so traffic between hosts really
+goes between distinct addresses. How the hosts get their addresses is the spec's ``network``:
 
-Names: run as root on Linux, each rank's wrapper enters a private mount and UTS namespace (:func:`enter_host`)
-where ``/etc/hosts`` also lists ``algo-K -> 127.0.0.K`` and the host name is ``algo-K``, as in a SageMaker
-container, so code that resolves ``SM_HOSTS`` entries or compares ``socket.gethostname()`` with
+- ``namespace``: a network namespace per host (:mod:`hora.jobs.netns`), interface ``eth0``, ``10.X.Y.K``;
+- ``loopback``: host K binds ``127.0.0.K`` on ``lo`` (all hosts share ``127.0.0.1`` where 127.0.0.K cannot be
+  bound, i.e. not on Linux);
+- ``auto`` (the default): ``namespace`` when this process may create namespaces (root, iproute2), else ``loopback``.
+
+Names: run as root on Linux, each host's process tree also lives in a private mount and UTS namespace
+(:func:`enter_host`) where ``/etc/hosts`` lists ``algo-K`` with its address and the host name is ``algo-K``, as in a
+SageMaker container, so code that resolves ``SM_HOSTS`` entries or compares ``socket.gethostname()`` with
 ``SM_CURRENT_HOST`` works. Without root the names do not resolve (documented in docs/jobs.md).
 """
 
@@ -15,14 +19,38 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import os
 import socket
+import tempfile
 from pathlib import Path
 
-__all__ = ["NETWORK_INTERFACE", "enter_host", "host_address", "host_addresses", "host_index_of_rank", "host_name", "host_names", "hosts_file_text"]
+__all__ = [
+    "LOOPBACK_INTERFACE",
+    "enter_host",
+    "host_address",
+    "host_addresses",
+    "host_index_of_rank",
+    "host_name",
+    "host_names",
+    "hosts_file_text",
+    "read_secret",
+    "resolve_network",
+    "runtime_dir",
+    "socket_path",
+]
 
-#: What SM_NETWORK_INTERFACE_NAME / resourceconfig.json name: the interface the hosts talk over.
-NETWORK_INTERFACE = "lo"
+#: What SM_NETWORK_INTERFACE_NAME / resourceconfig.json name with ``network: loopback``.
+LOOPBACK_INTERFACE = "lo"
+
+
+def resolve_network(choice: str) -> str:
+    """``namespace`` or ``loopback`` for the spec's ``network`` (``auto`` picks namespaces where they can be made)."""
+    if choice != "auto":
+        return choice
+    from hora.jobs import netns
+
+    return "loopback" if netns.unavailable() else "namespace"
 
 
 def host_name(index: int) -> str:
@@ -61,22 +89,41 @@ def host_index_of_rank(rank: int, processes_per_host: int) -> int:
     return rank // processes_per_host
 
 
-def hosts_file_text(base: str, count: int) -> str:
+def hosts_file_text(base: str, addresses: list[str]) -> str:
     """``/etc/hosts`` as the job's hosts see it: this machine's, plus one line per host."""
     lines = [base.rstrip("\n"), "# the hosts of this hora job"]
-    lines += [f"{addr}\t{name}" for addr, name in zip(host_addresses(count), host_names(count))]
+    lines += [f"{addr}\t{name}" for addr, name in zip(addresses, host_names(len(addresses)))]
     return "\n".join(lines) + "\n"
+
+
+def runtime_dir(job_dir: str | os.PathLike[str]) -> Path:
+    """A short private directory for the hosts' sockets (a job directory can be too long for a socket path)."""
+    digest = hashlib.sha256(os.fsencode(os.path.realpath(job_dir))).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"hora-{os.getuid()}-{digest}"
+
+
+def socket_path(job_dir: str | os.PathLike[str], host: str) -> Path:
+    return runtime_dir(job_dir) / f"{host}.sock"
+
+
+def read_secret(job_dir: str | os.PathLike[str]) -> bytes:
+    return bytes.fromhex(Path(job_dir, "hora", "secret").read_text().strip())
 
 
 _CLONE_NEWNS, _CLONE_NEWUTS = 0x00020000, 0x04000000
 _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
 
 
-def enter_host(name: str, hosts_file: Path) -> bool:
-    """Make this process (and what it starts) see ``hosts_file`` as /etc/hosts and ``name`` as its host name.
+OPT_ML = Path("/opt/ml")
+
+
+def enter_host(name: str, hosts_file: Path, root: Path | None = None) -> bool:
+    """Make this process (and what it starts) see ``hosts_file`` as /etc/hosts, ``name`` as its host name and, with
+    ``root``, the host's tree at ``/opt/ml`` (for scripts that hard-code SageMaker's paths).
 
     Needs root (CAP_SYS_ADMIN) and must run before any thread starts; returns False, changing nothing, otherwise.
-    The mount is private to the new namespace: the machine's /etc/hosts is untouched.
+    The mounts are private to the new namespace: the machine's /etc/hosts and /opt/ml are untouched (an empty
+    /opt/ml directory is created as the mount point where there is none).
     """
     if os.geteuid() != 0 or not hosts_file.is_file():
         return False
@@ -93,4 +140,10 @@ def enter_host(name: str, hosts_file: Path) -> bool:
         return False
     encoded = name.encode()
     libc.sethostname(encoded, len(encoded))
+    if root is not None:
+        try:
+            OPT_ML.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return True
+        libc.mount(os.fsencode(root), os.fsencode(OPT_ML), None, _MS_BIND, None)
     return True

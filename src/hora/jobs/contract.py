@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hora.jobs.cluster import NETWORK_INTERFACE, host_names
+from hora.jobs.cluster import LOOPBACK_INTERFACE, host_names
 from hora.jobs.spec import JobSpec
 
 __all__ = [
@@ -175,7 +175,7 @@ def env_value(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def resource_config(spec: JobSpec, host: str) -> dict[str, Any]:
+def resource_config(spec: JobSpec, host: str, interface: str = LOOPBACK_INTERFACE) -> dict[str, Any]:
     hosts = host_names(spec.instance_count)
     return {
         "current_host": host,
@@ -185,7 +185,7 @@ def resource_config(spec: JobSpec, host: str) -> dict[str, Any]:
         "instance_groups": [
             {"instance_group_name": INSTANCE_GROUP, "instance_type": spec.instance_type, "hosts": hosts}
         ],
-        "network_interface_name": NETWORK_INTERFACE,
+        "network_interface_name": interface,
     }
 
 
@@ -203,12 +203,13 @@ def input_data_config(spec: JobSpec) -> dict[str, Any]:
     return out
 
 
-def write_host_config(spec: JobSpec, layout: HostLayout, host: str) -> None:
-    """Write input/config/{hyperparameters,resourceconfig,inputdataconfig}.json for ``host``."""
+def write_host_config(spec: JobSpec, layout: HostLayout, host: str, interface: str = LOOPBACK_INTERFACE) -> None:
+    """Write input/config/{hyperparameters,resourceconfig,inputdataconfig}.json for ``host`` (whose network
+    interface is ``interface``)."""
     layout.create()
     files = {
         "hyperparameters.json": encode_hyperparameters(spec),
-        "resourceconfig.json": resource_config(spec, host),
+        "resourceconfig.json": resource_config(spec, host, interface),
         "inputdataconfig.json": input_data_config(spec),
     }
     for name, content in files.items():

@@ -1,8 +1,10 @@
 """Running one job: set up the hosts, install the code, stage the data, launch the ranks, judge the outcome, and
 archive the artifacts — even when the job fails or is stopped.
 
-The supervisor (:class:`JobRunner`) is the master host's job: it starts every rank of every host with hora run
-(``hora.runner.launch``) and each rank's wrapper (:mod:`hora.jobs._entry`) takes on its host's identity. States:
+The supervisor (:class:`JobRunner`) plays SageMaker's part: it builds the hosts (directories, addresses, network
+namespaces where it can), stages the data, then starts one process tree per host (:mod:`hora.jobs._host`) for
+each attempt. The master host, algo-1, starts every rank of every host with hora run; the other hosts wait for it
+(and report when it never comes); each rank's wrapper (:mod:`hora.jobs._entry`) tags its output. States:
 ``InProgress`` (secondary ``Starting`` → ``Downloading`` → ``Training`` → ``Uploading``) then ``Completed``,
 ``Failed`` or ``Stopped`` (secondary ``Stopped`` or ``MaxRuntimeExceeded``).
 """
@@ -23,11 +25,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hora._runtime.auth import new_secret
 from hora._transport.liveness import process_start_time
 from hora.errors import HoraError
-from hora.jobs import _stage, channels
+from hora.jobs import _stage, channels, netns
 from hora.jobs.channels import ChannelHandle
-from hora.jobs.cluster import host_addresses, host_index_of_rank, host_names, hosts_file_text
+from hora.jobs.cluster import (
+    LOOPBACK_INTERFACE,
+    host_addresses,
+    host_index_of_rank,
+    host_names,
+    hosts_file_text,
+    resolve_network,
+    runtime_dir,
+    socket_path,
+)
 from hora.jobs.contract import (
     HostLayout,
     host_layout,
@@ -38,11 +50,18 @@ from hora.jobs.contract import (
 )
 from hora.jobs.spec import JobSpec
 from hora.jobs.store import JobRecord, JobStore
-from hora.runner.launch import Failure, LaunchSpec, RunResult, _child_setup, _root_cause, launch
+from hora.runner.launch import Failure, RunResult, _child_setup, _root_cause
 
 __all__ = ["JobRunner", "entry_command", "failure_reason"]
 
 TRACEBACK_LINES = 15
+#: How long the supervisor waits for each non-master host's agent to listen before starting the master anyway
+#: (the master's connections retry for as long again).
+HOST_START_SECONDS = 30.0
+
+
+class HostStartError(HoraError):
+    """A host failed, not a rank: the master could not start hora run or died, or another host never came up."""
 
 
 class _Stop(Exception):
@@ -170,6 +189,11 @@ class JobRunner:
         self._stoppable = True
         self._closers: list[ChannelHandle] = []
         self._log_file: Any = None
+        self._net: netns.HostNetwork | None = None
+        self.addresses: list[str] = []
+        self.interface = LOOPBACK_INTERFACE
+        self._agents: dict[str, subprocess.Popen[bytes]] = {}
+        self._interrupted: int | None = None
 
     # -- messages --------------------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -218,6 +242,9 @@ class JobRunner:
             except _Stop:
                 self._stoppable = False
                 status, secondary, reason = self._stopped_reason(None)
+            except HostStartError as exc:
+                self._stoppable = False
+                status, secondary, reason = "Failed", "Failed", f"HostError: {exc}"
             except HoraError as exc:
                 self._stoppable = False
                 status, secondary, reason = "Failed", "Failed", f"ClientError: {exc}"
@@ -236,6 +263,11 @@ class JobRunner:
             self._status(status, secondary, (reason or "").splitlines()[0] if reason else "")
         finally:
             timer.cancel()
+            self._stop_agents(signal.SIGKILL)
+            if self._net is not None:
+                self._net.remove()
+                self._net = None
+            shutil.rmtree(runtime_dir(self.job_dir), ignore_errors=True)
             if in_main:
                 for s, h in previous.items():
                     signal.signal(s, h)
@@ -244,6 +276,14 @@ class JobRunner:
         return self.store.get(name)
 
     def _on_signal(self, signum: int, frame: object) -> None:
+        master = self._agents.get(self.hosts[0])
+        if master is not None and master.poll() is None:  # the ranks run: the master's hora run stops them
+            if self._interrupted is None:
+                self._interrupted = signum
+                master.send_signal(signum)
+            else:  # a second signal: no more patience
+                self._stop_agents(signal.SIGKILL)
+            return
         if self._stoppable:
             raise _Stop(signum)
         self.say(f"{signal.Signals(signum).name} while archiving: finishing the archive first")
@@ -263,11 +303,33 @@ class JobRunner:
         return "Stopped", "Stopped", "interrupted by a signal to the job's supervisor"
 
     # -- phases ----------------------------------------------------------------------------------------------
+    def _setup_network(self) -> None:
+        """The hosts' addresses: a network namespace each where the spec allows and this user can, else loopback
+        addresses (cluster.py)."""
+        mode = resolve_network(self.spec.network)
+        if mode == "namespace":
+            for name in netns.sweep():
+                self.say(f"removed {name}, left behind by a job supervisor that is gone")
+            try:
+                self._net = netns.create(len(self.hosts))
+            except HoraError as exc:
+                if self.spec.network == "namespace":
+                    raise
+                self.say(f"cannot create network namespaces ({exc}); the hosts use loopback addresses instead")
+        if self._net is not None:
+            self.addresses, self.interface = self._net.addresses, netns.INTERFACE
+            self.say(f"hosts on network namespaces {', '.join(self._net.namespaces)} "
+                     f"({', '.join(self.addresses)}, bridge {self._net.bridge})")
+        else:
+            self.addresses, self.interface = host_addresses(len(self.hosts)), LOOPBACK_INTERFACE
+            self.say(f"hosts on loopback addresses {', '.join(self.addresses)}")
+
     def _setup_hosts(self) -> None:
+        self._setup_network()
         cpus, gpus = os.cpu_count() or 1, num_gpus()
         for host in self.hosts:
             layout = self.layouts[host]
-            write_host_config(self.spec, layout, host)
+            write_host_config(self.spec, layout, host, self.interface)
             shutil.copytree(self.spec.source_dir, layout.code_dir, dirs_exist_ok=True, ignore=self._ignore_in_source)
             env = sm_environment(self.spec, layout, host, cpus, gpus)
             (self.job_dir / "hora" / f"env-{host}.json").write_text(json.dumps(env, indent=1))
@@ -281,7 +343,14 @@ class JobRunner:
             "job_name": self.spec.job_name,
             "home": str(self.store.home),
             "hosts": self.hosts,
-            "addresses": host_addresses(len(self.hosts)),
+            "addresses": self.addresses,
+            "network": "namespace" if self._net is not None else "loopback",
+            "namespaces": self._net.namespaces if self._net is not None else [],
+            "interface": self.interface,
+            "master_timeout": self.spec.master_timeout,
+            "connect_timeout": HOST_START_SECONDS,
+            "grace": self.spec.stop_grace,
+            "run_settings": self.spec.run_settings,
             "processes_per_host": self.spec.processes_per_host,
             "command": entry_command(self.spec, to_cmd_args(json.loads(user_hps)), python),
             "metric_definitions": [{"Name": m.name, "Regex": m.regex} for m in self.spec.metric_definitions],
@@ -292,7 +361,7 @@ class JobRunner:
             base_hosts = Path("/etc/hosts").read_text()
         except OSError:
             base_hosts = "127.0.0.1\tlocalhost\n"
-        (self.job_dir / "hora" / "hosts").write_text(hosts_file_text(base_hosts, len(self.hosts)))
+        (self.job_dir / "hora" / "hosts").write_text(hosts_file_text(base_hosts, self.addresses))
 
     def _ignore_in_source(self, directory: str, names: list[str]) -> list[str]:
         """Not copied into code/: caches, and the job store itself when it lies inside the source dir (it would
@@ -412,19 +481,7 @@ class JobRunner:
             self._stage_pipes()
             self._status("InProgress", "Training", f"attempt {attempt} of {attempts}: "
                          f"{self.spec.world_size} rank(s) with hora run")
-            result = launch(LaunchSpec(
-                [sys.executable, "-m", "hora.jobs._entry", str(self.job_dir)],
-                self.spec.world_size,
-                env=self._launch_env(attempt),
-                settings=self.spec.run_settings,
-                prefix_output=False,
-                grace=self.spec.stop_grace,
-                cwd=str(self.job_dir),
-            ))
-            outcome = self.job_dir / "hora" / f"attempt-{attempt}"
-            outcome.mkdir(parents=True, exist_ok=True)
-            (outcome / "result.json").write_text(json.dumps(
-                {"returncodes": result.returncodes, "exit_code": result.exit_code, "interrupted": result.interrupted}))
+            result = self._run_hosts(attempt)
             self._sync_checkpoints_out()
             if result.interrupted is not None:
                 status, secondary, why = self._stopped_reason(result)
@@ -435,6 +492,101 @@ class JobRunner:
             if attempt < attempts:
                 self.say(f"attempt {attempt} failed; retrying. {reason.splitlines()[0]}")
         return "Failed", "Failed", reason, code
+
+    # -- the hosts' process trees ---------------------------------------------------------------------------
+    def _start_agent(self, host: str, attempt: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "hora.jobs._host", str(self.job_dir), host, str(attempt)],
+            cwd=self.job_dir, env=env, stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C on the terminal reaches the supervisor only; it stops the hosts
+            preexec_fn=_child_setup,  # the hosts die with their supervisor
+        )
+
+    def _stop_agents(self, sig: int) -> None:
+        for proc in self._agents.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        if sig == signal.SIGKILL:
+            for proc in self._agents.values():
+                proc.wait()
+
+    def _run_hosts(self, attempt: int) -> RunResult:
+        """One attempt: start every host's process tree (the others first, then the master), wait for the master's
+        hora run to end, let the other hosts finish, and read back hora run's outcome."""
+        outcome = self.job_dir / "hora" / f"attempt-{attempt}"
+        outcome.mkdir(parents=True, exist_ok=True)
+        secret = self.job_dir / "hora" / "secret"
+        secret.touch(mode=0o600)
+        secret.write_text(new_secret().hex())  # a fresh secret per attempt: an old attempt's process cannot join
+        runtime_dir(self.job_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        env = self._launch_env(attempt)
+        self._interrupted = None
+        self._agents = {}
+        try:
+            for host in self.hosts[1:]:
+                self._agents[host] = self._start_agent(host, attempt, env)
+            deadline = time.monotonic() + HOST_START_SECONDS
+            for host in self.hosts[1:]:  # the master's first connections would only retry meanwhile
+                while (not socket_path(self.job_dir, host).exists() and self._agents[host].poll() is None
+                       and time.monotonic() < deadline and self._interrupted is None):
+                    time.sleep(0.05)
+            gone = {h: p.returncode for h, p in self._agents.items() if p.poll() is not None}
+            if gone:  # the master would only wait for them in vain
+                raise HostStartError("the job's hosts failed:\n  " + "\n  ".join(
+                    f"{h}'s agent ended ({_describe_code(code)}) before the master started; see its messages "
+                    "in the job's output (logs/supervisor.err for a detached job)" for h, code in gone.items()))
+            master = self._start_agent(self.hosts[0], attempt, env)
+            self._agents[self.hosts[0]] = master
+            while master.poll() is None:
+                time.sleep(0.1)
+            # The other hosts end when the master's sessions with them close; give them the grace period to.
+            deadline = time.monotonic() + self.spec.stop_grace + 10.0
+            while any(p.poll() is None for p in self._agents.values()) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            stragglers = [h for h, p in self._agents.items() if p.poll() is None]
+            if stragglers:
+                self.say(f"host(s) {', '.join(stragglers)} still ran after the master ended; stopping them")
+            self._stop_agents(signal.SIGTERM)
+            time.sleep(0.5 if stragglers else 0)
+            self._stop_agents(signal.SIGKILL)
+            codes = {h: p.returncode for h, p in self._agents.items()}
+        except BaseException:  # a stop before the master started, or a bug: no host may outlive it
+            self._stop_agents(signal.SIGTERM)
+            time.sleep(0.5)
+            self._stop_agents(signal.SIGKILL)
+            raise
+        finally:
+            self._agents = {}
+        return self._master_result(attempt, codes)
+
+    def _master_result(self, attempt: int, codes: dict[str, int]) -> RunResult:
+        outcome = self.job_dir / "hora" / f"attempt-{attempt}"
+        try:
+            record = json.loads((outcome / "master.json").read_text())
+        except (OSError, ValueError):
+            record = {"error": f"the master host {self.hosts[0]} ended ({_describe_code(codes[self.hosts[0]])}) "
+                               "without reporting how hora run ended; the ranks it had started were stopped"}
+        if "error" in record:
+            if self._interrupted is not None:
+                return RunResult(128 + self._interrupted, [None] * self.spec.world_size, None, [],
+                                 self._interrupted, False, {}, "")
+            problems = [record["error"]]
+            for host in self.hosts[1:]:
+                try:
+                    problems.append(json.loads((outcome / f"host-{host}.json").read_text())["error"])
+                except (OSError, ValueError, KeyError):
+                    if codes.get(host) not in (0, None):
+                        problems.append(f"{host}'s agent ended with {_describe_code(codes[host])}")
+            raise HostStartError("the job's hosts failed:\n  " + "\n  ".join(problems))
+        failures = [Failure(**f) for f in record["failures"]]
+        interrupted = record["interrupted"] if record["interrupted"] is not None else self._interrupted
+        (outcome / "result.json").write_text(json.dumps(
+            {"returncodes": record["returncodes"], "exit_code": record["exit_code"], "interrupted": interrupted}))
+        return RunResult(record["exit_code"], record["returncodes"], _root_cause(failures), failures, interrupted,
+                         record["timed_out"], {}, record["job_id"])
 
     def _sync_checkpoints_out(self) -> None:
         if self.spec.checkpoint_path:

@@ -30,13 +30,15 @@ DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
 STRATEGIES = ("none", "mpi", "allreduce", "parameter_server")
 DEFAULT_MAX_RUN = 24 * 3600  # SageMaker's default MaxRuntimeInSeconds
 DEFAULT_STOP_GRACE = 30.0
+DEFAULT_MASTER_TIMEOUT = 120.0
+NETWORKS = ("auto", "namespace", "loopback")
 _JOB_NAME = re.compile(r"^[A-Za-z0-9](-*[A-Za-z0-9]){0,62}$")  # SageMaker's TrainingJobName pattern
 _CHANNEL_NAME = re.compile(r"^[A-Za-z0-9\.\-_]{1,64}$")  # SageMaker's ChannelName pattern
 
 FIELDS = (
     "entry_point", "source_dir", "hyperparameters", "instance_count", "instance_type", "processes_per_host",
     "distribution", "inputs", "input_mode", "output_path", "checkpoint_path", "metric_definitions", "max_run",
-    "max_retry_attempts", "environment", "job_name", "stop_grace",
+    "max_retry_attempts", "environment", "job_name", "stop_grace", "network", "master_timeout",
 )
 CHANNEL_FIELDS = ("uri", "s3_data", "input_mode", "distribution", "content_type", "record_wrapping")
 DISTRIBUTION_FIELDS = ("enabled", "processes_per_host", "custom_mpi_options")
@@ -102,6 +104,8 @@ class JobSpec:
     max_retry_attempts: int = 0
     environment: dict[str, str] = field(default_factory=dict)
     stop_grace: float = DEFAULT_STOP_GRACE
+    network: str = "auto"  # auto | namespace | loopback: how the hosts get their addresses (cluster.py)
+    master_timeout: float = DEFAULT_MASTER_TIMEOUT  # how long the other hosts wait for algo-1 to start the ranks
 
     @property
     def host_count(self) -> int:
@@ -352,6 +356,16 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
     max_run = c.number(data, "max_run", DEFAULT_MAX_RUN)
     retries = c.int_(data, "max_retry_attempts", 0, 0)
     stop_grace = c.number(data, "stop_grace", DEFAULT_STOP_GRACE)
+    master_timeout = c.number(data, "master_timeout", DEFAULT_MASTER_TIMEOUT)
+    network = data.get("network") or "auto"
+    if network not in NETWORKS:
+        c.add(f"network must be one of {', '.join(NETWORKS)}, got {network!r}")
+    elif network == "namespace":
+        from hora.jobs import netns
+
+        why = netns.unavailable()
+        if why:
+            c.add(f"network: namespace cannot be used here: {why} (use network: loopback or auto)")
 
     env_in = data.get("environment") or {}
     environment: dict[str, str] = {}
@@ -393,6 +407,8 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
         max_retry_attempts=retries,
         environment=environment,
         stop_grace=stop_grace,
+        network=network,
+        master_timeout=master_timeout,
     )
 
 

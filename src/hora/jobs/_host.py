@@ -1,0 +1,254 @@
+"""One host of a job: ``python -m hora.jobs._host JOB_DIR HOST ATTEMPT``, started by the job's supervisor.
+
+The process takes on the host's identity first (its network namespace, then a private mount and UTS namespace with
+the job's ``/etc/hosts`` and the host name ``algo-K``; see :mod:`hora.jobs.cluster`), so every process of the host
+descends from it and lives in the host's namespaces. Then:
+
+- **algo-1, the master**, starts every rank of every host with hora run (:func:`hora.runner.launch.launch`): its
+  own ranks locally, the other hosts' through their agents, reached with :mod:`hora.jobs._rsh` in place of ssh.
+  It writes hora run's outcome to ``hora/attempt-N/master.json`` and exits with hora run's exit code.
+- **the other hosts** listen on a Unix socket (:func:`socket_path`) and wait for the master, as a SageMaker
+  worker waits for the master's SSH: each connection authenticates with the attempt's secret (challenge-response,
+  before anything else is read), then passes a shell command and its stdin/stdout/stderr (SCM_RIGHTS), which the
+  agent runs in a session of its own and whose exit status it sends back; a client that goes away takes its
+  session with it. The agent ends when the master's job session has ended (with that session's exit code), on
+  SIGTERM (stopping its sessions), or — when the master never started the ranks within ``master_timeout`` — with
+  a report in ``hora/attempt-N/host-algo-K.json`` and exit code 3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import select
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from hora._runtime.auth import Role, recv_exact, send_frame, server_handshake
+from hora.errors import HoraError
+from hora.jobs.cluster import read_secret, socket_path
+
+__all__ = ["MASTER_NEVER_CAME", "main"]
+
+#: The exit code of a host whose master never started the ranks.
+MASTER_NEVER_CAME = 3
+MAX_REQUEST = 1 << 20
+HANDSHAKE_SECONDS = 10.0
+JOB_SESSION_MARK = "hora.runner._remote"  # the master's session that runs this host's ranks
+
+
+def _say(host: str, message: str) -> None:
+    try:
+        sys.stderr.write(f"[{host}] hora job: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _record(job_dir: Path, attempt: int, name: str, content: dict[str, Any]) -> None:
+    out = job_dir / "hora" / f"attempt-{attempt}"
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f"{name}.tmp"
+    tmp.write_text(json.dumps(content))
+    os.replace(tmp, out / f"{name}.json")
+
+
+# -- the other hosts --------------------------------------------------------------------------------------------
+class _Session:
+    """One command run for the master: the client's fds, a session of its own, the exit status sent back."""
+
+    def __init__(self, conn: socket.socket, env: dict[str, str], cwd: str) -> None:
+        self.conn = conn
+        self.env = env
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.is_job = False
+        self.code: int | None = None
+
+    def serve(self, secret: bytes, host: str, on_start: Any) -> None:
+        fds: list[int] = []
+        try:
+            server_handshake(self.conn, secret, HANDSHAKE_SECONDS, roles=(Role.AGENT,))
+            self.conn.settimeout(HANDSHAKE_SECONDS)
+            data, fds, _, _ = socket.recv_fds(self.conn, 8 + 65536, 3)
+            if len(data) < 8 or len(fds) != 3:
+                raise HoraError("a request without its length or its three file descriptors")
+            length = int.from_bytes(data[:8], "big")
+            if length > MAX_REQUEST:
+                raise HoraError(f"a request of {length} bytes (at most {MAX_REQUEST})")
+            body = data[8:]
+            if len(body) < length:
+                body += recv_exact(self.conn, length - len(body), "the master")
+            request = json.loads(body[:length])
+            command = str(request["command"])
+            self.is_job = JOB_SESSION_MARK in command
+            from hora.runner.launch import _child_setup
+
+            self.proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=fds[0], stdout=fds[1], stderr=fds[2],
+                                         env=self.env, cwd=self.cwd, start_new_session=True,
+                                         preexec_fn=_child_setup)
+        except (HoraError, OSError, ValueError, KeyError) as exc:
+            _say(host, f"refused a connection: {exc}")
+            self.conn.close()
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        on_start(self)
+        self.conn.settimeout(None)
+        while self.proc.poll() is None:
+            readable, _, _ = select.select([self.conn], [], [], 0.2)
+            if readable:
+                try:
+                    gone = self.conn.recv(1, socket.MSG_PEEK) == b""
+                except OSError:
+                    gone = True
+                if gone:  # the client went away (the master's launcher killed it): end what it started
+                    self.stop(grace=2.0)
+                    break
+        self.code = self.proc.wait()
+        try:
+            send_frame(self.conn, json.dumps({"exit": self.code}).encode())
+        except OSError:
+            pass
+        self.conn.close()
+
+    def stop(self, grace: float) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def serve(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> int:
+    """Wait for the master and run what it asks until its job session ends (see the module docstring)."""
+    secret = read_secret(job_dir)
+    path = socket_path(job_dir, host)
+    path.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
+    listener.listen(16)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    sessions: list[_Session] = []
+    job_done = threading.Event()
+    job_started = threading.Event()
+    env = dict(os.environ)
+    index = plan["hosts"].index(host)
+    env["SSH_CONNECTION"] = f"{plan['addresses'][0]} 0 {plan['addresses'][index]} 22"
+    cwd = str(job_dir / "hosts" / host)
+
+    def on_start(session: _Session) -> None:
+        if session.is_job:
+            job_started.set()
+
+    def run(session: _Session) -> None:
+        session.serve(secret, host, on_start)
+        if session.is_job:
+            job_done.set()
+
+    deadline = time.monotonic() + float(plan["master_timeout"])
+    try:
+        while not job_done.is_set() and not stopping.is_set():
+            if not job_started.is_set() and time.monotonic() > deadline:
+                master = plan["hosts"][0]
+                reason = (f"{host} waited {plan['master_timeout']:g}s for the master host {master} to start the "
+                          f"ranks and it never did (see {master}'s messages above or in logs/job.log); "
+                          "raise master_timeout in the job spec if the master is just slow to start")
+                _say(host, reason)
+                _record(job_dir, attempt, f"host-{host}", {"host": host, "error": reason})
+                return MASTER_NEVER_CAME
+            readable, _, _ = select.select([listener], [], [], 0.2)
+            if readable:
+                conn, _ = listener.accept()
+                session = _Session(conn, env, cwd)
+                sessions.append(session)
+                threading.Thread(target=run, args=(session,), name=f"hora-host-{host}", daemon=True).start()
+    finally:
+        listener.close()
+        path.unlink(missing_ok=True)
+        for session in sessions:
+            session.stop(grace=float(plan["grace"]))
+    if stopping.is_set():
+        return 128 + signal.SIGTERM
+    job = [s for s in sessions if s.is_job]
+    code = job[-1].code if job and job[-1].code is not None else 0
+    return code if code >= 0 else 128 - code
+
+
+# -- the master -------------------------------------------------------------------------------------------------
+def run_master(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> int:
+    """Start every rank with hora run across the job's hosts; record its outcome for the supervisor."""
+    from hora.runner.hosts import HostSlots
+    from hora.runner.launch import LaunchSpec, launch
+    from hora.runner.ssh import SshOptions
+
+    rsh = [sys.executable, "-m", "hora.jobs._rsh", str(job_dir)]
+    spec = LaunchSpec(
+        [sys.executable, "-m", "hora.jobs._entry", str(job_dir)],
+        len(plan["hosts"]) * plan["processes_per_host"],
+        env=dict(os.environ),
+        settings=plan["run_settings"],
+        prefix_output=False,
+        grace=float(plan["grace"]),
+        cwd=str(job_dir),
+        hosts=[HostSlots(h, plan["processes_per_host"]) for h in plan["hosts"]],
+        ssh=SshOptions(agent=rsh, connect_timeout=float(plan["connect_timeout"])),
+        network_interface=plan["interface"],
+        local_hosts=(host,),
+    )
+    try:
+        result = launch(spec)
+    except HoraError as exc:
+        _say(host, f"hora run could not start the ranks: {exc}")
+        _record(job_dir, attempt, "master", {"error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    _record(job_dir, attempt, "master", {
+        "exit_code": result.exit_code,
+        "returncodes": result.returncodes,
+        "interrupted": result.interrupted,
+        "timed_out": result.timed_out,
+        "failures": [dataclasses.asdict(f) for f in result.failures],
+        "job_id": result.job_id,
+    })
+    return result.exit_code
+
+
+def main() -> None:
+    job_dir, host, attempt = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    plan = json.loads((job_dir / "hora" / "plan.json").read_text())
+    index = plan["hosts"].index(host)
+    if plan["network"] == "namespace":
+        from hora.jobs import netns
+
+        netns.enter(plan["namespaces"][index])
+    from hora.jobs.cluster import enter_host
+
+    # algo-K resolves, is the host name, and its tree is /opt/ml (as root; see cluster.py)
+    enter_host(host, job_dir / "hora" / "hosts", job_dir / "hosts" / host)
+    code = run_master(job_dir, plan, host, attempt) if index == 0 else serve(job_dir, plan, host, attempt)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
