@@ -62,6 +62,7 @@ def test_example_trains_on_two_hosts_and_records_metrics(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Status:            Completed" in out and "Hosts:             2 x 2 process(es), distribution mpi" in out
     assert f"Artifact model: {record.artifacts['model']}" in out and "Final metrics:     train:accuracy=" in out
+    assert re.search(r"^Network: +(namespace|loopback) \(algo-1=[\d.]+, algo-2=[\d.]+; interface (eth0|lo)\)$", out, re.M)
     assert [line.split()[3] for line in out.split("Status history:\n")[1].splitlines()] == [
         "Starting", "Starting", "Downloading", "Training", "Uploading", "Completed"]
     ranks = out.split("Ranks (attempt 1):\n")[1].split("Final metrics")[0].splitlines()

@@ -67,6 +67,7 @@ def describe(store: JobStore, name: str) -> str:
         f"Entry point:       {spec['entry_point']} in {spec['source_dir']}",
         f"Hosts:             {spec['instance_count']} x {spec['processes_per_host']} process(es), "
         f"distribution {spec['strategy']}",
+        *_network(r),
         f"Hyperparameters:   {json.dumps(spec.get('hyperparameters', {}), sort_keys=True)}",
         f"Max run:           {spec['max_run']:g}s",
         f"Job directory:     {r.job_dir}",
@@ -90,6 +91,16 @@ def describe(store: JobStore, name: str) -> str:
     for t, status, secondary, message in store.transitions(name):
         lines.append(f"  {_when(t)}  {status:10} {secondary:18} {message.splitlines()[0] if message else ''}".rstrip())
     return "\n".join(lines)
+
+
+def _network(r: JobRecord) -> list[str]:
+    """How the hosts got their addresses (from the plan the ranks were started with; nothing before that)."""
+    try:
+        plan = json.loads((Path(r.job_dir) / "hora" / "plan.json").read_text())
+    except (OSError, ValueError):
+        return []
+    where = ", ".join(f"{h}={a}" for h, a in zip(plan["hosts"], plan["addresses"]))
+    return [f"Network:           {plan.get('network', 'loopback')} ({where}; interface {plan.get('interface', 'lo')})"]
 
 
 def _rank_outcomes(r: JobRecord) -> list[str]:
