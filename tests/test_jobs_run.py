@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import tarfile
 import textwrap
 import time
@@ -360,6 +361,14 @@ def test_a_dead_supervisor_fails_the_job_and_takes_the_ranks_along(tmp_path):
     while any(process_alive(pid, start) for pid, start in scripts):
         assert time.monotonic() < deadline, "the scripts outlived their supervisor"
         time.sleep(0.1)
+    # its hosts' network namespaces (when it had any) are what the next job sweeps away
+    plan = json.loads((store.job_dir("orphan") / "hora" / "plan.json").read_text())
+    if plan["network"] == "namespace":
+        from hora.jobs import netns
+
+        assert set(plan["namespaces"]) <= set(netns.sweep())
+        listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert not any(name in listing for name in plan["namespaces"])
 
 
 def test_a_leftover_background_process_does_not_hang_the_job(tmp_path):

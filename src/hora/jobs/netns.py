@@ -3,12 +3,12 @@
 Built as root with ``ip`` (iproute2), for one job:
 
 - a bridge ``hjb<pid>`` in this machine's namespace, with the gateway address ``10.X.Y.254/24``;
-- one namespace ``hj<pid>-algo-K`` per host, joined to the bridge by a veth pair whose inner end is named ``eth0``
+- one namespace ``hj<pid>.<start>-algo-K`` per host, joined to the bridge by a veth pair whose inner end is named ``eth0``
   (SageMaker's ``SM_NETWORK_INTERFACE_NAME``) and carries ``10.X.Y.K/24``, with ``lo`` up and a default route
   through the gateway, so the host reaches services that listen on this machine's other addresses.
 
-``<pid>`` is the supervisor's process id: :func:`sweep` removes what a supervisor that died without cleaning up
-left behind. Hosts reach each other only over the bridge; reaching further (the internet) needs IP forwarding
+``<pid>`` and ``<start>`` are the supervisor's process id and start time: :func:`sweep` removes what a supervisor
+that died without cleaning up left behind. Hosts reach each other only over the bridge; reaching further (the internet) needs IP forwarding
 and NAT, which hora does not configure on the machine (use ``network: loopback`` for such scripts).
 """
 
@@ -23,13 +23,14 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from hora._transport.liveness import process_alive, process_start_time
 from hora.errors import HoraError
 
 __all__ = ["HostNetwork", "create", "enter", "sweep", "unavailable"]
 
 INTERFACE = "eth0"
 _CLONE_NEWNET = 0x40000000
-_NAME = re.compile(r"^hj(\d+)-algo-\d+$")
+_NAME = re.compile(r"^hj(\d+)\.(\d+)-algo-\d+$")
 
 
 def _ip(*args: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
@@ -85,11 +86,12 @@ def _free_subnet() -> str:
     raise HoraError("no free 10.x.y.0/24 subnet for the job's hosts")
 
 
-def create(count: int, owner: int | None = None) -> HostNetwork:
+def create(count: int) -> HostNetwork:
     """Build the hosts' namespaces (see the module docstring); on any failure, remove what was built and raise."""
     if count > 253:
         raise HoraError(f"a job has at most 253 hosts in network namespaces, got {count}")
-    owner = os.getpid() if owner is None else owner
+    owner = os.getpid()
+    start = process_start_time(owner)
     prefix = _free_subnet()
     net = HostNetwork(bridge=f"hjb{owner}", gateway=f"{prefix}.254")
     try:
@@ -97,7 +99,7 @@ def create(count: int, owner: int | None = None) -> HostNetwork:
         _ip("addr", "add", f"{net.gateway}/24", "dev", net.bridge)
         _ip("link", "set", net.bridge, "up")
         for k in range(1, count + 1):
-            name = f"hj{owner}-algo-{k}"
+            name = f"hj{owner}.{start}-algo-{k}"
             addr = f"{prefix}.{k}"
             _ip("netns", "add", name)
             net.namespaces.append(name)
@@ -130,16 +132,6 @@ def enter(name: str) -> None:
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 def sweep() -> list[str]:
     """Remove the namespaces and bridges of job supervisors that are gone; return the names removed."""
     try:
@@ -151,7 +143,7 @@ def sweep() -> list[str]:
     for line in listing.splitlines():
         name = line.split()[0] if line.split() else ""
         m = _NAME.match(name)
-        if m and not _alive(int(m.group(1))):
+        if m and not process_alive(int(m.group(1)), int(m.group(2))):
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
             removed.append(name)
             owners.add(m.group(1))
