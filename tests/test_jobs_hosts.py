@@ -17,7 +17,7 @@ import pytest
 
 from hora._runtime.auth import Role, client_handshake
 from hora.errors import AuthenticationError
-from hora.jobs import JobStore, parse_spec, start_job
+from hora.jobs import JobStore, parse_spec, start_job, stop_job, wait_job
 from hora.jobs.cluster import socket_path
 from hora.jobs.runner import JobRunner
 
@@ -195,3 +195,33 @@ def test_the_master_host_dying_fails_the_job_and_leaves_nothing_behind(tmp_path)
     assert "the master host algo-1 ended (killed by SIGKILL" in record.failure_reason
     assert record.artifacts["model"].endswith("model.tar.gz")
     assert _processes_mentioning(str(store.job_dir("master-dies"))) == []
+
+
+POLITE = """
+    import os, signal, sys, time
+
+    def on_term(*_):
+        open(os.path.join(os.environ["SM_MODEL_DIR"], f"term-{os.environ['HORA_RANK']}"), "w").write("15")
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    open(os.path.join(os.environ["SM_MODEL_DIR"], f"up-{os.environ['HORA_RANK']}"), "w").close()
+    while True:
+        time.sleep(0.05)
+"""
+
+
+def test_a_stop_reaches_the_scripts_on_every_host_with_sigterm(tmp_path):
+    store = JobStore(tmp_path / "home")
+    start_job(_spec(tmp_path, POLITE, "polite", stop_grace=30), store, wait=False)
+    models = [store.job_dir("polite") / "hosts" / f"algo-{rank // 2 + 1}" / "model" for rank in range(4)]
+    deadline = time.monotonic() + 120
+    while not all((m / f"up-{rank}").exists() for rank, m in enumerate(models)):
+        assert time.monotonic() < deadline and not store.get("polite").done, store.get("polite").failure_reason
+        time.sleep(0.1)
+    stop_job(store, "polite")
+    record = wait_job(store, "polite", timeout=120)
+    assert (record.status, record.secondary_status) == ("Stopped", "Stopped"), record.failure_reason
+    for rank, model in enumerate(models):
+        assert (model / f"term-{rank}").read_text() == "15", sorted(p.name for p in model.iterdir())
+    assert _processes_mentioning(str(store.job_dir("polite"))) == []
