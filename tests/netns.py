@@ -147,19 +147,12 @@ def _wait_port(addr: str, port: int, proc: subprocess.Popen[bytes], log: Path, t
     raise RuntimeError(f"{addr}:{port} did not start listening within {timeout:g}s: {log.read_text()[-2000:]}")
 
 
-def _free_subnet() -> str:
-    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, timeout=20).stdout
-    for _ in range(100):
-        prefix = f"10.{random.randint(100, 250)}.{random.randint(0, 255)}"
-        if f" {prefix}." not in used:
-            return prefix
-    raise RuntimeError("no free 10.x.y.0/24 subnet for the test bridge")
-
-
 def start_cluster(n_ssh: int = 2) -> Cluster:
     """Build the hosts (see the module docstring); the caller must :meth:`Cluster.close` it."""
     tag = f"{random.randrange(16**4):04x}"
-    prefix = _free_subnet()
+    from hora.jobs.netns import free_subnet
+
+    prefix = free_subnet()
     directory = Path(tempfile.mkdtemp(prefix=f"hora-netns-{tag}-"))
     bridge = f"hbr{tag}"
     cluster = Cluster(

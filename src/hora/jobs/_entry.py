@@ -24,7 +24,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO
 
-from hora.jobs.cluster import host_index_of_rank
+from hora.jobs.cluster import host_index_of_rank, record_attempt
 from hora.jobs.store import JobStore
 from hora.runner.launch import _child_setup
 
@@ -179,11 +179,7 @@ def main() -> None:
         code = proc.wait()
     pump.flush()
     status = {"rank": rank, "host": host, "pid": pid, "returncode": code, "tail": list(pump.tail), "ended": time.time()}
-    out = job_dir / "hora" / f"attempt-{attempt}"
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f"rank-{rank}.tmp"
-    tmp.write_text(json.dumps(status))
-    os.replace(tmp, out / f"rank-{rank}.json")
+    record_attempt(job_dir, attempt, f"rank-{rank}", status)
     sys.stdout.flush()
     sys.stderr.flush()
     if code < 0:  # die of the same signal, so hora run reports the script's outcome unchanged

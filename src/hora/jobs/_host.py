@@ -34,7 +34,7 @@ from typing import Any
 
 from hora._runtime.auth import Role, recv_exact, send_frame, server_handshake
 from hora.errors import HoraError
-from hora.jobs.cluster import read_secret, socket_path
+from hora.jobs.cluster import read_secret, record_attempt, socket_path
 
 __all__ = ["MASTER_NEVER_CAME", "main"]
 
@@ -51,14 +51,6 @@ def _say(host: str, message: str) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
-
-
-def _record(job_dir: Path, attempt: int, name: str, content: dict[str, Any]) -> None:
-    out = job_dir / "hora" / f"attempt-{attempt}"
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f"{name}.tmp"
-    tmp.write_text(json.dumps(content))
-    os.replace(tmp, out / f"{name}.json")
 
 
 # -- the other hosts --------------------------------------------------------------------------------------------
@@ -174,7 +166,7 @@ def serve(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> int:
                           f"ranks and it never did (see {master}'s messages above or in logs/job.log); "
                           "raise master_timeout in the job spec if the master is just slow to start")
                 _say(host, reason)
-                _record(job_dir, attempt, f"host-{host}", {"host": host, "error": reason})
+                record_attempt(job_dir, attempt, f"host-{host}", {"host": host, "error": reason})
                 return MASTER_NEVER_CAME
             readable, _, _ = select.select([listener], [], [], 0.2)
             if readable:
@@ -219,9 +211,9 @@ def run_master(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> 
         result = launch(spec)
     except HoraError as exc:
         _say(host, f"hora run could not start the ranks: {exc}")
-        _record(job_dir, attempt, "master", {"error": f"{type(exc).__name__}: {exc}"})
+        record_attempt(job_dir, attempt, "master", {"error": f"{type(exc).__name__}: {exc}"})
         return 1
-    _record(job_dir, attempt, "master", {
+    record_attempt(job_dir, attempt, "master", {
         "exit_code": result.exit_code,
         "returncodes": result.returncodes,
         "interrupted": result.interrupted,

@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 import time
+from pathlib import Path
 
 from hora._runtime.auth import Role, client_handshake, recv_frame
 from hora.errors import HoraError
@@ -31,7 +32,8 @@ def _fail(message: str) -> None:
 
 def main() -> None:
     job_dir, host, command = sys.argv[1], sys.argv[2], sys.argv[3]
-    timeout = float(os.environ.get("HORA_JOB_CONNECT_TIMEOUT", "30"))
+    plan = json.loads(Path(job_dir, "hora", "plan.json").read_text())
+    timeout = float(os.environ.get("HORA_JOB_CONNECT_TIMEOUT", plan["connect_timeout"]))
     path = socket_path(job_dir, host)
     deadline = time.monotonic() + timeout
     while True:

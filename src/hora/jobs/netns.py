@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from hora._transport.liveness import process_alive, process_start_time
 from hora.errors import HoraError
 
-__all__ = ["HostNetwork", "create", "enter", "sweep", "unavailable"]
+__all__ = ["HostNetwork", "create", "enter", "free_subnet", "sweep", "unavailable"]
 
 INTERFACE = "eth0"
 _CLONE_NEWNET = 0x40000000
@@ -77,7 +77,8 @@ class HostNetwork:
             subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=20)
 
 
-def _free_subnet() -> str:
+def free_subnet() -> str:
+    """A 10.x.y prefix whose /24 no address or route of this machine uses."""
     used = _ip("-4", "-o", "addr").stdout + _ip("-4", "route").stdout
     for _ in range(200):
         prefix = f"10.{random.randint(16, 250)}.{random.randint(0, 255)}"
@@ -92,7 +93,7 @@ def create(count: int) -> HostNetwork:
         raise HoraError(f"a job has at most 253 hosts in network namespaces, got {count}")
     owner = os.getpid()
     start = process_start_time(owner)
-    prefix = _free_subnet()
+    prefix = free_subnet()
     net = HostNetwork(bridge=f"hjb{owner}", gateway=f"{prefix}.254")
     try:
         _ip("link", "add", net.bridge, "type", "bridge")

@@ -36,6 +36,7 @@ from hora.jobs.cluster import (
     host_index_of_rank,
     host_names,
     hosts_file_text,
+    record_attempt,
     resolve_network,
     runtime_dir,
     socket_path,
@@ -583,8 +584,8 @@ class JobRunner:
             raise HostStartError("the job's hosts failed:\n  " + "\n  ".join(problems))
         failures = [Failure(**f) for f in record["failures"]]
         interrupted = record["interrupted"] if record["interrupted"] is not None else self._interrupted
-        (outcome / "result.json").write_text(json.dumps(
-            {"returncodes": record["returncodes"], "exit_code": record["exit_code"], "interrupted": interrupted}))
+        record_attempt(self.job_dir, attempt, "result",
+                       {"returncodes": record["returncodes"], "exit_code": record["exit_code"], "interrupted": interrupted})
         return RunResult(record["exit_code"], record["returncodes"], _root_cause(failures), failures, interrupted,
                          record["timed_out"], {}, record["job_id"])
 
