@@ -197,7 +197,7 @@ def worker(args: argparse.Namespace) -> int:
         from hora._runtime.context import current
 
         setup: dict[str, Any] = {
-            "plane": type(current().engine._plane).__name__,
+            "plane": type(current().engine._transport).__name__,
             "transport": current().transport,
         }
         ranks = backend.hvd.allgather_object(where, name="bench.where")

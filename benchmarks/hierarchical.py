@@ -55,7 +55,7 @@ def worker(args: argparse.Namespace) -> None:
     rank, n = hvd.rank(), hvd.size()
     hosts = hvd.allgather_object(current().hostname)
     emit(rank, {"kind": "setup", "mode": args.mode, "size": n, "hosts": hosts,
-                "transport": current().transport, "plane": type(current().engine._plane).__name__})  # fmt: skip
+                "transport": current().transport, "plane": type(current().engine._transport).__name__})  # fmt: skip
     for nbytes in args.sizes:
         count = max(1, nbytes // 4)
         buf = pattern(count, offset=float(rank))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import hora.numpy as hvd
-from hora._transport.base import DTYPES, even_counts
+from hora._dtypes import DTYPES, even_counts
 from hora.errors import ConfigError
 
 ALL_DTYPES = list(DTYPES)

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from hora.runner import RunError, RunResult, run, run_command
+from hora.errors import RunError
+from hora.runner import RunResult, run, run_command
 
 DEFAULT_TIMEOUT = 90.0
 

@@ -16,7 +16,7 @@ from hora.errors import HoraError
 
 def _plane_info() -> dict:
     ctx = current()
-    plane = ctx.engine._plane
+    plane = ctx.engine._transport
     return {
         "transport": ctx.transport,
         "plane": type(plane).__name__,
@@ -176,16 +176,13 @@ __all__ = ["compare_worker", "killed_peer_worker", "process_set_worker", "settin
 
 def process_set_worker() -> bool:
     """A process set spanning both hosts runs over TCP among its members while the global set is hierarchical."""
-    from hora import _process_sets as ps
-
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     members = [0, n - 2, n - 1]
-    pset = ps.add_process_set(members)
+    pset = hvd.add_process_set(members)
     x = data(r, "int32", (1001,))
     if r in members:
-        with ps.scope(pset):
-            got = hvd.allreduce(x, op=hvd.Sum, name="set.sum")
+        got = hvd.allreduce(x, op=hvd.Sum, name="set.sum", process_set=pset)
         check(got, reference(hvd.Sum, [data(k, "int32", (1001,)) for k in members], "int32"), "process set allreduce")
     check(hvd.allreduce(x, op=hvd.Sum, name="global.sum"),
           reference(hvd.Sum, [data(k, "int32", (1001,)) for k in range(n)], "int32"), "global allreduce")

@@ -31,7 +31,7 @@ def suite_worker() -> dict:
 
     ctx = current()
     results["where"] = {"host": ctx.hostname, "transport": ctx.transport, "bind": ctx.bind_addr,
-                        "hosts": sorted({p["host"] for p in ctx.peers}), "pid_ns": os.readlink("/proc/self/ns/net")}
+                        "hosts": sorted({p.host for p in ctx.peers}), "pid_ns": os.readlink("/proc/self/ns/net")}
     hvd.shutdown()
     return results
 
@@ -81,7 +81,7 @@ def ports_worker() -> list[int]:
     hvd.init()
     from hora._runtime.context import current
 
-    ports = [int(p["port"]) for p in current().peers]
+    ports = [p.port for p in current().peers]
     hvd.allreduce(np.ones(2), op=hvd.Sum)
     hvd.shutdown()
     return ports

@@ -15,17 +15,8 @@ from typing import Any
 
 import pytest
 
-from hora._runtime.auth import (
-    MAGIC,
-    VERSION,
-    Role,
-    client_handshake,
-    new_secret,
-    recv_exact,
-    recv_frame,
-    send_frame,
-    server_handshake,
-)
+from hora._runtime.auth import MAGIC, VERSION, Role, client_handshake, new_secret, server_handshake
+from hora._wire import recv_exact, recv_frame, send_frame
 from hora.errors import AuthenticationError, HoraError, PeerLostError, ProtocolError
 
 SECRET = bytes(range(32))

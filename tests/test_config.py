@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from hora.config import Config, _parse_bool, describe_settings, env_names, parse_value
+from hora.config import Config, describe_settings, env_names, parse_value
+from hora.config.parsers import parse_bool
 from hora.errors import ConfigError
 
 
@@ -40,17 +41,17 @@ def test_unrelated_environment_is_ignored():
 
 @pytest.mark.parametrize("text", ["1", "true", "TRUE", " yes ", "on", "y", "t"])
 def test_bool_true_spellings(text):
-    assert _parse_bool(text) is True
+    assert parse_bool(text) is True
 
 
 @pytest.mark.parametrize("text", ["0", "false", "False", "no", "off", "n", "f", "", "  "])
 def test_bool_false_spellings(text):
-    assert _parse_bool(text) is False
+    assert parse_bool(text) is False
 
 
 def test_bool_rejects_other_text():
     with pytest.raises(ValueError, match=r"expected one of \[.*'true'.*\]"):
-        _parse_bool("maybe")
+        parse_bool("maybe")
 
 
 @pytest.mark.parametrize(("text", "value"), [("12.5", 12.5), ("1", 1.0), (" 0.25 ", 0.25), ("1e3", 1000.0)])

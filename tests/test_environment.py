@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hora._runtime.environment import LaunchInfo, detect, without_launcher_variables
+from hora.config.launchers import LaunchInfo, detect, without_launcher_variables
 from hora.errors import ConfigError
 
 HORA = {

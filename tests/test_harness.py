@@ -6,7 +6,8 @@ import pytest
 
 from failure_workers import hang_worker
 from harness import stderr_of
-from hora.runner import RunError, run
+from hora.errors import RunError
+from hora.runner import run
 
 
 def test_a_hang_ends_with_every_ranks_stack():

@@ -45,7 +45,7 @@ def _same(a: object, b: object, what: str) -> None:
 def test_one_rank_per_host_uses_the_flat_ring():
     """With one rank per host there is no step within a host: the flat ring is the same algorithm, minus overhead."""
     for info in (r.pop("info") for r in run_on_hosts(compare_worker, "a:1,b:1,c:1", **SMALL)):
-        assert info["transport"] == "tcp" and info["plane"] == "TcpPlane", info
+        assert info["transport"] == "tcp" and info["plane"] == "TcpTransport", info
 
 
 @pytest.mark.parametrize("spec", LAYOUTS)
@@ -55,9 +55,9 @@ def test_hierarchical_and_flat_give_identical_results(spec):
     flat = run_on_hosts(compare_worker, spec, hierarchical_allreduce=False, hierarchical_allgather=False, **SMALL)
     assert len(hier) == len(flat) == n
     for r in range(n):
-        assert hier[r].pop("info") == {"transport": "hierarchical", "plane": "HierarchicalPlane",
+        assert hier[r].pop("info") == {"transport": "hierarchical", "plane": "HierarchicalTransport",
                                        "hierarchical_allreduce": True, "hierarchical_allgather": True}
-        assert flat[r].pop("info") == {"transport": "tcp", "plane": "TcpPlane", "hierarchical_allreduce": None,
+        assert flat[r].pop("info") == {"transport": "tcp", "plane": "TcpTransport", "hierarchical_allreduce": None,
                                        "hierarchical_allgather": None}
         noise_h, noise_f = hier[r].pop("noise"), flat[r].pop("noise")
         np.testing.assert_allclose(noise_h, noise_f, rtol=1e-5, atol=1e-5)
@@ -70,8 +70,8 @@ def test_hierarchical_with_default_chunks_on_interleaved_hosts():
     hier = run_on_hosts(compare_worker, "a,b,a,b")
     flat = run_on_hosts(compare_worker, "a,b,a,b", transport="tcp")
     for r in range(4):
-        assert hier[r].pop("info")["plane"] == "HierarchicalPlane"
-        assert flat[r].pop("info")["plane"] == "TcpPlane"
+        assert hier[r].pop("info")["plane"] == "HierarchicalTransport"
+        assert flat[r].pop("info")["plane"] == "TcpTransport"
         hier[r].pop("noise"), flat[r].pop("noise")
         _same(hier[r], flat[r], f"rank {r}")
 
@@ -112,7 +112,7 @@ def test_allreduce_only_hierarchical_and_allgather_only_hierarchical():
     for ar, ag in [(True, False), (False, True)]:
         results = run_on_hosts(compare_worker, "a:3,b:1", hierarchical_allreduce=ar, hierarchical_allgather=ag)
         for res in results:
-            assert res["info"] == {"transport": "hierarchical", "plane": "HierarchicalPlane",
+            assert res["info"] == {"transport": "hierarchical", "plane": "HierarchicalTransport",
                                    "hierarchical_allreduce": ar, "hierarchical_allgather": ag}
 
 
@@ -134,14 +134,14 @@ def test_local_and_cross_ranks(spec):
         assert (info["rank"], info["size"]) == (r, len(results))
         assert (info["local_rank"], info["local_size"], info["cross_rank"], info["cross_size"]) == (lr, ls, cr, cs), r
         assert info["homogeneous"] is homogeneous
-        assert info["plane"] == ("TcpPlane" if spec == "a:1,b:1,c:1" else "HierarchicalPlane")  # 1 rank/host: flat
+        assert info["plane"] == ("TcpTransport" if spec == "a:1,b:1,c:1" else "HierarchicalTransport")  # 1 rank/host: flat
 
 
 @pytest.mark.parametrize(
     ("flags", "plane"),
-    [({}, "HierarchicalPlane"), ({"hierarchical_allreduce": False}, "HierarchicalPlane"),
-     ({"hierarchical_allreduce": False, "hierarchical_allgather": False}, "TcpPlane"),
-     ({"transport": "tcp"}, "TcpPlane")],
+    [({}, "HierarchicalTransport"), ({"hierarchical_allreduce": False}, "HierarchicalTransport"),
+     ({"hierarchical_allreduce": False, "hierarchical_allgather": False}, "TcpTransport"),
+     ({"transport": "tcp"}, "TcpTransport")],
 )
 def test_settings_choose_the_plane(flags, plane):
     for info in run_on_hosts(settings_worker, "a:2,b:1", **flags):
@@ -150,7 +150,7 @@ def test_settings_choose_the_plane(flags, plane):
 
 def test_settings_do_nothing_on_one_host():
     for info in run_on_hosts(settings_worker, "a:2"):
-        assert info["transport"] == "shm" and info["plane"] == "ShmPlane"
+        assert info["transport"] == "shm" and info["plane"] == "ShmTransport"
 
 
 @pytest.mark.parametrize(("spec", "victim"), [("a:2,b:2", 3), ("a:2,b:2", 1), ("a:3,b:1", 2), ("a:3,b:1", 3)])

@@ -31,7 +31,7 @@ DUMP = textwrap.dedent("""
         "cwd": os.getcwd(),
         "env": {k: v for k, v in os.environ.items() if k.startswith(keep) and k != "HORA_SECRET"},
         "torchrun": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")},
-        "peer_addresses": [p["addr"] for p in context.current().peers],
+        "peer_addresses": [p.addr for p in context.current().peers],
         "transport": context.current().transport,
         "topology": [hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()],
         "sum": float(total[0]),

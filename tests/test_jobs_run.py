@@ -334,7 +334,7 @@ def test_a_dead_supervisor_fails_the_job_and_takes_the_ranks_along(tmp_path):
     import os
     import signal
 
-    from hora._transport.liveness import process_alive, process_start_time
+    from hora._proc import process_alive, process_start_time
 
     src = tmp_path / "src"
     src.mkdir()

@@ -1,4 +1,4 @@
-"""The data planes' reductions, fused and not, on real planes: ShmPlane in real processes, TcpPlane over socket pairs.
+"""The data planes' reductions, fused and not, on real planes: ShmTransport in real processes, TcpTransport over socket pairs.
 
 Every rank generates every rank's input from a shared seed, so each checks its own result against a numpy
 reference without talking to the others. Small chunks force many steps: pieces span several steps and many tiny
@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hora._engine.messages import ReduceOp
+from hora._dtypes import ReduceOp
 from hora._transport import shm
-from hora._transport.base import DTYPES, HALF, DataPlane, SelfPlane
-from hora._transport.liveness import process_start_time
-from hora._transport.shm import ShmPlane, _parts, segment_path
-from hora._transport.tcp import TcpPlane
+from hora._dtypes import DTYPES, HALF
+from hora._transport.base import Transport, SelfTransport
+from hora._proc import process_start_time
+from hora._transport.shm import ShmTransport, _parts, segment_path
+from hora._transport.tcp import TcpTransport
 
 OPS = [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT]
 _UFUNC = {ReduceOp.SUM: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.PRODUCT: np.multiply}
@@ -105,7 +106,7 @@ def _mismatch(got: np.ndarray, want: np.ndarray, fractional: bool, size: int) ->
     return None
 
 
-def _run_cases(plane: DataPlane, seed: int, ncases: int, exact_halves: bool) -> tuple[int, list[str]]:
+def _run_cases(plane: Transport, seed: int, ncases: int, exact_halves: bool) -> tuple[int, list[str]]:
     """Run the same cases as every other rank; return (cases run, failures)."""
     me, size = plane.rank, plane.size
     failures: list[str] = []
@@ -164,18 +165,18 @@ def _run_cases(plane: DataPlane, seed: int, ncases: int, exact_halves: bool) -> 
     return k, failures
 
 
-# -- ShmPlane in real processes ----------------------------------------------------------------------------------------
+# -- ShmTransport in real processes ----------------------------------------------------------------------------------------
 # Plain subprocesses talking to the test over a socket pair each (multiprocessing's start methods leave a helper
 # process behind, which the hygiene fixture would rightly call a leak).
 def _child(fd: int, rank: int, size: int, name: str, chunk: int) -> None:
     """A rank: receive the peers, create or attach, wait for "go", run the cases, send the result."""
     conn = Connection(fd)
-    plane: ShmPlane | None = None
+    plane: ShmTransport | None = None
     try:
         peers, args, own_piece_bytes = conn.recv()
         if own_piece_bytes is not None:
             shm._OWN_PIECE_BYTES = own_piece_bytes
-        plane = ShmPlane(name, rank, size, chunk, peers, 30.0, create=rank == 0)
+        plane = ShmTransport(name, rank, size, chunk, peers, 30.0, create=rank == 0)
         conn.send("ready")
         assert conn.recv() == "go"
         plane.unlink()
@@ -266,7 +267,7 @@ def test_shm_reductions_against_numpy(size, chunk, ncases, own_piece_bytes):
     assert not failures, "\n".join(failures[:40])
 
 
-# -- TcpPlane (the base class's packing default) over socket pairs, one thread per rank ------------------------------
+# -- TcpTransport (the base class's packing default) over socket pairs, one thread per rank ------------------------------
 def _run_tcp(size: int, chunk: int, args: tuple, timeout: float = 120.0) -> list[Any]:
     socks: list[dict[int, socket.socket]] = [{} for _ in range(size)]
     with socket.create_server(("127.0.0.1", 0)) as listener:
@@ -274,7 +275,7 @@ def _run_tcp(size: int, chunk: int, args: tuple, timeout: float = 120.0) -> list
             for j in range(i + 1, size):
                 socks[i][j] = socket.create_connection(listener.getsockname())
                 socks[j][i] = listener.accept()[0]
-    planes = [TcpPlane(r, size, socks[r], chunk, 30.0) for r in range(size)]
+    planes = [TcpTransport(r, size, socks[r], chunk, 30.0) for r in range(size)]
     results: list[Any] = [None] * size
 
     def rank_main(r: int) -> None:
@@ -313,8 +314,8 @@ def test_tcp_reductions_against_numpy(size):
     assert not failures, "\n".join(failures[:40])
 
 
-# -- the base-class default and SelfPlane, in process ----------------------------------------------------------------
-class _DoublingPlane(SelfPlane):
+# -- the base-class default and SelfTransport, in process ----------------------------------------------------------------
+class _DoublingPlane(SelfTransport):
     """A stand-in for two identical ranks summing: allreduce doubles. Records what allreduce was given."""
 
     def __init__(self) -> None:
@@ -325,7 +326,7 @@ class _DoublingPlane(SelfPlane):
         self.calls.append((src, dst))
         np.add(src, src, out=dst)
 
-    allreduce_fused = DataPlane.allreduce_fused
+    allreduce_fused = Transport.allreduce_fused
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
@@ -353,7 +354,7 @@ def test_default_fused_packs_reduces_once_and_unpacks(dtype):
 
 
 def test_self_plane_fused_copies():
-    plane = SelfPlane()
+    plane = SelfTransport()
     srcs = [np.arange(5, dtype=np.int32), np.zeros(0, np.int32), np.arange(3, dtype=np.int32)]
     dsts = [np.zeros(5, np.int32), srcs[1], srcs[2]]
     plane.allreduce_fused(srcs, dsts, ReduceOp.SUM)
@@ -382,4 +383,4 @@ def test_parts_maps_ranges_onto_views_of_the_pieces():
 
 def test_only_the_shared_memory_plane_stages_pieces():
     # The engine packs into its own fusion buffer for planes that would only pack into a temporary themselves.
-    assert ShmPlane.stages_pieces and not TcpPlane.stages_pieces and not SelfPlane.stages_pieces
+    assert ShmTransport.stages_pieces and not TcpTransport.stages_pieces and not SelfTransport.stages_pieces

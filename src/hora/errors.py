@@ -7,6 +7,7 @@ how to fix it; errors about collectives name the operation, the tensor and the r
 from __future__ import annotations
 
 import builtins
+from typing import Any
 
 __all__ = [
     "AuthenticationError",
@@ -16,16 +17,20 @@ __all__ = [
     "HoraError",
     "HoraInternalError",
     "HostError",
+    "HostStartError",
     "MismatchError",
     "NotInitializedError",
     "PeerLostError",
     "ProtocolError",
     "RecordError",
     "RendezvousError",
+    "RunError",
     "ShutdownError",
+    "SpecError",
     "StallError",
     "StorageError",
     "TimeoutError",
+    "UnsupportedError",
 ]
 
 
@@ -47,6 +52,19 @@ class ChannelError(StorageError):
 
 class RecordError(HoraError, ValueError):
     """A record stream is corrupt or truncated (a TFRecord CRC mismatch); the message names the byte offset."""
+
+
+class SpecError(ConfigError):
+    """A job spec is invalid; ``problems`` lists every problem found (the message shows them all)."""
+
+    def __init__(self, problems: list[str], source: str = "the job spec") -> None:
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source} has {len(problems)} problem{'s' if len(problems) > 1 else ''}:\n{lines}")
+
+
+class UnsupportedError(HoraError, ValueError):
+    """An argument combination hora does not support (e.g. an unsupported dtype or op)."""
 
 
 class NotInitializedError(HoraError, ValueError):
@@ -95,3 +113,17 @@ class HoraInternalError(HoraError):
 
 class HostError(HoraError):
     """A host of a multi-host job cannot be used: unreachable, refusing SSH, rejecting the key, or not answering."""
+
+
+class HostStartError(HoraError):
+    """A host of a training job failed, not a rank: the master could not start hora run or died, or another host
+    never came up."""
+
+
+class RunError(HoraError):
+    """A job started by :func:`hora.runner.run` failed; ``result`` (a :class:`hora.runner.RunResult`: errors.py is
+    a leaf and does not import the runner) holds the per-rank outcome and the root cause."""
+
+    def __init__(self, message: str, result: Any) -> None:
+        super().__init__(message)
+        self.result = result

@@ -1,19 +1,31 @@
-"""Running one negotiated response on the data plane: shapes, counts, scaling, zero contributions of joined ranks."""
+"""Running negotiated responses on the transport: shapes, counts, scaling, fused groups, zero contributions of
+joined ranks, and completing the handles."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from math import prod
 from typing import Any
 
 import numpy as np
 
+from hora._dtypes import DTYPES, ReduceOp, even_counts
+from hora._engine.fusion import plan
 from hora._engine.handle import Entry
-from hora._engine.messages import Kind, ReduceOp, Request, Response
-from hora._transport.base import DTYPES, DataPlane, even_counts
+from hora._engine.messages import Kind, Request, Response
+from hora._engine.timeline import request_args
+from hora._transport.base import Transport
+from hora.errors import (
+    CollectiveError,
+    HoraError,
+    HoraInternalError,
+    MismatchError,
+    ShutdownError,
+    StallError,
+)
 
-__all__ = ["execute", "execute_fused"]
+__all__ = ["execute", "execute_fused", "phase", "run_responses", "transport_activity"]
 
 _buffers: dict[np.dtype, np.ndarray] = {}  # one reusable fusion buffer per dtype (engine thread only)
 
@@ -26,7 +38,7 @@ def _fusion_buffer(dtype: np.dtype, n: int) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def _phase(timeline: Any, names: list[str], activity: str) -> Iterator[None]:
+def phase(timeline: Any, names: list[str], activity: str) -> Iterator[None]:
     if timeline is None:
         yield
     else:
@@ -39,7 +51,7 @@ def _flat(a: np.ndarray) -> np.ndarray:
 
 
 def _scaled_reduce(
-    plane: DataPlane, req: Request, src: np.ndarray, dst: np.ndarray, counts: list[int] | None
+    plane: Transport, req: Request, src: np.ndarray, dst: np.ndarray, counts: list[int] | None
 ) -> None:
     op, pre, post = req.op, req.prescale, req.postscale
     if op == ReduceOp.AVERAGE:
@@ -56,7 +68,7 @@ def _scaled_reduce(
         np.multiply(dst, post, out=dst, casting="unsafe")
 
 
-def execute(plane: DataPlane, resp: Response, entry: Entry | None) -> Any:
+def execute(plane: Transport, resp: Response, entry: Entry | None) -> Any:
     """Run ``resp`` with this rank's ``entry`` (``None`` on a joined rank, which contributes zeros); return the
     handle's result."""
     req = resp.request
@@ -117,7 +129,7 @@ def execute(plane: DataPlane, resp: Response, entry: Entry | None) -> Any:
 
 
 def execute_fused(
-    plane: DataPlane, responses: list[Response], entries: list[Entry], timeline: Any, activity: str
+    plane: Transport, responses: list[Response], entries: list[Entry], timeline: Any, activity: str
 ) -> list[np.ndarray]:
     """Run allreduces that agree on dtype, op and scale factors as one reduction; return each output.
 
@@ -140,16 +152,16 @@ def execute_fused(
             np.multiply(s, pre, out=d, casting="unsafe")
         srcs = dsts
     if getattr(plane, "stages_pieces", False):  # shm: packing into the segment is the transport's first copy
-        with _phase(timeline, names, activity):
+        with phase(timeline, names, activity):
             plane.allreduce_fused(srcs, dsts, op)
     else:
         total = sum(s.size for s in srcs)
         buf = _fusion_buffer(srcs[0].dtype, total)
-        with _phase(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
+        with phase(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
             np.concatenate(srcs, out=buf)
-        with _phase(timeline, names, activity):
+        with phase(timeline, names, activity):
             plane.allreduce(buf, buf, op)
-        with _phase(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
+        with phase(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
             lo = 0
             for d in dsts:
                 d[...] = buf[lo : lo + d.size]
@@ -158,3 +170,84 @@ def execute_fused(
         for d in dsts:
             np.multiply(d, post, out=d, casting="unsafe")
     return outs
+
+
+_ERRORS: dict[str, type[CollectiveError]] = {
+    "mismatch": MismatchError,
+    "duplicate": MismatchError,
+    "shutdown": ShutdownError,
+    "join": CollectiveError,
+    "stall": StallError,
+}
+
+
+def transport_activity(transport: Transport, kind: Kind) -> str:
+    """The timeline's name for a collective on ``transport``: ``SHM_ALLREDUCE``, ``TCP_BROADCAST``..."""
+    return f"{type(transport).__name__.removesuffix('Transport').upper()}_{kind.value.upper()}"
+
+
+def run_responses(
+    transport: Transport,
+    rank: int,
+    ready: list[tuple[Response, Entry | None]],
+    fusion_threshold: int,
+    timeline: Any,
+    started: Callable[[list[str]], None],
+) -> None:
+    """Execute a cycle's responses (each with this rank's entry, None on a joined rank) group by group, as
+    :func:`~hora._engine.fusion.plan` groups them, completing the handles. ``started(names)`` is told before each
+    group runs. A transport failure fails the group's handles and is raised (it ends the engine)."""
+    responses = [r for r, _ in ready]
+    for group in plan(responses, fusion_threshold):
+        items = [ready[i] for i in group]
+        names = [r.request.name for r, _ in items]
+        started(names)
+        if timeline is not None:
+            for r, _ in items:
+                timeline.start(r.request.name, r.request.kind.value, request_args(r.request))
+        try:
+            if len(items) == 1:
+                _run_one(transport, rank, *items[0], timeline)
+            else:
+                _run_group(transport, rank, items, timeline)
+        finally:
+            if timeline is not None:
+                for n in names:
+                    timeline.end(n)
+
+
+def _run_one(transport: Transport, rank: int, resp: Response, entry: Entry | None, timeline: Any) -> None:
+    if resp.error is not None:
+        if entry is not None:
+            entry.handle._set_error(_ERRORS.get(resp.error_kind, CollectiveError)(resp.error))
+        return
+    name = resp.request.name
+    if entry is None and rank not in resp.joined and resp.request.kind is not Kind.JOIN:
+        raise HoraInternalError(f"rank {rank} got a response for '{name}', which it never submitted")
+    try:
+        with phase(timeline, [name], transport_activity(transport, resp.request.kind)):
+            result = execute(transport, resp, entry)
+    except HoraError as exc:
+        if entry is not None:
+            entry.handle._set_error(exc)
+        raise
+    if entry is not None:
+        entry.handle._set_result(result)
+
+
+def _run_group(transport: Transport, rank: int, items: list[tuple[Response, Entry | None]], timeline: Any) -> None:
+    entries: list[Entry] = []
+    for resp, entry in items:
+        if entry is None:  # fused responses have no joined ranks, so every rank has every entry
+            raise HoraInternalError(f"rank {rank} has no entry for fused '{resp.request.name}'")
+        entries.append(entry)
+    try:
+        results = execute_fused(
+            transport, [r for r, _ in items], entries, timeline, transport_activity(transport, Kind.ALLREDUCE)
+        )
+    except HoraError as exc:
+        for e in entries:
+            e.handle._set_error(exc)
+        raise
+    for e, result in zip(entries, results):
+        e.handle._set_result(result)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from math import prod
 
+from hora._dtypes import DTYPES
 from hora._engine.messages import Kind, Response
-from hora._transport.base import DTYPES
 
 __all__ = ["nbytes", "plan"]
 

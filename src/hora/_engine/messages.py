@@ -10,18 +10,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Kind", "ReduceOp", "Request", "Response", "decode", "encode"]
+from hora._dtypes import ReduceOp
 
-
-class ReduceOp(enum.IntEnum):
-    """Reduction operations, with Horovod's numbering."""
-
-    AVERAGE = 0
-    SUM = 1
-    ADASUM = 2
-    MIN = 3
-    MAX = 4
-    PRODUCT = 5
+__all__ = ["Kind", "Request", "Response", "decode", "encode"]
 
 
 class Kind(str, enum.Enum):

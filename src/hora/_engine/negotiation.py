@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from hora._engine.messages import Kind, ReduceOp, Request, Response
+from hora._dtypes import ReduceOp
+from hora._engine.messages import Kind, Request, Response
 
 __all__ = ["Coordinator", "format_ranks"]
 

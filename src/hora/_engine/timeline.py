@@ -55,7 +55,7 @@ from typing import Any
 
 from hora.errors import ConfigError
 
-__all__ = ["FLUSH_INTERVAL", "Timeline"]
+__all__ = ["FLUSH_INTERVAL", "Timeline", "request_args"]
 
 log = logging.getLogger(__name__)
 
@@ -434,3 +434,8 @@ class Timeline:
             ts = (ts_ns - t0) / 1000
             out.append(f'{{"name": {name}, "ph": "{ph}", "ts": {ts!r}, "pid": {pid}, "tid": 0{extra}}}')
         return out
+
+
+def request_args(req: Any) -> dict[str, str]:
+    """A request's (:class:`~hora._engine.messages.Request`) arguments as the timeline shows them."""
+    return {"dtype": req.dtype, "shape": str(req.shape)}

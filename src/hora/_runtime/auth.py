@@ -9,8 +9,8 @@ byte of payload is parsed::
 
 All fields have fixed sizes, so nothing of attacker-chosen length is read before the peer has proved it knows the
 per-job secret; the client also checks the server's proof, so a process squatting on a port cannot pose as a peer.
-After the handshake, messages are frames: an 8-byte big-endian length checked against a limit *before* any buffer is
-allocated, then the payload.
+After the handshake, messages are frames (:mod:`hora._wire`): an 8-byte big-endian length checked against a limit
+*before* any buffer is allocated, then the payload.
 """
 
 from __future__ import annotations
@@ -22,16 +22,13 @@ import secrets
 import socket
 import struct
 
+from hora._wire import recv_exact
 from hora.errors import AuthenticationError, PeerLostError, ProtocolError
 
 __all__ = [
     "Role",
     "client_handshake",
     "new_secret",
-    "recv_exact",
-    "recv_frame",
-    "recv_into_exact",
-    "send_frame",
     "server_handshake",
 ]
 
@@ -42,7 +39,6 @@ MAC_BYTES = 32
 SECRET_BYTES = 32
 _HELLO = struct.Struct("!4sB32s")
 _CLIENT = struct.Struct("!4sBBi32s32s")
-_LEN = struct.Struct("!Q")
 
 
 class Role(enum.IntEnum):
@@ -61,27 +57,6 @@ def new_secret() -> bytes:
 
 def _mac(secret: bytes, *parts: bytes) -> bytes:
     return hmac.new(secret, b"".join(parts), hashlib.sha256).digest()
-
-
-def recv_exact(sock: socket.socket, n: int, what: str = "peer") -> bytes:
-    """Read exactly ``n`` bytes or raise :class:`PeerLostError` when the peer closes first."""
-    buf = bytearray(n)
-    recv_into_exact(sock, memoryview(buf), what)
-    return bytes(buf)
-
-
-def recv_into_exact(sock: socket.socket, view: memoryview, what: str = "peer") -> None:
-    """Fill ``view`` from ``sock`` or raise :class:`PeerLostError` when the peer closes first."""
-    got = 0
-    n = len(view)
-    while got < n:
-        try:
-            k = sock.recv_into(view[got:], n - got)
-        except ConnectionError as exc:
-            raise PeerLostError(f"connection to {what} was reset ({exc})") from exc
-        if k == 0:
-            raise PeerLostError(f"{what} closed the connection ({got} of {n} bytes received)")
-        got += k
 
 
 def client_handshake(sock: socket.socket, secret: bytes, role: Role, rank: int, timeout: float) -> None:
@@ -163,24 +138,3 @@ def _send_quietly(sock: socket.socket, data: bytes) -> None:
         sock.sendall(data)
     except OSError:
         pass
-
-
-def send_frame(sock: socket.socket, payload: bytes | bytearray | memoryview) -> None:
-    """Send one length-prefixed frame."""
-    header = _LEN.pack(len(payload))
-    if len(payload) < 65536:
-        sock.sendall(header + bytes(payload))  # one syscall for the small control messages
-    else:
-        sock.sendall(header)
-        sock.sendall(payload)
-
-
-def recv_frame(sock: socket.socket, max_bytes: int, what: str = "peer") -> bytes:
-    """Receive one frame; a length above ``max_bytes`` raises :class:`ProtocolError` before anything is allocated."""
-    (length,) = _LEN.unpack(recv_exact(sock, _LEN.size, what))
-    if length > max_bytes:
-        raise ProtocolError(
-            f"{what} announced a frame of {length} bytes, above the limit of {max_bytes} (HORA_MAX_FRAME_BYTES); "
-            "dropping the connection"
-        )
-    return recv_exact(sock, length, what)

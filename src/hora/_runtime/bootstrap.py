@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hora._runtime.environment import LaunchInfo
 from hora._runtime.rendezvous import RendezvousServer
 from hora.config import Config
+from hora.config.launchers import LaunchInfo
 from hora.errors import ConfigError, RendezvousError
 
 __all__ = [

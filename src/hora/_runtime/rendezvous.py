@@ -14,10 +14,11 @@ import threading
 import time
 from typing import Any
 
-from hora._runtime.auth import Role, client_handshake, recv_frame, send_frame, server_handshake
+from hora._runtime.auth import Role, client_handshake, server_handshake
+from hora._wire import recv_frame, send_frame
 from hora.errors import AuthenticationError, HoraError, PeerLostError, ProtocolError, RendezvousError
 
-__all__ = ["RendezvousClient", "RendezvousServer", "connect_with_retry"]
+__all__ = ["MissingKeys", "RendezvousClient", "RendezvousServer", "connect_with_retry"]
 
 log = logging.getLogger(__name__)
 
@@ -254,14 +255,14 @@ class RendezvousClient:
         reply = self._call(request, timeout)
         if not reply["ok"]:
             missing = [k[len(self.prefix) :] for k in reply["missing"]]
-            raise _MissingKeys(missing)
+            raise MissingKeys(missing)
         return {k[len(self.prefix) :]: v for k, v in reply["values"].items()}
 
     def close(self) -> None:
         _close(self._sock)
 
 
-class _MissingKeys(RendezvousError):
+class MissingKeys(RendezvousError):
     def __init__(self, missing: list[str]) -> None:
         super().__init__(f"timed out waiting for {missing}")
         self.missing = missing

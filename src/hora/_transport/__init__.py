@@ -1,1 +1,1 @@
-"""Data planes: shared memory within a host, TCP across hosts, and the trivial one for a single process."""
+"""Transports (the data plane): shared memory within a host, TCP across hosts, and the trivial one for a single process."""

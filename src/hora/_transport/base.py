@@ -1,6 +1,6 @@
-"""The data-plane interface every transport implements, and the reductions they share.
+"""The interface every transport (data plane) implements, and the transport of a one-rank job.
 
-Arrays handed to a data plane are 1-D and C-contiguous. Typed arrays carry the tensor's dtype (for reductions);
+Arrays handed to a transport are 1-D and C-contiguous. Typed arrays carry the tensor's dtype (for reductions);
 byte arrays are ``uint8`` views (for data that is only moved). Counts are elements for typed calls and bytes for
 byte calls. Every rank calls the same methods in the same order with the same counts: the engine guarantees it.
 """
@@ -9,65 +9,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-import ml_dtypes
 import numpy as np
 
-from hora._engine.messages import ReduceOp
+from hora._dtypes import ReduceOp
 
-__all__ = ["DTYPES", "DTYPE_NAMES", "DataPlane", "combine", "even_counts", "offsets", "reduce_into"]
-
-DTYPES: dict[str, np.dtype] = {
-    name: np.dtype(t)
-    for name, t in {
-        "float16": np.float16,
-        "bfloat16": ml_dtypes.bfloat16,
-        "float32": np.float32,
-        "float64": np.float64,
-        "int8": np.int8,
-        "int16": np.int16,
-        "int32": np.int32,
-        "int64": np.int64,
-        "uint8": np.uint8,
-        "bool": np.bool_,
-    }.items()
-}
-HALF = (DTYPES["float16"], DTYPES["bfloat16"])
-#: dtype -> its name in DTYPES (``np.dtype.name`` costs microseconds per call in numpy 2)
-DTYPE_NAMES: dict[np.dtype, str] = {dt: name for name, dt in DTYPES.items()}
-
-_UFUNCS = {
-    ReduceOp.SUM: np.add,
-    ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum,
-    ReduceOp.PRODUCT: np.multiply,
-}
+__all__ = ["SelfTransport", "Transport"]
 
 
-def reduce_into(acc: np.ndarray, x: np.ndarray, op: int) -> None:
-    """``acc = acc (op) x`` elementwise, in place. For bool, Sum/Max are OR and Product/Min are AND."""
-    _UFUNCS[ReduceOp(op)](acc, x, out=acc)
-
-
-def combine(a: np.ndarray, b: np.ndarray, out: np.ndarray, op: int) -> None:
-    """``out = a (op) b`` elementwise."""
-    _UFUNCS[ReduceOp(op)](a, b, out=out)
-
-
-def even_counts(n: int, parts: int) -> list[int]:
-    """Split ``n`` items into ``parts`` counts as evenly as possible, the first ranks taking one more."""
-    base, extra = divmod(n, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
-
-
-def offsets(counts: list[int]) -> list[int]:
-    out, total = [], 0
-    for c in counts:
-        out.append(total)
-        total += c
-    return out
-
-
-class DataPlane(ABC):
+class Transport(ABC):
     """Moves and reduces bytes among ``size`` ranks. One instance per process, used by the engine thread only."""
 
     rank: int
@@ -126,7 +75,7 @@ class DataPlane(ABC):
         self.allreduce(vec, vec, ReduceOp.MIN)
 
     def exchange_begin(self) -> np.ndarray | None:
-        """A plane that can show every rank's exchange row (shared memory) returns this rank's row to fill; then
+        """A transport that can show every rank's exchange row (shared memory) returns this rank's row to fill; then
         :meth:`exchange_end` returns all rows. Others return ``None`` and the engine uses :meth:`exchange_min`."""
         return None
 
@@ -141,8 +90,8 @@ class DataPlane(ABC):
         """Release the transport's resources."""
 
 
-class SelfPlane(DataPlane):
-    """The data plane of a job with one rank: every collective is a local copy."""
+class SelfTransport(Transport):
+    """The transport of a job with one rank: every collective is a local copy."""
 
     def __init__(self) -> None:
         self.rank, self.size = 0, 1

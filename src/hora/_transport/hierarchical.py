@@ -1,4 +1,4 @@
-"""Hierarchical data plane for multi-host jobs: shared memory within a host, TCP rings across hosts.
+"""Hierarchical transport for multi-host jobs: shared memory within a host, TCP rings across hosts.
 
 Ranks are grouped by the host they reported; ``hosts`` lists each host's global ranks in local-rank order, hosts
 in order of their first rank. Let ``L`` be the *smallest* number of ranks on any host. The buffer of a collective
@@ -24,21 +24,22 @@ thread, and each finishes its sends before it returns).
 
 Reduction order differs from the flat ring, so float results may differ from it in the last bits; integer
 results are identical. float16/bfloat16 sums accumulate in float32 within a host of more than two ranks (as the
-shared-memory plane does) and in the tensor's dtype across hosts (as the TCP ring does).
+shared-memory transport does) and in the tensor's dtype across hosts (as the TCP ring does).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from hora._transport.base import DataPlane, even_counts, offsets
-from hora._transport.tcp import TcpPlane
+from hora._dtypes import even_counts, offsets
+from hora._transport.base import Transport
+from hora._transport.tcp import TcpTransport
 
-__all__ = ["HierarchicalPlane"]
+__all__ = ["HierarchicalTransport"]
 
 
-class HierarchicalPlane(DataPlane):
-    """A per-host plane (``local``: shared memory, or a :class:`SelfPlane` for a host of one rank), this rank's
+class HierarchicalTransport(Transport):
+    """A per-host transport (``local``: shared memory, or a :class:`SelfTransport` for a host of one rank), this rank's
     lane (``lane``: a TCP ring among the hosts, ``None`` for a rank with local rank ``>= L``) and the flat TCP
     ring over every rank (``flat``)."""
 
@@ -47,9 +48,9 @@ class HierarchicalPlane(DataPlane):
         rank: int,
         size: int,
         hosts: list[list[int]],
-        local: DataPlane,
-        lane: DataPlane | None,
-        flat: TcpPlane,
+        local: Transport,
+        lane: Transport | None,
+        flat: TcpTransport,
         allreduce: bool,
         allgather: bool,
     ) -> None:
@@ -67,7 +68,7 @@ class HierarchicalPlane(DataPlane):
 
     # -- plumbing ---------------------------------------------------------------------------------------------
     def _sync(self) -> None:
-        """Hand the engine's per-call state (what runs, whether waits may spin) to the planes doing the work."""
+        """Hand the engine's per-call state (what runs, whether waits may spin) to the transports doing the work."""
         for p in (self.local, self.lane, self.flat):
             if p is not None:
                 p.what, p.eager = self.what, self.eager

@@ -1,4 +1,4 @@
-"""Shared-memory data plane for ranks on one host.
+"""Shared-memory transport for ranks on one host.
 
 One segment per job and host. Each rank owns a slot of two buffers (double buffering) of ``chunk`` bytes; a
 collective runs in steps, and in each step every rank writes into its own buffer, waits at a barrier, then reads
@@ -38,11 +38,12 @@ from itertools import accumulate
 
 import numpy as np
 
-from hora._transport.base import HALF, DataPlane, combine, even_counts, offsets, reduce_into
-from hora._transport.liveness import process_alive
+from hora._dtypes import HALF, combine, even_counts, offsets, reduce_into
+from hora._proc import process_alive
+from hora._transport.base import Transport
 from hora.errors import PeerLostError, ProtocolError, TimeoutError
 
-__all__ = ["ShmPlane", "job_prefix", "segment_path", "sweep"]
+__all__ = ["ShmTransport", "job_prefix", "segment_path", "sweep"]
 
 _MAGIC = 0x484F52415348_4D31  # "HORASHM1"
 _ABORT_OFF = 64
@@ -105,7 +106,7 @@ def _layout(size: int, chunk: int, exchange: int) -> tuple[int, int, int, int, i
     return xoff, xlen, data, chunk, data + 2 * size * chunk
 
 
-class ShmPlane(DataPlane):
+class ShmTransport(Transport):
     """Shared-memory collectives among ``size`` ranks of one host (ranks are 0..size-1 within the group)."""
 
     stages_pieces = True  # allreduce_fused stages the pieces straight into the slot: packing is the only copy
@@ -125,7 +126,7 @@ class ShmPlane(DataPlane):
     ) -> None:
         self.rank, self.size, self.name = rank, size, name
         self._peers = peers  # (pid, start time) per rank
-        # how messages name each rank (a host's plane in a multi-host job names ranks of the whole job)
+        # how messages name each rank (a host's transport in a multi-host job names ranks of the whole job)
         self._labels = labels or [f"rank {r}" for r in range(size)]
         self._timeout = op_timeout
         xoff, self._xlen, header, self._chunk, total = _layout(size, chunk_bytes, exchange_bytes)

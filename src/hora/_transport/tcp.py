@@ -1,4 +1,4 @@
-"""TCP data plane: bandwidth-optimal ring collectives over a full mesh of authenticated connections.
+"""TCP transport: bandwidth-optimal ring collectives over a full mesh of authenticated connections.
 
 Allreduce is a ring reduce-scatter followed by a ring allgather; every step sends one segment to the next rank
 while receiving another from the previous one. Sending runs on a helper thread and receiving on the engine thread
@@ -16,11 +16,12 @@ from collections import deque
 
 import numpy as np
 
-from hora._runtime.auth import recv_into_exact
-from hora._transport.base import DataPlane, even_counts, offsets, reduce_into
+from hora._dtypes import even_counts, offsets, reduce_into
+from hora._transport.base import Transport
+from hora._wire import recv_into_exact
 from hora.errors import PeerLostError, TimeoutError
 
-__all__ = ["TcpPlane"]
+__all__ = ["TcpTransport"]
 
 
 def _bytes(a: np.ndarray) -> memoryview:
@@ -87,7 +88,7 @@ class _SendFailed(Exception):
         self.peer, self.exc = peer, exc
 
 
-class TcpPlane(DataPlane):
+class TcpTransport(Transport):
     """Ring collectives over ``socks`` (peer rank -> connected, authenticated socket)."""
 
     def __init__(

@@ -8,8 +8,9 @@
 
 from __future__ import annotations
 
+from hora.errors import SpecError
 from hora.jobs.api import Estimator, start_job, stop_job, wait_job
-from hora.jobs.spec import ChannelSpec, JobSpec, MetricDefinition, SpecError, load_spec, parse_spec
+from hora.jobs.spec import ChannelSpec, JobSpec, MetricDefinition, load_spec, parse_spec
 from hora.jobs.store import JobRecord, JobStore
 
 __all__ = [

@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hora._runtime.auth import Role, recv_exact, send_frame, server_handshake
+from hora._runtime.auth import Role, server_handshake
+from hora._wire import recv_exact, send_frame
 from hora.errors import HoraError
 from hora.jobs.cluster import read_secret, record_attempt, socket_path
 

@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from hora._runtime.auth import Role, client_handshake, recv_frame
+from hora._runtime.auth import Role, client_handshake
+from hora._wire import recv_frame
 from hora.errors import HoraError
 from hora.jobs._host import HANDSHAKE_SECONDS
 from hora.jobs.cluster import read_secret, socket_path

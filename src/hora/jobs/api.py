@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hora._transport.liveness import process_start_time
+from hora._proc import process_start_time
 from hora.errors import ConfigError, TimeoutError
 from hora.jobs.runner import JobRunner
 from hora.jobs.spec import JobSpec, parse_spec

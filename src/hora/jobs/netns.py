@@ -23,7 +23,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from hora._transport.liveness import process_alive, process_start_time
+from hora._proc import process_alive, process_start_time
 from hora.errors import HoraError
 
 __all__ = ["HostNetwork", "create", "enter", "free_subnet", "sweep", "unavailable"]

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hora._proc import process_start_time
 from hora._runtime.auth import new_secret
-from hora._transport.liveness import process_start_time
-from hora.errors import HoraError
+from hora.errors import HoraError, HostStartError
 from hora.jobs import _stage, channels, netns
 from hora.jobs.channels import ChannelHandle
 from hora.jobs.cluster import (
@@ -59,10 +59,6 @@ TRACEBACK_LINES = 15
 #: How long the supervisor waits for each non-master host's agent to listen before starting the master anyway
 #: (the master's connections retry for as long again).
 HOST_START_SECONDS = 30.0
-
-
-class HostStartError(HoraError):
-    """A host failed, not a rank: the master could not start hora run or died, or another host never came up."""
 
 
 class _Stop(Exception):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hora.errors import ConfigError
+from hora.errors import ConfigError, SpecError
 
 __all__ = ["ChannelSpec", "JobSpec", "MetricDefinition", "SpecError", "load_spec", "parse_spec", "spec_from_dict"]
 
@@ -42,15 +42,6 @@ FIELDS = (
 )
 CHANNEL_FIELDS = ("uri", "s3_data", "input_mode", "distribution", "content_type", "record_wrapping")
 DISTRIBUTION_FIELDS = ("enabled", "processes_per_host", "custom_mpi_options")
-
-
-class SpecError(ConfigError):
-    """A job spec is invalid; ``problems`` lists every problem found (the message shows them all)."""
-
-    def __init__(self, problems: list[str], source: str = "the job spec") -> None:
-        self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"{source} has {len(problems)} problem{'s' if len(problems) > 1 else ''}:\n{lines}")
 
 
 @dataclass(frozen=True)

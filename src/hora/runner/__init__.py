@@ -19,9 +19,9 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from hora._runtime.environment import without_launcher_variables
 from hora.config import Config
-from hora.errors import ConfigError, HoraError
+from hora.config.launchers import without_launcher_variables
+from hora.errors import ConfigError, RunError
 from hora.runner.allocation import check_not_nested, slurm_allocation
 from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts
 from hora.runner.launch import Failure, LaunchSpec, RunResult, launch
@@ -33,14 +33,6 @@ try:
     import cloudpickle as _pickler
 except ImportError:  # pragma: no cover - optional
     _pickler = pickle
-
-
-class RunError(HoraError):
-    """A job started by :func:`run` failed; ``result`` holds the per-rank outcome and the root cause."""
-
-    def __init__(self, message: str, result: RunResult) -> None:
-        super().__init__(message)
-        self.result = result
 
 
 def host_list(hosts: str | Sequence[HostSlots] | None, hostfile: str | None = None) -> list[HostSlots]:

@@ -15,7 +15,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hora._runtime.environment import detect
+from hora.config.launchers import detect
 from hora.errors import ConfigError
 from hora.runner.hosts import HostSlots
 

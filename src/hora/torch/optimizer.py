@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hora.torch import mpi_ops
+from hora.errors import UnsupportedError
 from hora.torch.compression import Compression
 from hora.torch.mpi_ops import (
     Adasum,
@@ -358,7 +358,7 @@ def DistributedOptimizer(
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum:
-        raise mpi_ops._f.UnsupportedError("op=Adasum is not supported by hora yet; use Average or Sum")
+        raise UnsupportedError("op=Adasum is not supported by hora yet; use Average or Sum")
     if num_groups != 0:
         warnings.warn(
             "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",

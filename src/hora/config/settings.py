@@ -1,105 +1,57 @@
-"""Every hora setting, declared once: its name, type, default, environment variables and help.
+"""Every hora setting, declared once: its name, type, default, environment variables, help, and the ``hora run``
+flag that sets it.
 
 Precedence: an explicit argument (``init(**overrides)`` or ``Config.resolve(overrides=...)``) beats a ``hora run``
 flag, which beats the environment, which beats the default. ``hora run`` turns its flags into ``HORA_*``
 environment variables for the workers, so inside a worker "flag" and "environment" are the same source and the
 launcher's flag wins because the launcher overwrites the inherited variable. Every ``HORA_*`` variable that has a
 Horovod counterpart also accepts the ``HOROVOD_*`` name (the ``HORA_*`` name wins when both are set).
+
+The ``hora run`` command line is generated from the :class:`Flag` of each setting (:mod:`hora.runner.flags`), so a
+flag's help states the setting's real default and variable.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hora.config import parsers
 from hora.errors import ConfigError
 
-__all__ = ["Config", "describe_settings", "env_names", "parse_value"]
+__all__ = ["Config", "Flag", "describe_settings", "env_names", "flag_of", "parse_value", "render", "settings_with_flags"]
 
 log = logging.getLogger(__name__)
 
-_TRUE = {"1", "true", "yes", "on", "y", "t"}
-_FALSE = {"0", "false", "no", "off", "n", "f", ""}
+
+@dataclass(frozen=True)
+class Flag:
+    """The ``hora run`` flag that sets a setting for the workers.
+
+    ``action``: ``value`` (takes an argument, parsed like the setting's variable unless ``convert`` is given),
+    ``store_true`` (present means True) or ``boolean_optional`` (``--x`` / ``--no-x``). ``convert`` turns the flag's
+    text into the setting's value (e.g. MiB into bytes) and raises ``ValueError`` on bad text; ``show_default``
+    renders the default in the flag's unit; ``unit`` notes how the variable differs from the flag. ``group`` is
+    ``run`` for the launcher's own options, ``engine`` for the engine settings group.
+    """
+
+    name: str
+    help: str
+    metavar: str | None = None
+    group: str = "engine"
+    action: str = "value"
+    choices: tuple[str, ...] = ()
+    convert: Callable[[str], Any] | None = None
+    show_default: Callable[[Any], str] | None = None
+    unit: str = ""
 
 
-def _parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"expected one of {sorted(_TRUE | _FALSE - {''})}")
-
-
-def _parse_positive_float(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and math.isfinite(value)):  # also refuses nan and inf: every wait needs a real limit
-        raise ValueError("expected a finite number > 0")
-    return value
-
-
-def _parse_non_negative_float(text: str) -> float:
-    value = float(text)
-    if not (value >= 0 and math.isfinite(value)):  # nan fails the comparison
-        raise ValueError("expected a finite number >= 0")
-    return value + 0.0  # -0.0 becomes 0.0
-
-
-def _parse_non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError("expected a whole number >= 0")
-    return value
-
-
-def _parse_positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError("expected a whole number > 0")
-    return value
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}")
-        return value
-
-    return parse
-
-
-def _log_level(text: str) -> str:
-    value = text.strip().upper()
-    aliases = {"TRACE": "DEBUG", "WARN": "WARNING", "FATAL": "CRITICAL"}
-    value = aliases.get(value, value)
-    if value not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
-        raise ValueError("expected one of trace, debug, info, warning, error, fatal")
-    return value
-
-
-def _port_range(text: str) -> str:
-    """``LOW-HIGH`` (inclusive, 1..65535) or empty for any free port."""
-    value = text.strip()
-    if not value:
-        return ""
-    low, sep, high = value.partition("-")
-    try:
-        lo, hi = int(low), int(high if sep else low)
-    except ValueError:
-        raise ValueError("expected LOW-HIGH, e.g. 29500-29600") from None
-    if not 1 <= lo <= hi <= 65535:
-        raise ValueError("expected LOW-HIGH with 1 <= LOW <= HIGH <= 65535")
-    return f"{lo}-{hi}"
-
-
-def _setting(default: Any, parse: Callable[[str], Any], *env: str, help: str) -> Any:
-    return field(default=default, metadata={"env": env, "parse": parse, "help": help})
+def _setting(default: Any, parse: Callable[[str], Any], *env: str, help: str, flag: Flag | None = None) -> Any:
+    return field(default=default, metadata={"env": env, "parse": parse, "help": help, "flag": flag})
 
 
 @dataclass(frozen=True)
@@ -108,28 +60,30 @@ class Config:
 
     start_timeout: float = _setting(
         30.0,
-        _parse_positive_float,
+        parsers.positive_float,
         "HORA_START_TIMEOUT",
         "HOROVOD_START_TIMEOUT",
         help="Seconds every rank may take to reach the rendezvous before start-up fails naming the missing ranks.",
+        flag=Flag("--start-timeout", "seconds every rank may take to reach the rendezvous", metavar="SECONDS", group="run"),
     )
     op_timeout: float = _setting(
         300.0,
-        _parse_positive_float,
+        parsers.positive_float,
         "HORA_OP_TIMEOUT_SECONDS",
         "HOROVOD_GLOO_TIMEOUT_SECONDS",
         help="Seconds a rank waits for a peer inside an already negotiated collective before raising.",
     )
     transport: str = _setting(
         "auto",
-        _choice("auto", "shm", "tcp"),
+        parsers.choice("auto", "shm", "tcp"),
         "HORA_TRANSPORT",
         help="Data plane: 'shm' (shared memory, one host only), 'tcp', or 'auto' (shm when all ranks share a host; "
         "across hosts, TCP with shared memory within each host as the HORA_HIERARCHICAL_* settings say).",
+        flag=Flag("--transport", "data plane between ranks", group="run", choices=("auto", "shm", "tcp")),
     )
     hierarchical_allreduce: bool = _setting(
         True,
-        _parse_bool,
+        parsers.parse_bool,
         "HORA_HIERARCHICAL_ALLREDUCE",
         "HOROVOD_HIERARCHICAL_ALLREDUCE",
         help=(
@@ -137,10 +91,16 @@ class Config:
             "rings across hosts (each local rank carrying a slice), and a shared-memory allgather (1), or one "
             "flat TCP ring over every rank (0). No effect on one host or with HORA_TRANSPORT=tcp."
         ),
+        flag=Flag(
+            "--hierarchical-allreduce",
+            "on multi-host jobs, allreduce through shared memory within hosts and TCP across them, or (--no-...) "
+            "over one flat TCP ring",
+            action="boolean_optional",
+        ),
     )
     hierarchical_allgather: bool = _setting(
         True,
-        _parse_bool,
+        parsers.parse_bool,
         "HORA_HIERARCHICAL_ALLGATHER",
         "HOROVOD_HIERARCHICAL_ALLGATHER",
         help=(
@@ -148,35 +108,46 @@ class Config:
             "TCP rings across hosts (1), or over one flat TCP ring (0). No effect on one host or with "
             "HORA_TRANSPORT=tcp."
         ),
+        flag=Flag(
+            "--hierarchical-allgather", "the same choice for allgather and broadcast", action="boolean_optional"
+        ),
     )
     shm_chunk_bytes: int = _setting(
         2 << 20,
-        _parse_positive_int,
+        parsers.positive_int,
         "HORA_SHM_CHUNK_BYTES",
         help="Bytes each rank stages per step in the shared-memory transport (its slot holds two such buffers).",
     )
     tcp_chunk_bytes: int = _setting(
         1 << 20,
-        _parse_positive_int,
+        parsers.positive_int,
         "HORA_TCP_CHUNK_BYTES",
         help="Bytes per pipelined piece in the TCP ring.",
     )
     max_frame_bytes: int = _setting(
         64 << 20,
-        _parse_positive_int,
+        parsers.positive_int,
         "HORA_MAX_FRAME_BYTES",
         help="Largest control or rendezvous frame accepted from a peer; longer length fields are rejected unread.",
     )
     fusion_threshold: int = _setting(
         64 * 1024 * 1024,
-        _parse_non_negative_int,
+        parsers.non_negative_int,
         "HORA_FUSION_THRESHOLD",
         "HOROVOD_FUSION_THRESHOLD",
         help="Largest fusion buffer in bytes: ready tensors are packed into one collective up to this size (0 disables fusion).",
+        flag=Flag(
+            "--fusion-threshold-mb",
+            "fuse ready tensors into buffers of up to MB MiB; 0 disables fusion",
+            metavar="MB",
+            convert=parsers.megabytes,
+            show_default=lambda b: f"{b / 2**20:g}",
+            unit="in bytes",
+        ),
     )
     cycle_time_ms: float = _setting(
         1.0,
-        _parse_non_negative_float,
+        parsers.non_negative_float,
         "HORA_CYCLE_TIME",
         "HOROVOD_CYCLE_TIME",
         help=(
@@ -184,35 +155,45 @@ class Config:
             "(a backward pass) is negotiated and fused in one cycle; also the pause between cycles while "
             "collectives are in flight. A thread blocked on its own collective does not wait."
         ),
+        flag=Flag("--cycle-time-ms", "milliseconds to gather asynchronous submissions into one negotiation cycle", metavar="MS"),
     )
     cache_capacity: int = _setting(
         1024,
-        _parse_non_negative_int,
+        parsers.non_negative_int,
         "HORA_CACHE_CAPACITY",
         "HOROVOD_CACHE_CAPACITY",
         help="Entries in the response cache, which lets repeated collectives skip negotiation (0 disables the cache).",
+        flag=Flag("--cache-capacity", "entries in the response cache; 0 disables it", metavar="N"),
     )
     stall_check_disable: bool = _setting(
         False,
-        _parse_bool,
+        parsers.parse_bool,
         "HORA_STALL_CHECK_DISABLE",
         "HOROVOD_STALL_CHECK_DISABLE",
         help="Turn off the stall check (the warning about collectives some ranks submitted and others did not).",
+        flag=Flag("--no-stall-check", "turn off the stall check", action="store_true"),
     )
     stall_check_time: float = _setting(
         60.0,
-        _parse_positive_float,
+        parsers.positive_float,
         "HORA_STALL_CHECK_TIME_SECONDS",
         "HOROVOD_STALL_CHECK_TIME_SECONDS",
         help="Seconds a collective may wait for ranks that have not submitted it before the stall check warns.",
+        flag=Flag("--stall-check-warning-time-seconds", "warn when a collective has waited S seconds for some ranks", metavar="S"),
     )
     stall_shutdown_time: float = _setting(
         0.0,
-        _parse_non_negative_float,
+        parsers.non_negative_float,
         "HORA_STALL_SHUTDOWN_TIME_SECONDS",
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
         help="Seconds a collective may wait for the missing ranks before the stall check shuts the job down "
         "(0: never). If set, it must not be less than the stall check time.",
+        flag=Flag(
+            "--stall-check-shutdown-time-seconds",
+            "shut the job down when a collective has waited S seconds for some ranks; 0 never, else at least "
+            "the warning time",
+            metavar="S",
+        ),
     )
     timeline: str = _setting(
         "",
@@ -220,20 +201,29 @@ class Config:
         "HORA_TIMELINE",
         "HOROVOD_TIMELINE",
         help="File to record the engine's timeline in (empty: no timeline).",
+        flag=Flag(
+            "--timeline-filename",
+            "record a timeline in PATH, relative to this directory",
+            metavar="PATH",
+            convert=os.path.abspath,  # the workers may run elsewhere: they get the path as seen from here
+            show_default=lambda p: p or "none",
+        ),
     )
     timeline_mark_cycles: bool = _setting(
         False,
-        _parse_bool,
+        parsers.parse_bool,
         "HORA_TIMELINE_MARK_CYCLES",
         "HOROVOD_TIMELINE_MARK_CYCLES",
         help="Mark the start of every engine cycle in the timeline.",
+        flag=Flag("--timeline-mark-cycles", "mark every engine cycle in the timeline", action="store_true"),
     )
     log_level: str = _setting(
         "WARNING",
-        _log_level,
+        parsers.log_level,
         "HORA_LOG_LEVEL",
         "HOROVOD_LOG_LEVEL",
         help="Level of the 'hora' logger (trace, debug, info, warning, error, fatal).",
+        flag=Flag("--log-level", "level of hora's own log messages in the workers", group="run", choices=parsers.LOG_LEVELS),
     )
     hostname: str = _setting(
         "",
@@ -286,7 +276,7 @@ class Config:
     )
     port_range: str = _setting(
         "",
-        _port_range,
+        parsers.port_range,
         "HORA_PORT_RANGE",
         help="Ports (LOW-HIGH) each rank's listener may bind, for firewalls between hosts. Default: any free port.",
     )
@@ -325,7 +315,7 @@ class Config:
         problems += _cross_check(values, sources, with_defaults=False)
         if problems:
             raise ConfigError("invalid hora settings:\n  " + "\n  ".join(problems))
-        return {env_names(k)[0]: _render(values[k]) for k, v in settings.items() if v is not None}
+        return {env_names(k)[0]: render(values[k]) for k, v in settings.items() if v is not None}
 
     def to_env(self) -> dict[str, str]:
         """The settings as ``HORA_*`` environment variables (what a launcher hands its workers)."""
@@ -334,11 +324,11 @@ class Config:
             value = getattr(self, f.name)
             if value == f.default:
                 continue
-            out[f.metadata["env"][0]] = _render(value)
+            out[f.metadata["env"][0]] = render(value)
         return out
 
 
-def _render(value: Any) -> str:
+def render(value: Any) -> str:
     """A setting's value as its environment variable spells it (bools as 0/1)."""
     return str(int(value) if isinstance(value, bool) else value)
 
@@ -432,3 +422,17 @@ def describe_settings() -> str:
     for f in dataclasses.fields(Config):
         lines.append(f"{' / '.join(f.metadata['env'])} (default {f.default!r})\n    {f.metadata['help']}")
     return "\n".join(lines)
+
+
+def flag_of(setting: str) -> Flag | None:
+    """The ``hora run`` flag of ``setting`` (None when it has none)."""
+    for f in dataclasses.fields(Config):
+        if f.name == setting:
+            flag: Flag | None = f.metadata["flag"]
+            return flag
+    raise KeyError(setting)
+
+
+def settings_with_flags() -> list[tuple[str, Flag, Any]]:
+    """(setting, its flag, its default) for every setting ``hora run`` has a flag for, in declaration order."""
+    return [(f.name, f.metadata["flag"], f.default) for f in dataclasses.fields(Config) if f.metadata["flag"]]

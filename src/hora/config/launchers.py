@@ -24,6 +24,7 @@ A Slurm batch script (no ``SLURM_STEP_ID``) is one process, not ``SLURM_NTASKS``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,6 +74,9 @@ class LaunchInfo:
     job_key: str = ""
     master_addr: str = ""
     multi_host: bool = False  # the launcher says the ranks span several hosts (rank 0 must listen on a routable address)
+    #: another launcher started this process inside a ``hora run`` worker: the outer job's HORA_* settings
+    #: (rendezvous, secret, job id, host name) are stale here
+    inside_hora_run: bool = False
 
 
 def _int(env: Mapping[str, str], name: str, source: str) -> int:
@@ -166,6 +170,13 @@ def _slurm(env: Mapping[str, str]) -> LaunchInfo:
 def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Read rank and size from the environment of the innermost launcher (see the module's docstring)."""
     env = os.environ if env is None else env
+    info = _detect(env)
+    if info.source not in ("hora", "none") and _set(env, "HORA_RANK"):
+        info = dataclasses.replace(info, inside_hora_run=True)
+    return info
+
+
+def _detect(env: Mapping[str, str]) -> LaunchInfo:
     hora = _set(env, "HORA_RANK", "HORA_SIZE")
     torch_vars = _set(env, "RANK", "WORLD_SIZE")
     if _set(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):

@@ -1,0 +1,52 @@
+"""Every environment variable hora reads that is not a setting (:mod:`.settings`) or a launcher's (:mod:`.launchers`,
+:mod:`.worker_env`), declared once with its meaning, and the one way to read them. Reading a name that is not
+declared here is a bug (``KeyError``), so grep for a variable finds its declaration and its readers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["VARIABLES", "Variable", "environment", "read", "sm_channel_dir"]
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str  # a name ending in '*' declares a family (SM_CHANNEL_*)
+    meaning: str
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("HORA_JOB_HOME", "where hora job keeps its jobs (default ~/.hora)"),
+    Variable("HORA_JOB_ATTEMPT", "set by hora job for a job's ranks: the attempt (1, 2, ... with retries)"),
+    Variable(
+        "HORA_JOB_CONNECT_TIMEOUT",
+        "seconds the master host of a hora job keeps trying to reach another host's agent (default: the job's "
+        "master_timeout)",
+    ),
+    Variable("HORA_S3_ENDPOINT_URL", "S3 endpoint of hora job's channels and artifacts (before AWS_ENDPOINT_URL_S3)"),
+    Variable("AWS_ENDPOINT_URL_S3", "the AWS SDKs' S3 endpoint variable, honoured by hora job"),
+    Variable("SM_CHANNEL_*", "SageMaker: the directory of an input channel (read by hora.data.PipeDataset)"),
+    Variable("SM_INPUT_DIR", "SageMaker: the job's input directory (default /opt/ml/input)"),
+)
+_NAMES = {v.name for v in VARIABLES}
+_FAMILIES = tuple(v.name[:-1] for v in VARIABLES if v.name.endswith("*"))
+
+
+def read(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The value of the declared variable ``name`` in ``env`` (default: this process's environment), or None."""
+    if name not in _NAMES and not name.startswith(_FAMILIES):
+        raise KeyError(f"{name} is not declared in hora.config.variables")
+    return (os.environ if env is None else env).get(name)
+
+
+def sm_channel_dir(channel: str, env: Mapping[str, str] | None = None) -> str | None:
+    """``SM_CHANNEL_<CHANNEL>``: where SageMaker (and hora job) put the channel's data, or None."""
+    return read(f"SM_CHANNEL_{channel.upper()}", env)
+
+
+def environment() -> dict[str, str]:
+    """A copy of this process's environment, to start a child process with (after changes of its own)."""
+    return dict(os.environ)
