@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from hora._crc32c import IMPLEMENTATION
 from hora.data import encode_tfrecord
+from hora.data.crc32c import IMPLEMENTATION
 from hora.jobs.channels import stage_channel
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")

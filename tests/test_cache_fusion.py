@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import random
 
+from hora._dtypes import ReduceOp
 from hora._engine.cache import ResponseCache, cacheable
 from hora._engine.fusion import nbytes, plan
 from hora._engine.messages import Kind, Request, Response
-from hora._dtypes import ReduceOp
 
 
 def ar(name, shape=(4,), dtype="float32", op=ReduceOp.SUM, pre=1.0, post=1.0):

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from hora.config import Config
-from hora.runner.launch import LaunchSpec, worker_env
+from hora.config.worker_env import WORKER_VARIABLES, worker_env
 
 DOCS = Path(__file__).parent.parent / "docs"
 
@@ -20,6 +20,12 @@ def test_every_setting_is_documented():
 
 def test_every_worker_variable_is_documented():
     text = (DOCS / "launchers.md").read_text()
-    env = worker_env(LaunchSpec(["true"], 2, env={}), 1, ("127.0.0.1", 1234), b"s" * 32, "job", 4321)
+    env = worker_env(
+        {}, rank=1, size=2, local_rank=1, local_size=2, cross_rank=0, cross_size=1, host="localhost",
+        rendezvous=("127.0.0.1", 1234), secret=b"s" * 32, job_id="job", master_addr="127.0.0.1", master_port=4321,
+        bind_addr="10.0.0.7",
+    )  # fmt: skip
+    declared = {name for v in WORKER_VARIABLES for name in v.names}
+    assert set(env) == declared, "worker_env writes exactly the variables of the contract table"
     for name in env:
         assert f"`{name}" in text, f"{name} is missing from the table in docs/launchers.md"

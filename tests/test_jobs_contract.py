@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hora.jobs import JobStore, parse_spec, start_job
-from hora.jobs.contract import to_cmd_args
+from hora.jobs.sagemaker_env import to_cmd_args
 
 HPS = {"epochs": 3, "lr": 0.1, "name": "adam", "flag": True, "off": False, "layers": [1, 2],
        "opts": {"b": 2, "a": "x"}, "n": 5, "empty": None}

@@ -168,7 +168,7 @@ def test_every_rank_descends_from_its_own_hosts_process_tree(tmp_path):
         agents = [c for c in chain if "hora.jobs._host" in c]
         assert len(agents) == 1 and agents[0].split()[-2] == host, chain
         if host == "algo-2":  # started by algo-1's hora run through algo-2's agent, not by algo-1 itself
-            assert any("hora.runner._remote" in c for c in chain), chain
+            assert any("hora.runner.host_agent" in c for c in chain), chain
 
 
 SUICIDE = """

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hora._engine.messages import Kind, Request, Response, decode, encode
 from hora._dtypes import ReduceOp
+from hora._engine.messages import Kind, Request, Response, decode, encode
 from hora._engine.negotiation import Coordinator, format_ranks
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hora import _crc32c
 from hora.data import PipeDataset, encode_tfrecord, iter_tfrecords
+from hora.data import crc32c as _crc32c
 from hora.errors import ChannelError, ConfigError, RecordError, StorageError, TimeoutError
 from hora.jobs.channels import stage_channel
 

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from hora._runtime.auth import Role, client_handshake
-from hora._wire import recv_exact, recv_frame, send_frame
 from hora._runtime.rendezvous import RendezvousClient, RendezvousServer
+from hora._wire import recv_exact, recv_frame, send_frame
 from hora.errors import AuthenticationError, HoraError, RendezvousError
 
 SECRET = b"s" * 32

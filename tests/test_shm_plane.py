@@ -23,11 +23,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hora._dtypes import ReduceOp
-from hora._transport import shm
-from hora._dtypes import DTYPES, HALF
-from hora._transport.base import Transport, SelfTransport
+from hora._dtypes import DTYPES, HALF, ReduceOp
 from hora._proc import process_start_time
+from hora._transport import shm
+from hora._transport.base import SelfTransport, Transport
 from hora._transport.shm import ShmTransport, _parts, segment_path
 from hora._transport.tcp import TcpTransport
 

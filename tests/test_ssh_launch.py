@@ -155,8 +155,8 @@ def test_secret_never_appears_on_a_command_line(netns_cluster, tmp_path):
                 except OSError:
                     pass
         # the scan saw the SSH clients and the remote agents (so it looked where a leak would be)...
-        agents = [p for p, cmd in cmdlines.items() if "hora.runner._remote" in cmd]
-        assert sum("hora.runner._remote" in cmd and cmd.startswith("ssh") for cmd in cmdlines.values()) == 2
+        agents = [p for p, cmd in cmdlines.items() if "hora.runner.host_agent" in cmd]
+        assert sum("hora.runner.host_agent" in cmd and cmd.startswith("ssh") for cmd in cmdlines.values()) == 2
         assert len(agents) >= 4, cmdlines  # two ssh clients + two agents (+ the remote login shells' exec)
         # ...and the secret is on no command line, nor in the environment of the ssh clients or the agents
         assert not [p for p, cmd in cmdlines.items() if secret in cmd]
@@ -247,7 +247,7 @@ def test_network_interface_that_does_not_exist():
 
 
 def test_interface_address_of_loopback():
-    from hora.runner._protocol import interface_address
+    from hora.runner.agent_protocol import interface_address
 
     assert interface_address("lo") == "127.0.0.1"
 
@@ -319,7 +319,7 @@ def test_lost_host_is_reported_and_the_rest_of_the_job_stopped(netns_cluster):
     proc = _start_sleeping_job(c, marker)
     try:
         second = c.processes_in(c.hosts[1].netns)
-        agents = [pid for pid in second if b"hora.runner._remote" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        agents = [pid for pid in second if b"hora.runner.host_agent" in Path(f"/proc/{pid}/cmdline").read_bytes()]
         assert len(agents) == 1, agents
         os.kill(agents[0], signal.SIGKILL)
         _, stderr = proc.communicate(timeout=60)

@@ -50,6 +50,11 @@ class Flag:
     unit: str = ""
 
 
+def _absolute(path: str) -> str:
+    """A path made absolute (empty stays empty: no file)."""
+    return os.path.abspath(path) if path else ""
+
+
 def _setting(default: Any, parse: Callable[[str], Any], *env: str, help: str, flag: Flag | None = None) -> Any:
     return field(default=default, metadata={"env": env, "parse": parse, "help": help, "flag": flag})
 
@@ -205,7 +210,7 @@ class Config:
             "--timeline-filename",
             "record a timeline in PATH, relative to this directory",
             metavar="PATH",
-            convert=os.path.abspath,  # the workers may run elsewhere: they get the path as seen from here
+            convert=_absolute,  # the workers may run elsewhere: they get the path as seen from here
             show_default=lambda p: p or "none",
         ),
     )

@@ -24,9 +24,11 @@ from collections import deque
 from pathlib import Path
 from typing import IO
 
+from hora._proc import die_with_parent
+from hora.config.launchers import detect
+from hora.config.variables import environment, read
 from hora.jobs.cluster import host_index_of_rank, record_attempt
 from hora.jobs.store import JobStore
-from hora.runner.launch import _child_setup
 
 TAIL_LINES = 60
 FLUSH_SECONDS = 1.0
@@ -149,11 +151,11 @@ def _pump(proc: subprocess.Popen[bytes], pump: _Pump) -> None:
 def main() -> None:
     job_dir = Path(sys.argv[1])
     plan = json.loads((job_dir / "hora" / "plan.json").read_text())
-    rank = int(os.environ["HORA_RANK"])
-    attempt = int(os.environ.get("HORA_JOB_ATTEMPT", "1"))
+    rank = detect().rank
+    attempt = int(read("HORA_JOB_ATTEMPT") or "1")
     host = plan["hosts"][host_index_of_rank(rank, plan["processes_per_host"])]
     host_env = json.loads((job_dir / "hora" / f"env-{host}.json").read_text())
-    env = rank_env(dict(os.environ), plan, host_env, rank)
+    env = rank_env(environment(), plan, host_env, rank)
     # The script ends itself on SIGTERM (hora run signals the whole group); this wrapper keeps pumping its output
     # until it has gone, and dies with it on SIGKILL.
     signal.signal(signal.SIGTERM, lambda *_: None)
@@ -167,7 +169,7 @@ def main() -> None:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            preexec_fn=_child_setup,  # the script dies with this wrapper, even one SIGKILLed alone
+            preexec_fn=die_with_parent,  # the script dies with this wrapper, even one SIGKILLed alone
         )
     except OSError as exc:
         pump.line("stderr", f"hora job: cannot start {plan['command'][0]!r}: {exc.strerror}")

@@ -32,8 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hora._proc import die_with_parent
 from hora._runtime.auth import Role, server_handshake
 from hora._wire import recv_exact, send_frame
+from hora.config.variables import environment
 from hora.errors import HoraError
 from hora.jobs.cluster import read_secret, record_attempt, socket_path
 
@@ -43,7 +45,7 @@ __all__ = ["MASTER_NEVER_CAME", "main"]
 MASTER_NEVER_CAME = 3
 MAX_REQUEST = 1 << 20
 HANDSHAKE_SECONDS = 10.0
-JOB_SESSION_MARK = "hora.runner._remote"  # the master's session that runs this host's ranks
+JOB_SESSION_MARK = "hora.runner.host_agent"  # the master's session that runs this host's ranks
 
 
 def _say(host: str, message: str) -> None:
@@ -83,11 +85,9 @@ class _Session:
             request = json.loads(body[:length])
             command = str(request["command"])
             self.is_job = JOB_SESSION_MARK in command
-            from hora.runner.launch import _child_setup
-
             self.proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=fds[0], stdout=fds[1], stderr=fds[2],
                                          env=self.env, cwd=self.cwd, start_new_session=True,
-                                         preexec_fn=_child_setup)
+                                         preexec_fn=die_with_parent)
         except (HoraError, OSError, ValueError, KeyError) as exc:
             _say(host, f"refused a connection: {exc}")
             self.conn.close()
@@ -144,7 +144,7 @@ def serve(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> int:
     sessions: list[_Session] = []
     job_done = threading.Event()
     job_started = threading.Event()
-    env = dict(os.environ)
+    env = environment()
     index = plan["hosts"].index(host)
     env["SSH_CONNECTION"] = f"{plan['addresses'][0]} 0 {plan['addresses'][index]} 22"
     cwd = str(job_dir / "hosts" / host)
@@ -198,7 +198,7 @@ def run_master(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> 
     spec = LaunchSpec(
         [sys.executable, "-m", "hora.jobs._entry", str(job_dir)],
         len(plan["hosts"]) * plan["processes_per_host"],
-        env=dict(os.environ),
+        env=environment(),
         settings=plan["run_settings"],
         prefix_output=False,
         grace=float(plan["grace"]),

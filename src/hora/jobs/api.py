@@ -17,6 +17,7 @@ from hora._proc import process_start_time
 from hora.errors import ConfigError, TimeoutError
 from hora.jobs.runner import JobRunner
 from hora.jobs.spec import JobSpec, parse_spec
+from hora.jobs.states import JobStatus, SecondaryStatus
 from hora.jobs.store import JobRecord, JobStore
 
 __all__ = ["Estimator", "reconcile", "start_job", "stop_job", "wait_job"]
@@ -59,7 +60,7 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
     store.update(record.name, ended=time.time(), failure_reason=(
         f"InternalError: the job's supervisor (pid {record.supervisor_pid}) died without finishing the job; "
         "its ranks died with it"))
-    store.transition(record.name, "Failed", "Failed", "the supervisor died")
+    store.transition(record.name, JobStatus.Failed, SecondaryStatus.Failed, "the supervisor died")
     return store.get(record.name)
 
 
@@ -98,10 +99,10 @@ def stop_job(store: JobStore, name: str) -> JobRecord:
     if pid is None:
         if record.supervisor_pid is None:
             raise ConfigError(f"job {name!r} has no supervisor yet; try again in a moment")
-        store.transition(name, "Stopped", "Stopped", "the supervisor had already gone")
+        store.transition(name, JobStatus.Stopped, SecondaryStatus.Stopped, "the supervisor had already gone")
         store.update(name, ended=time.time(), failure_reason="the job's supervisor process was gone when stopped")
         return store.get(name)
-    store.transition(name, "InProgress", "Stopping", "stop requested")
+    store.transition(name, JobStatus.InProgress, SecondaryStatus.Stopping, "stop requested")
     os.kill(pid, signal.SIGTERM)
     return store.get(name)
 

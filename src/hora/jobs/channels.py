@@ -16,7 +16,7 @@ and, for artifacts, ``upload(model_tar_gz, output_path)``.
   directory (to the S3 prefix), reporting :class:`TransferProgress` to ``progress`` at most every
   ``progress_interval`` seconds and once at the end.
 * **Pipe mode** creates no copy: ``dest_dir.parent/<channel>_<epoch>`` FIFOs are fed by a thread as the script
-  reads them (:mod:`hora.jobs.pipe`; the reader is :class:`hora.data.PipeDataset`).
+  reads them (:mod:`hora.jobs.pipe_feeder`; the reader is :class:`hora.data.PipeDataset`).
 * **Distribution.** ``FullyReplicated`` gives every host every object. ``ShardedByS3Key`` sorts the objects by key
   (by relative path for a local directory) and gives host ``i`` (0-based: ``algo-1`` is 0) of ``n`` the objects
   ``i, i + n, i + 2n, ...``: deterministic, disjoint, and together all of them.
@@ -40,7 +40,7 @@ from typing import Any, BinaryIO
 
 from hora.errors import ChannelError, ConfigError, StorageError
 from hora.jobs import s3
-from hora.jobs.pipe import PipeFeeder, Readable
+from hora.jobs.pipe_feeder import PipeFeeder, Readable
 
 log = logging.getLogger(__name__)
 

@@ -46,6 +46,7 @@ def job_main(args: argparse.Namespace) -> int:
     from hora.jobs import views
     from hora.jobs.api import reconcile, start_job, stop_job, wait_job
     from hora.jobs.spec import load_spec
+    from hora.jobs.states import JobStatus
     from hora.jobs.store import JobStore
 
     store = JobStore(args.home)
@@ -61,7 +62,7 @@ def job_main(args: argparse.Namespace) -> int:
             _progress(f"job {spec.job_name}: {spec.instance_count} host(s) x {spec.processes_per_host} process(es)")
             record = start_job(spec, store, wait=True, progress=_progress)
             print(views.summary(record), file=sys.stderr, flush=True)
-            return 0 if record.status == "Completed" else 1
+            return 0 if record.status == JobStatus.Completed else 1
         if args.job_cmd == "list":
             print(views.job_table([reconcile(store, r) for r in store.jobs()]))
         elif args.job_cmd == "describe":

@@ -14,11 +14,11 @@ done and how to fix it (no credentials, refused credentials, missing bucket, unr
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from hora.config.variables import read
 from hora.errors import ConfigError, StorageError
 
 __all__ = [
@@ -88,7 +88,7 @@ def resolve_endpoint_url(explicit: str | None = None) -> str | None:
     if explicit:
         return explicit
     for name in ENDPOINT_ENV:
-        value = os.environ.get(name)
+        value = read(name)
         if value:
             return value
     return None

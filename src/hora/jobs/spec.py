@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hora.errors import ConfigError, SpecError
+from hora.runner.flags import LAUNCHER_OPTIONS, parse_run_options, settings_from_args
 
 __all__ = ["ChannelSpec", "JobSpec", "MetricDefinition", "SpecError", "load_spec", "parse_spec", "spec_from_dict"]
 
@@ -446,32 +447,20 @@ def _channel(name: str, value: Any, job_mode: str, base: Path, c: _Checker) -> C
 def _run_settings(options: str, c: _Checker) -> dict[str, Any]:
     """``custom_mpi_options`` are ``hora run`` flags (``--fusion-threshold-mb 32 --transport tcp``): check them
     with hora run's own parser, so a typo is a spec error instead of a failed launch."""
-    import argparse
-    import contextlib
-    import io
-
-    from hora import cli
-
     try:
         words = shlex.split(options)
     except ValueError as exc:
         c.add(f"custom_mpi_options {options!r} cannot be split into words: {exc}")
         return {}
-    parser = argparse.ArgumentParser(prog="hora run", add_help=False)
-    sub = parser.add_subparsers(dest="cmd")
-    cli._run_parser(sub)
-    err = io.StringIO()
     try:
-        with contextlib.redirect_stderr(err):
-            args = parser.parse_args(["run", *words, "--", "true"])
-    except SystemExit:
-        last = err.getvalue().strip().splitlines()[-1:] or ["not valid"]
-        c.add(f"custom_mpi_options {options!r} are not valid hora run options: {last[0]}")
+        args = parse_run_options(words)
+    except ConfigError as exc:
+        c.add(f"custom_mpi_options {options!r} are not valid hora run options: {exc}")
         return {}
-    for flag in ("np", "hosts", "output_filename"):
-        if getattr(args, flag, None) is not None:
-            c.add(f"custom_mpi_options may not set {flag}: hora job sets the ranks and hosts itself")
-    return cli._settings(args)
+    for option in LAUNCHER_OPTIONS:
+        if getattr(args, option, None) is not None:
+            c.add(f"custom_mpi_options may not set {option}: hora job sets the ranks and hosts itself")
+    return settings_from_args(args)
 
 
 def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:

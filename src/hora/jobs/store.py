@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hora.config.variables import read
 from hora.errors import ConfigError
+from hora.jobs.states import TERMINAL, JobStatus, SecondaryStatus
 
 __all__ = ["JobRecord", "JobStore", "default_home"]
 
-TERMINAL = ("Completed", "Failed", "Stopped")
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     name TEXT PRIMARY KEY,
@@ -52,15 +54,15 @@ CREATE INDEX IF NOT EXISTS metrics_job ON metrics (job, name, timestamp);
 
 
 def default_home() -> Path:
-    home = os.environ.get("HORA_JOB_HOME")
+    home = read("HORA_JOB_HOME")
     return Path(home).expanduser() if home else Path.home() / ".hora"
 
 
 @dataclass
 class JobRecord:
     name: str
-    status: str
-    secondary_status: str
+    status: JobStatus
+    secondary_status: SecondaryStatus
     job_dir: str
     spec: dict[str, Any]
     created: float
@@ -117,14 +119,14 @@ class JobStore:
             try:
                 db.execute(
                     "INSERT INTO jobs (name, status, secondary_status, job_dir, spec, created) VALUES (?,?,?,?,?,?)",
-                    (name, "InProgress", "Starting", str(self.job_dir(name)), json.dumps(spec), now),
+                    (name, JobStatus.InProgress, SecondaryStatus.Starting, str(self.job_dir(name)), json.dumps(spec), now),
                 )
             except sqlite3.IntegrityError:
                 raise ConfigError(
                     f"a job named {name!r} already exists in {self.db_path}; choose another job_name "
                     "(or leave it out for a generated one)"
                 ) from None
-            db.execute("INSERT INTO transitions VALUES (?,?,?,?,?)", (name, now, "InProgress", "Starting", "job created"))
+            db.execute("INSERT INTO transitions VALUES (?,?,?,?,?)", (name, now, JobStatus.InProgress, SecondaryStatus.Starting, "job created"))
         return self.get(name)
 
     def get(self, name: str) -> JobRecord:
@@ -138,7 +140,7 @@ class JobStore:
     @staticmethod
     def _record(r: dict[str, Any]) -> JobRecord:
         return JobRecord(
-            r["name"], r["status"], r["secondary_status"], r["job_dir"], json.loads(r["spec"]), r["created"],
+            r["name"], JobStatus(r["status"]), SecondaryStatus(r["secondary_status"]), r["job_dir"], json.loads(r["spec"]), r["created"],
             r["started"], r["ended"], r["attempts"], r["failure_reason"], r["exit_code"], r["supervisor_pid"],
             bool(r["stop_requested"]), json.loads(r["artifacts"]),
         )
@@ -157,7 +159,7 @@ class JobStore:
         with self._db() as db:
             db.execute(f"UPDATE jobs SET {sets} WHERE name = ?", (*fields.values(), name))
 
-    def transition(self, name: str, status: str, secondary: str, message: str = "") -> None:
+    def transition(self, name: str, status: JobStatus, secondary: SecondaryStatus, message: str = "") -> None:
         now = time.time()
         with self._db() as db:
             db.execute("UPDATE jobs SET status = ?, secondary_status = ? WHERE name = ?", (status, secondary, name))

@@ -21,10 +21,12 @@ from typing import Any
 
 from hora.config import Config
 from hora.config.launchers import without_launcher_variables
+from hora.config.variables import environment
 from hora.errors import ConfigError, RunError
 from hora.runner.allocation import check_not_nested, slurm_allocation
 from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts
-from hora.runner.launch import Failure, LaunchSpec, RunResult, launch
+from hora.runner.launch import LaunchSpec, launch
+from hora.runner.result import Failure, RunResult
 from hora.runner.ssh import SshOptions
 
 __all__ = ["Failure", "RunError", "RunResult", "run", "run_command"]
@@ -96,7 +98,7 @@ def run_command(
     Raises:
         HostError: a remote host cannot be used (unreachable, refusing SSH, rejecting the key, not answering).
     """
-    outer = os.environ if env is None else env
+    outer = environment() if env is None else env
     check_not_nested(outer)
     allocation = slurm_allocation(outer) if hosts is None and hostfile is None else None
     slots = allocation.hosts if allocation else host_list(hosts, hostfile)
@@ -159,12 +161,12 @@ def run(
     try:
         with open(os.path.join(workdir, "fn.pkl"), "wb") as f:
             _pickler.dump((fn, tuple(args), dict(kwargs or {})), f)
-        base = dict(os.environ if env is None else env)
+        base = dict(environment() if env is None else env)
         path = [p for p in sys.path if p]
         if base.get("PYTHONPATH"):
             path.append(base["PYTHONPATH"])
         base["PYTHONPATH"] = os.pathsep.join(path)
-        command = [sys.executable, "-m", "hora.runner._worker", workdir]
+        command = [sys.executable, "-m", "hora.runner.function_worker", workdir]
         result = run_command(command, np, hosts, base, None, capture, verbose, timeout, None, **settings)
         if result.exit_code != 0:
             raise RunError(result.report() or f"the job failed with exit code {result.exit_code}", result)

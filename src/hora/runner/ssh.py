@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hora.errors import ConfigError, HostError
-from hora.runner._protocol import interface_address
+from hora.runner.agent_protocol import interface_address
 
 __all__ = ["SshOptions", "advertise_address", "preflight", "remote_agent_command", "ssh_command"]
 
@@ -203,4 +203,4 @@ def advertise_address(remote_hosts: Sequence[str], interface: str | None, seen: 
 def remote_agent_command(python: str, pythonpath: str | None) -> str:
     """The shell command that starts the agent on a remote host (its job, secret included, follows on stdin)."""
     env = f"PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
-    return f"{env}exec {shlex.quote(python)} -u -m hora.runner._remote"
+    return f"{env}exec {shlex.quote(python)} -u -m hora.runner.host_agent"

@@ -35,79 +35,19 @@ import io
 import os
 import select
 import stat
-import struct
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from hora._crc32c import masked_crc32c
-from hora.errors import ChannelError, ConfigError, RecordError, TimeoutError
+from hora.config.variables import read, sm_channel_dir
+from hora.data.tfrecord import iter_tfrecords
+from hora.errors import ChannelError, ConfigError, TimeoutError
 
-__all__ = ["RECORD_FORMATS", "PipeDataset", "encode_tfrecord", "iter_tfrecords"]
+__all__ = ["RECORD_FORMATS", "PipeDataset"]
 
 RECORD_FORMATS = ("text", "tfrecord")
-_HEADER = struct.Struct("<QI")
-_FOOTER = struct.Struct("<I")
 _POLL_S = 0.5
-
-
-def encode_tfrecord(data: bytes) -> bytes:
-    """One record in TFRecord framing (what ``tf.io.TFRecordWriter`` writes for ``data``, uncompressed)."""
-    length = struct.pack("<Q", len(data))
-    return length + _FOOTER.pack(masked_crc32c(length)) + data + _FOOTER.pack(masked_crc32c(data))
-
-
-def iter_tfrecords(stream: BinaryIO, *, source: str = "<stream>", check_crc: bool = True) -> Iterator[bytes]:
-    """Yields the records of a TFRecord byte stream, checking both CRCs of each unless ``check_crc`` is false.
-
-    Raises:
-        RecordError: a CRC does not match or the stream ends inside a record; the message names ``source`` and
-            the byte offset where the record starts.
-    """
-    offset = 0
-    while True:
-        header = _read_exact(stream, _HEADER.size)
-        if not header:
-            return
-        if len(header) < _HEADER.size:
-            raise RecordError(
-                f"truncated TFRecord in {source} at offset {offset}: the stream ends after {len(header)} of the "
-                f"{_HEADER.size} header bytes"
-            )
-        length, length_crc = _HEADER.unpack(header)
-        if check_crc and masked_crc32c(header[:8]) != length_crc:
-            raise RecordError(
-                f"corrupt TFRecord in {source} at offset {offset}: the length field's CRC does not match "
-                f"(stored {length_crc:#010x}, computed {masked_crc32c(header[:8]):#010x}); the data is damaged or "
-                "is not TFRecord (use record_format='text' for text)"
-            )
-        body = _read_exact(stream, length + _FOOTER.size)
-        if len(body) < length + _FOOTER.size:
-            raise RecordError(
-                f"truncated TFRecord in {source} at offset {offset}: the record says {length} data bytes but the "
-                f"stream ends after {len(body)} of its {length + _FOOTER.size} data and CRC bytes"
-            )
-        data = body[:length]
-        (data_crc,) = _FOOTER.unpack(body[length:])
-        if check_crc and masked_crc32c(data) != data_crc:
-            raise RecordError(
-                f"corrupt TFRecord in {source} at offset {offset}: the data CRC of the {length}-byte record does "
-                f"not match (stored {data_crc:#010x}, computed {masked_crc32c(data):#010x})"
-            )
-        yield data
-        offset += _HEADER.size + length + _FOOTER.size
-
-
-def _read_exact(stream: BinaryIO, n: int) -> bytes:
-    parts = []
-    while n > 0:
-        chunk = stream.read(n)
-        if not chunk:
-            break
-        parts.append(chunk)
-        n -= len(chunk)
-    return b"".join(parts)
 
 
 class _FifoReader(io.RawIOBase):
@@ -258,8 +198,8 @@ def _resolve(channel: str) -> tuple[Path | None, str]:
         return None, str(path)
     if not channel:
         raise ConfigError("PipeDataset needs a channel name or path, got ''")
-    env_path = os.environ.get(f"SM_CHANNEL_{channel.upper()}")
+    env_path = sm_channel_dir(channel)
     if env_path:
         return None, str(Path(env_path).parent / channel)
-    input_dir = os.environ.get("SM_INPUT_DIR", "/opt/ml/input")
+    input_dir = read("SM_INPUT_DIR") or "/opt/ml/input"
     return None, str(Path(input_dir) / "data" / channel)

@@ -1,4 +1,4 @@
-"""The hora agent that ``hora run`` starts on each remote host over SSH: ``python -m hora.runner._remote``.
+"""The hora agent that ``hora run`` starts on each remote host over SSH: ``python -m hora.runner.host_agent``.
 
 It reads its job description, the job secret included, as one length-prefixed JSON message on stdin, so the secret
 never appears on a command line or in the SSH command's environment string (``ps`` on either host cannot show it).
@@ -12,7 +12,6 @@ outlives its launcher. The agent's own parent-death signal covers an sshd that g
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
@@ -25,7 +24,9 @@ import threading
 import time
 from typing import IO, Any
 
-from hora.runner._protocol import (
+from hora._proc import die_with_parent, kill_group, set_parent_death_signal
+from hora.config.variables import environment
+from hora.runner.agent_protocol import (
     CLOSED,
     ERROR,
     EXITED,
@@ -36,13 +37,6 @@ from hora.runner._protocol import (
     interface_address,
     read_message,
 )
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _child_setup() -> None:  # the forked rank, before exec: die with the agent
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class _Agent:
@@ -70,7 +64,7 @@ class _Agent:
                 self.stop(signal.SIGTERM)
 
     def start(self) -> None:
-        env = dict(os.environ)
+        env = environment()
         env.update(self.job["env"])
         iface = self.job.get("network_interface")
         if iface:
@@ -84,7 +78,7 @@ class _Agent:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=_child_setup,
+                preexec_fn=die_with_parent,  # the forked rank dies with the agent
             )
             self.procs[rank] = proc
             for stream, pipe in ((1, proc.stdout), (2, proc.stderr)):
@@ -97,10 +91,7 @@ class _Agent:
     def signal(self, sig: int, ranks: list[int] | None = None) -> None:
         for rank, proc in self.procs.items():
             if (ranks is None or rank in ranks) and rank not in self.codes:
-                try:
-                    os.killpg(proc.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                kill_group(proc.pid, sig)
 
     def stop(self, sig: int) -> None:
         if self.stopping_at is None:
@@ -133,10 +124,7 @@ class _Agent:
             code = proc.poll()
             if code is not None:
                 self.codes[rank] = code
-                try:  # whatever is left of its session goes with it
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                kill_group(proc.pid, signal.SIGKILL)  # whatever is left of its session goes with it
                 self.send(EXITED, rank, 0, json.dumps({"code": code}).encode())
         if self.stopping_at is not None and time.monotonic() - self.stopping_at > self.grace:
             self.signal(signal.SIGKILL)
@@ -147,8 +135,7 @@ class _Agent:
 
 
 def main() -> int:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)  # sshd's session ended without closing our stdin
+    set_parent_death_signal(signal.SIGTERM)  # sshd's session ended without closing our stdin
     # Frames own the real stdout; anything else printed (a stray print, a warning) goes to stderr instead.
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)

@@ -1,6 +1,6 @@
 """Entry point of the ranks started by :func:`hora.runner.run` with a Python function.
 
-``python -m hora.runner._worker DIR``: loads ``DIR/fn.pkl`` (function, args, kwargs), runs it, and writes the
+``python -m hora.runner.function_worker DIR``: loads ``DIR/fn.pkl`` (function, args, kwargs), runs it, and writes the
 return value to ``DIR/result.<rank>.pkl``. The directory is private to the launching user (0700); nothing here
 comes from the network.
 """
@@ -13,13 +13,15 @@ import pickle
 import signal
 import sys
 
+from hora.config.launchers import detect
+
 
 def main() -> None:
     faulthandler.register(
         signal.SIGUSR1, all_threads=True
     )  # hora.runner.run(timeout=...) dumps stacks this way
     directory = sys.argv[1]
-    rank = int(os.environ["HORA_RANK"])
+    rank = detect().rank
     with open(os.path.join(directory, "fn.pkl"), "rb") as f:
         fn, args, kwargs = pickle.load(f)
     result = fn(*args, **kwargs)

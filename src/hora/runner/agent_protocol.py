@@ -1,4 +1,4 @@
-"""The wire format between ``hora run`` and its agent on a remote host (:mod:`hora.runner._remote`).
+"""The wire format between ``hora run`` and its agent on a remote host (:mod:`hora.runner.host_agent`).
 
 Launcher -> agent, on the SSH session's stdin: a 4-byte length and a JSON object (first the job description, which
 holds the secret; then signal requests). Agent -> launcher, on its stdout: binary frames, a header (kind, rank,
@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import socket
 import struct
 from typing import IO, Any
+
+from hora._wire import read_fd
 
 __all__ = ["HEADER", "MAX_JOB_BYTES", "interface_address", "read_message", "write_message"]
 
@@ -30,26 +31,22 @@ def write_message(f: IO[bytes], message: dict[str, Any]) -> None:
     f.flush()
 
 
-def _read_exact(fd: int, n: int) -> bytes:
-    chunks = []
-    while n:
-        data = os.read(fd, min(n, 1 << 20))
-        if not data:
-            raise EOFError
-        chunks.append(data)
-        n -= len(data)
-    return b"".join(chunks)
-
-
 def read_message(fd: int, limit: int = MAX_JOB_BYTES) -> dict[str, Any]:
     """Read one launcher -> agent message; EOFError when the launcher closed the stream."""
-    (length,) = _LEN.unpack(_read_exact(fd, _LEN.size))
+    (length,) = _LEN.unpack(_read_all(fd, _LEN.size))
     if length > limit:
         raise ValueError(f"a message of {length} bytes is more than the {limit} allowed")
-    message = json.loads(_read_exact(fd, length))
+    message = json.loads(_read_all(fd, length))
     if not isinstance(message, dict):
         raise ValueError("a message must be a JSON object")
     return message
+
+
+def _read_all(fd: int, n: int) -> bytes:
+    data = read_fd(fd, n)
+    if len(data) < n:
+        raise EOFError
+    return data
 
 
 def interface_address(name: str) -> str:

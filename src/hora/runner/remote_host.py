@@ -1,4 +1,4 @@
-"""The launcher's side of a remote host: one SSH session running the hora agent (:mod:`hora.runner._remote`).
+"""The launcher's side of a remote host: one SSH session running the hora agent (:mod:`hora.runner.host_agent`).
 
 The job description and the secret go to the agent on the session's stdin; the agent's frames come back on its
 stdout and are turned into rank pids, output lines (through the launcher's :class:`OutputPump`, so remote ranks are
@@ -10,7 +10,6 @@ every remote rank, down too.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
-from hora.runner._protocol import CLOSED, ERROR, EXITED, HEADER, HELLO, OUTPUT, STARTED, write_message
+from hora._proc import kill_group
+from hora._wire import read_fully
+from hora.runner.agent_protocol import CLOSED, ERROR, EXITED, HEADER, HELLO, OUTPUT, STARTED, write_message
 from hora.runner.output import OutputPump
 
 __all__ = ["RemoteHost", "RemoteRank"]
@@ -220,17 +221,9 @@ class RemoteHost:
 
     def kill(self) -> None:
         if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            kill_group(self.proc.pid, signal.SIGKILL)
 
 
 def _read_exact(f: IO[bytes], n: int) -> bytes | None:
-    data = b""
-    while len(data) < n:
-        chunk = f.read(n - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return data
+    data = read_fully(f.read, n)
+    return data if len(data) == n else None

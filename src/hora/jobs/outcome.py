@@ -1,0 +1,145 @@
+"""Judging an attempt and keeping what it made: the master's record of hora run's outcome, the failure reason
+(SageMaker's ``FailureReason``: a script's own output/failure file, else the rank that failed first with its
+traceback), and the artifacts archived from every host."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from hora.errors import HoraError, HostStartError
+from hora.jobs import channels
+from hora.jobs.cluster import host_index_of_rank, record_attempt
+from hora.jobs.sagemaker_env import HostLayout, host_layout
+from hora.runner.result import Failure, RunResult, root_cause
+
+__all__ = ["TRACEBACK_LINES", "archive", "describe_code", "failure_reason", "master_result", "merge_tar"]
+
+TRACEBACK_LINES = 15
+
+
+def traceback_tail(lines: list[str]) -> list[str]:
+    """The last traceback in a rank's stderr (at most the last lines of it), else its last lines."""
+    start = max((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")), default=None)
+    chosen = lines[start:] if start is not None else lines
+    return chosen[-TRACEBACK_LINES:]
+
+
+def describe_code(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name} (exit code {128 - code})"
+    return f"exit code {code}"
+
+
+def failure_reason(job_dir: Path, hosts: list[str], processes_per_host: int, attempt: int,
+                   result: RunResult) -> tuple[str, int | None]:
+    """(reason, exit code): a failure file written by the script wins; else the first failing host and rank, its
+    real exit code and the tail of its traceback."""
+    for host in hosts:
+        f = host_layout(job_dir, host).failure_file
+        if f.is_file():
+            text = f.read_text(errors="replace").strip()
+            if text:
+                rc = result.root_cause
+                code = rc.exit_code if rc is not None else result.exit_code
+                return f"AlgorithmError: {host} wrote output/failure:\n{text[:4096]}", code
+    statuses = {}
+    for path in (job_dir / "hora" / f"attempt-{attempt}").glob("rank-*.json"):
+        status = json.loads(path.read_text())
+        statuses[status["rank"]] = status
+    rc = _root_cause_with_tails(result, statuses)
+    if rc is None:
+        return f"AlgorithmError: the ranks ended with exit code {result.exit_code}", result.exit_code
+    host = hosts[host_index_of_rank(rc.rank, processes_per_host)]
+    status = statuses.get(rc.rank, {"tail": [], "returncode": rc.returncode, "pid": rc.pid})
+    tail, code, pid = status["tail"], status["returncode"], status["pid"] or rc.pid
+    lines = [f"AlgorithmError: host {host}, rank {rc.rank} (pid {pid}) failed first: {describe_code(code)}"]
+    tb = traceback_tail(tail)
+    if tb:
+        lines.append("last lines of its stderr:")
+        lines += [f"  {t}" for t in tb]
+    return "\n".join(lines), (128 - code if code < 0 else code)
+
+
+def _root_cause_with_tails(result: RunResult, statuses: dict[int, dict[str, Any]]) -> Failure | None:
+    """hora run's root-cause choice, fed with what it cannot see here: each script's stderr tail and exit time
+    (the wrappers record them), so a rank that only reacted to another's death (PeerLostError, ShutdownError)
+    is not blamed."""
+    if not all(f.rank in statuses for f in result.failures):  # exit times must all come from the same clock
+        return result.root_cause
+    return root_cause([
+        dataclasses.replace(f, tail=list(statuses[f.rank]["tail"]), when=float(statuses[f.rank]["ended"]))
+        for f in result.failures
+    ])
+
+
+def merge_tar(dirs: list[Path], archive: Path) -> None:
+    """One .tar.gz of several hosts' directories; on a name clash the earlier host (algo-1 first) wins."""
+    chosen: dict[str, Path] = {}
+    for d in dirs:
+        for path in sorted(d.rglob("*")):
+            if path.is_file() or path.is_symlink():
+                chosen.setdefault(path.relative_to(d).as_posix(), path)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, path in sorted(chosen.items()):
+            tar.add(path, arcname=name, recursive=False)
+
+
+def master_result(
+    job_dir: Path, hosts: list[str], world_size: int, attempt: int, codes: dict[str, int], interrupted: int | None
+) -> RunResult:
+    """hora run's outcome as the master host recorded it (``hora/attempt-N/master.json``); HostStartError when the
+    master could not start hora run or died without a record (with what the other hosts reported).
+    ``interrupted``: the signal the supervisor forwarded to the master, if any."""
+    outcome = job_dir / "hora" / f"attempt-{attempt}"
+    try:
+        record = json.loads((outcome / "master.json").read_text())
+    except (OSError, ValueError):
+        record = {"error": f"the master host {hosts[0]} ended ({describe_code(codes[hosts[0]])}) "
+                           "without reporting how hora run ended; the ranks it had started were stopped"}
+    if "error" in record:
+        if interrupted is not None:
+            return RunResult(128 + interrupted, [None] * world_size, None, [],
+                             interrupted, False, {}, "")
+        problems = [record["error"]]
+        for host in hosts[1:]:
+            try:
+                problems.append(json.loads((outcome / f"host-{host}.json").read_text())["error"])
+            except (OSError, ValueError, KeyError):
+                if codes.get(host) not in (0, None):
+                    problems.append(f"{host}'s agent ended with {describe_code(codes[host])}")
+        raise HostStartError("the job's hosts failed:\n  " + "\n  ".join(problems))
+    failures = [Failure(**f) for f in record["failures"]]
+    got = record["interrupted"] if record["interrupted"] is not None else interrupted
+    record_attempt(job_dir, attempt, "result",
+                   {"returncodes": record["returncodes"], "exit_code": record["exit_code"], "interrupted": got})
+    return RunResult(record["exit_code"], record["returncodes"], root_cause(failures), failures, interrupted,
+                     record["timed_out"], {}, record["job_id"])
+
+
+def archive(
+    job_dir: Path, layouts: list[HostLayout], output_path: str | None, job_name: str
+) -> tuple[dict[str, str], str | None]:
+    """model/ -> model.tar.gz and output/data -> output.tar.gz of every host (``layouts``, master first), written
+    to ``<output_path>/<job>/output/`` (the job's own ``output/`` without an output_path). Returns (artifact ->
+    where it went, the problem if archiving failed)."""
+    staging = job_dir / "hora" / "archives"
+    artifacts: dict[str, str] = {}
+    try:
+        merge_tar([layout.model_dir for layout in layouts], staging / "model.tar.gz")
+        merge_tar([layout.output_data_dir for layout in layouts], staging / "output.tar.gz")
+        dest = f"{output_path.rstrip('/')}/{job_name}/output" if output_path else str(job_dir / "output")
+        for name in ("model.tar.gz", "output.tar.gz"):
+            artifacts[name.split(".")[0]] = channels.upload(staging / name, dest)
+    except (HoraError, OSError) as exc:
+        return artifacts, f"ClientError: archiving the artifacts failed: {exc}"
+    return artifacts, None

@@ -1,0 +1,117 @@
+"""How a job ended: each rank's failure, the root cause among them, and the report hora run prints (torchrun's
+failure table)."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+
+__all__ = ["Failure", "RunResult", "root_cause"]
+
+
+@dataclass
+class Failure:
+    rank: int
+    host: str
+    pid: int
+    returncode: int
+    tail: list[str]
+    when: float
+    stopped: bool = False  # hora run's own stop signal ended it
+    reason: str = ""  # why, when the rank's host failed rather than the rank (a lost SSH connection, say)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 - self.returncode if self.returncode < 0 else self.returncode
+
+    def describe(self) -> str:
+        if self.returncode < 0:
+            try:
+                name = signal.Signals(-self.returncode).name
+            except ValueError:
+                name = f"signal {-self.returncode}"
+            return f"killed by {name}"
+        return f"exit code {self.returncode}"
+
+
+@dataclass
+class RunResult:
+    """What a job ended with. ``exit_code`` is 0, or the root cause's exit code (128+N for signal N)."""
+
+    exit_code: int
+    returncodes: list[int | None]
+    root_cause: Failure | None = None
+    failures: list[Failure] = field(default_factory=list)
+    interrupted: int | None = None
+    timed_out: bool = False
+    lines: dict[int, dict[str, list[str]]] = field(default_factory=dict)
+    job_id: str = ""
+
+    def report(self) -> str:
+        """A human-readable account of the failure (empty when the job succeeded)."""
+        if self.timed_out:
+            head = "hora run: the job exceeded its time limit; every rank's stack was dumped to its stderr and the ranks were killed."
+        elif self.interrupted is not None:
+            head = f"hora run: interrupted by {signal.Signals(self.interrupted).name}; stopped every rank."
+        elif self.root_cause is None:
+            return ""
+        else:
+            head = (
+                f"hora run: rank {self.root_cause.rank} failed first (the root cause, below); "
+                "the other ranks were stopped."
+            )
+        lines = ["=" * 78, head]
+        rc = self.root_cause
+        if rc is not None:
+            lines += [
+                f"  rank  : {rc.rank}",
+                f"  host  : {rc.host}",
+                f"  pid   : {rc.pid}",
+                f"  exit  : {rc.describe()}",
+            ]
+            if rc.reason:
+                lines.append(f"  why   : {rc.reason}")
+            if rc.tail:
+                lines.append("  last stderr lines:")
+                lines += [f"    {t}" for t in rc.tail[-12:]]
+        lines.append(f"  {'rank':>4}  {'pid':>7}  outcome")
+        for r, code in enumerate(self.returncodes):
+            f = next((x for x in self.failures if x.rank == r), None)
+            if f is None:
+                outcome = "still running" if code is None else f"exit code {code}"
+            elif f is rc:
+                outcome = f"{f.describe()}   <- root cause"
+            elif f.stopped and f.returncode in (-signal.SIGTERM, -signal.SIGKILL, -signal.SIGINT):
+                outcome = f"stopped by hora run ({f.describe()})"
+            elif f.reason:
+                outcome = f"{f.describe()} — {f.reason[:120]}"
+            else:
+                outcome = f.describe() + (f" — {f.tail[-1][:100]}" if f.tail else "")
+            lines.append(f"  {r:>4}  {f.pid if f else '':>7}  {outcome}")
+        lines.append("=" * 78)
+        return "\n".join(lines)
+
+
+_FOLLOWER_ERRORS = ("PeerLostError", "ShutdownError")
+ROOT_CAUSE_WINDOW = 1.0
+
+
+def root_cause(failures: list[Failure]) -> Failure | None:
+    """The failure that started it all.
+
+    Exit order alone misleads: the kernel closes a dying process's sockets before its parent hears of the death,
+    so a peer that reacts at once can be reaped first. Among the failures within a second of the first one (and
+    not caused by hora run's own stop signals), prefer a rank killed by a signal, then one whose last error is not
+    hora's reaction to losing a peer (PeerLostError, ShutdownError), then the earliest.
+    """
+    own = [f for f in failures if not f.stopped]
+    if not own:
+        return None
+    first = min(f.when for f in own)
+
+    def key(f: Failure) -> tuple[int, float]:
+        last = next((t for t in reversed(f.tail) if t.strip()), "")
+        follower = any(e in last for e in _FOLLOWER_ERRORS)
+        return (0 if f.returncode < 0 else 2 if follower else 1, f.when)
+
+    return min((f for f in own if f.when - first <= ROOT_CAUSE_WINDOW), key=key)
