@@ -1,7 +1,7 @@
 """Cross-host allreduce: hora (hierarchical and flat) vs torch.distributed gloo vs raw TCP, on two namespace hosts.
 
 Driver (default; needs root, ``ip netns``, sshd and ssh, as the multi-host tests do): builds two "hosts" with
-tests/netns.py (Linux network namespaces on one bridge, each with its own sshd and a throwaway key), then, for each
+tests/support/netns_hosts.py (Linux network namespaces on one bridge, each with its own sshd and a throwaway key), then, for each
 layout (2 hosts x 1 rank, 2 hosts x 2 ranks), measures in one run and in this order:
 
 - raw TCP on the same link: a Python sender/receiver pair, one process in each namespace, moving large buffers with
@@ -64,7 +64,7 @@ from _common import (
 )
 
 HERE = Path(__file__).resolve()
-TESTS = HERE.parent.parent / "tests"  # tests/netns.py builds the namespace hosts
+TESTS = HERE.parent.parent / "tests"  # tests/support/netns_hosts.py builds the namespace hosts
 DEFAULT_SIZES = "1M,16M,64M,256M"
 SYSTEMS = ("hora-hier", "hora-flat", "gloo")
 LABELS = {"raw": "raw TCP", "hora-hier": "hora hierarchical", "hora-flat": "hora flat", "gloo": "gloo"}
@@ -365,7 +365,7 @@ def table(
 
 def driver(args: argparse.Namespace) -> int:
     sys.path.append(str(TESTS))
-    import netns
+    from support import netns_hosts as netns
 
     reason = netns.unavailable()
     if reason:

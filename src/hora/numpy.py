@@ -1,7 +1,7 @@
 """hora for numpy arrays, with Horovod's names: ``import hora.numpy as hvd``.
 
 The implementation lives in :mod:`hora._frontend`, which the other framework adapters share; this module is its
-public face for numpy arrays (``tests/test_public_api.py`` pins the names). Every collective here also takes
+public face for numpy arrays (``tests/unit/test_public_api.py`` pins the names). Every collective here also takes
 ``process_set=`` (a registered :class:`ProcessSet`, default every rank; ``root_rank`` stays a global rank, as in
 Horovod).
 """

@@ -1,0 +1,147 @@
+"""The engine on real ranks: tensor fusion, the response cache, join, the stall inspector and the timeline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from support.harness import run_ranks
+from workers.engine import (
+    barrier_worker,
+    cached_join_worker,
+    changing_shape_worker,
+    disagreeing_settings_worker,
+    random_fusion_worker,
+    repeated_small_worker,
+    scaled_fusion_worker,
+    stall_warning_worker,
+    stall_worker,
+    timeline_worker,
+)
+
+ENGINES = {
+    "default": {},
+    "no-fusion": {"fusion_threshold": 0},
+    "no-cache": {"cache_capacity": 0},
+    "tiny": {"fusion_threshold": 4096, "cache_capacity": 3},  # many groups, constant eviction
+}
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize(("np_", "transport"), [(2, "shm"), (3, "shm"), (3, "tcp")])
+def test_random_tensor_sets_in_random_orders(engine, np_, transport):
+    results = run_ranks(random_fusion_worker, np_, 6, 12, 11, transport=transport, **ENGINES[engine])
+    assert results == [72] * np_
+
+
+@pytest.mark.parametrize(("np_", "transport"), [(2, "shm"), (3, "shm"), (4, "shm"), (3, "tcp")])
+def test_repeated_small_allreduces_every_op_and_dtype(np_, transport):
+    assert run_ranks(repeated_small_worker, np_, 6, transport=transport) == [54] * np_
+
+
+def test_repeated_small_allreduces_without_cache():
+    assert run_ranks(repeated_small_worker, 3, 4, cache_capacity=0) == [36] * 3
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_fused_average_and_scale_factors(transport):
+    results = run_ranks(scaled_fusion_worker, 3, transport=transport)
+    assert results == [[2.0, 6.0, 2.0]] * 3
+
+
+@pytest.mark.parametrize("engine", ["default", "no-cache", "tiny"])
+def test_join_with_cached_tensors(engine):
+    results = run_ranks(cached_join_worker, 3, 5, **ENGINES[engine])
+    assert results == [[3.0, 3.0, 3.0, 2.0, 1.0], [3.0, 3.0, 3.0, 2.0], [3.0, 3.0, 3.0]]
+
+
+@pytest.mark.parametrize("engine", ["default", "tiny"])
+def test_changing_shapes_renegotiate(engine):
+    results = run_ranks(changing_shape_worker, 3, **ENGINES[engine])
+    assert results == [[(3,), (3,), (5,), (5,), (1,), (0,), (3,)]] * 3
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_stall_shutdown_fails_every_rank_and_names_the_missing_rank(cached):
+    results = run_ranks(
+        stall_worker, 3, cached, 6.0, stall_check_time=1.0, stall_shutdown_time=2.0, timeout=60
+    )
+    for r in results:
+        assert r.startswith("StallError: stalled: 1 collective(s) waited more than 2s"), r
+        assert "rank 1 never submitted 'late.grad'" in r, r
+
+
+def test_stall_warning_lists_missing_ranks_then_the_job_completes():
+    results = run_ranks(stall_warning_worker, 3, 3.0, stall_check_time=1.0, timeout=60)
+    for out, _ in results:
+        assert out == [3.0, 3.0, 3.0]
+    warnings = [w for w in results[0][1] if "Stalled collectives" in w]
+    assert warnings, results[0][1]
+    report = warnings[0]
+    assert "waited more than 1s for other ranks" in report
+    assert report.endswith("Missing ranks:\n1: [slow.tensor]"), report
+    assert results[1][1] == [] and results[2][1] == []  # only the coordinator reports
+
+
+def test_no_stall_check_means_no_report():
+    results = run_ranks(stall_warning_worker, 2, 2.5, stall_check_time=1.0, stall_check_disable=True, timeout=60)
+    assert all("Stalled" not in w for _, ws in results for w in ws)
+
+
+def _events(path):
+    with open(path) as f:
+        return json.load(f)  # valid JSON: the file is complete after stop/shutdown
+
+
+@pytest.mark.parametrize("runtime", [False, True])
+def test_timeline_records_negotiation_fusion_and_transport(tmp_path, runtime):
+    path = tmp_path / "timeline.json"
+    settings = {} if runtime else {"timeline": str(path)}
+    assert run_ranks(timeline_worker, 2, str(path), runtime, **settings) == [0, 1]
+    events = _events(path)
+    names = {e["name"] for e in events}
+    tracks = {e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    assert {"layer.0", "layer.3", "bcast", "gather0"} <= tracks
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "NEGOTIATE_BROADCAST", "BROADCAST", "ALLGATHER"} <= names
+    assert "SHM_ALLREDUCE" in names and "SHM_BROADCAST" in names
+    assert {"0", "1"} <= names  # a tick per rank as it becomes ready during negotiation
+    if runtime:
+        assert "CYCLE_START" in names
+        assert "after.stop" not in tracks
+    else:
+        assert "CYCLE_START" not in names
+    # every begin has its end, per track
+    depth: dict = {}
+    for e in events:
+        if e.get("ph") == "B":
+            depth[e["pid"]] = depth.get(e["pid"], 0) + 1
+        elif e.get("ph") == "E":
+            depth[e["pid"]] -= 1
+            assert depth[e["pid"]] >= 0
+    assert all(v == 0 for v in depth.values())
+
+
+def test_timeline_shows_fusion_buffer_copies_over_tcp(tmp_path):
+    path = tmp_path / "timeline.json"
+    run_ranks(timeline_worker, 2, str(path), False, timeline=str(path), transport="tcp")
+    names = {e["name"] for e in _events(path)}
+    assert {"MEMCPY_IN_FUSION_BUFFER", "TCP_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"} <= names
+
+
+@pytest.mark.parametrize(
+    ("setting", "label", "names"),
+    [
+        ("fusion_threshold", "fusion threshold", "HORA_FUSION_THRESHOLD"),
+        ("cache_capacity", "cache capacity", "HORA_CACHE_CAPACITY"),
+    ],
+)
+def test_ranks_must_agree_on_fusion_and_cache(setting, label, names):
+    results = run_ranks(disagreeing_settings_worker, 3, setting)
+    expect = f"the ranks disagree on the {label}: 1024 on ranks 0, 2 but 2048 on rank 1; set {names}"
+    assert all(r.startswith(expect) for r in results), results
+
+
+@pytest.mark.parametrize(("np_", "transport"), [(2, "shm"), (3, "shm"), (3, "tcp")])
+def test_repeated_barriers_hold_every_rank_until_the_last_arrives(np_, transport):
+    assert run_ranks(barrier_worker, np_, 4, transport=transport) == [[]] * np_

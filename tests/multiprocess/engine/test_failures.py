@@ -1,0 +1,134 @@
+"""Bad input and failures end with clear errors on every rank, never a hang and never a leftover process."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hora._runtime.auth import Role, new_secret
+from hora._runtime.connections import PeerListener, connect_peers
+from support.harness import run_failing, run_ranks, stderr_of
+from workers.failures import (
+    attack_worker,
+    duplicate_name_worker,
+    killed_peer_worker,
+    late_worker,
+    mismatch_worker,
+    raising_worker,
+)
+
+MISMATCHES = {
+    "shape": "allreduce 'grad.fc1' has shape (4, 3) on rank 0 but (4, 2) on ranks 1, 2; all ranks must submit the same shape.",
+    "dtype": "allreduce 'w' has dtype float32 on ranks 0, 2 but float64 on rank 1; all ranks must submit the same dtype.",
+    "op": "allreduce 'w' has op Sum on rank 0 but Max on ranks 1, 2; all ranks must submit the same op.",
+    "root": "broadcast 'b' has root_rank 0 on rank 0 but 1 on ranks 1, 2; all ranks must submit the same root_rank.",
+    "scale": "allreduce 's' has prescale_factor 1.0 on ranks 0, 2 but 2.0 on rank 1; all ranks must submit the same prescale_factor.",
+    "trailing": "allgather 'ag' has trailing dimensions (all but the first) (1,) on ranks 0, 2 but (2,) on rank 1; all ranks must submit the same trailing dimensions.",
+    "kind": "collective 'k' has operation allreduce on rank 0 but allgather on ranks 1, 2; all ranks must submit the same operation.",
+    "ndim": "alltoall 'a2a' has number of dimensions 2 on rank 0 but 1 on ranks 1, 2; all ranks must submit the same number of dimensions.",
+}
+
+
+@pytest.mark.parametrize("kind", list(MISMATCHES))
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_mismatch_raises_the_same_clear_error_on_every_rank(kind, transport):
+    results = run_ranks(mismatch_worker, 3, kind, transport=transport)
+    for name, message, elapsed in results:
+        assert name == "MismatchError"
+        assert message.startswith(MISMATCHES[kind]), message
+        assert elapsed < 1.0, f"the mismatch took {elapsed:.2f}s to be reported"
+    assert len({m for _, m, _ in results}) == 1, "every rank must get the same message"
+
+
+def test_duplicate_name_in_flight_raises():
+    message, _ = run_ranks(duplicate_name_worker, 2)
+    assert "a collective named 'dup' is already in flight on rank 0" in message
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("victim", [0, 1])
+def test_peer_killed_mid_allreduce(tmp_path, transport, victim):
+    result = run_failing(killed_peer_worker, 3, str(tmp_path), victim, transport, timeout=60)
+    assert result.root_cause is not None and result.root_cause.rank == victim
+    assert result.root_cause.returncode == -9 and "SIGKILL" in result.report()
+    killed_at = float((tmp_path / "killed_at").read_text())
+    for r in {0, 1, 2} - {victim}:
+        report = tmp_path / f"survivor.{r}"
+        assert report.exists(), f"rank {r} never raised PeerLostError:\n{stderr_of(result, r)}"
+        detected, message = report.read_text().split("\n", 1)
+        assert float(detected) - killed_at < 5.0, f"rank {r} noticed the loss after {float(detected) - killed_at:.1f}s"
+        assert "rank" in message and ("died" in message or "left" in message or "failed" in message or "closed" in message), message
+
+
+@pytest.mark.parametrize("code", [0, 7])
+def test_worker_exception_is_the_root_cause(code):
+    result = run_failing(raising_worker, 3, code, timeout=60)
+    assert result.root_cause is not None and result.root_cause.rank == 1, result.report()
+    if code:
+        assert result.exit_code == code
+    else:
+        assert result.exit_code == 1
+        assert "ValueError: boom from rank 1" in result.report()
+    assert all(c is not None for c in result.returncodes)
+
+
+def test_rank_that_never_arrives_is_named():
+    result = run_failing(late_worker, 2, start_timeout=2, timeout=60)
+    err = stderr_of(result, 0)
+    assert "RendezvousError" in err and "rank 1 never arrived at the rendezvous within 2s" in err, err
+    assert result.root_cause is not None and result.root_cause.rank == 0
+
+
+def test_attacks_on_the_rendezvous_port_are_rejected_and_the_job_still_runs():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the launcher (this process) hosts the store
+    assert run_ranks(attack_worker, 2) == [True, True]
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 256, f"the launcher grew by {grown_mib:.0f} MiB: a 2**31 frame must not be allocated"
+
+
+def test_peer_listener_rejects_attacks_and_still_accepts_the_real_peer():
+    secret = new_secret()
+    listener = PeerListener("127.0.0.1", secret)
+    host, port = listener.address
+    listener.start_accepting({(Role.DATA, 1)}, time.monotonic() + 60)
+    try:
+        # garbage, wrong secret, unauthenticated huge length, an unexpected role and rank
+        with socket.create_connection((host, port)) as s:
+            s.sendall(b"\x00" * 64)
+            s.settimeout(20)
+            assert s.recv(4096) is not None
+        from hora.errors import HoraError
+
+        with pytest.raises(HoraError):
+            connect_peers([(0, host, port)], Role.DATA, 1, new_secret(), time.monotonic() + 10)
+        with socket.create_connection((host, port)) as s:
+            s.recv(37)
+            s.sendall((2**31).to_bytes(8, "big") + b"\1" * 64)
+        stray = connect_peers([(0, host, port)], Role.CONTROL, 5, secret, time.monotonic() + 10)  # not expected
+        socks = connect_peers([(0, host, port)], Role.DATA, 1, secret, time.monotonic() + 10)
+        accepted = listener.wait()
+        assert set(accepted) == {(Role.DATA, 1)}
+        assert listener.rejected >= 4
+        for s in [*accepted.values(), *socks.values(), *stray.values()]:
+            s.close()
+    finally:
+        listener.close()
+
+
+def test_rendezvous_port_in_use_is_a_clear_error():
+    holder = socket.create_server(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    try:
+        proc = subprocess.run([sys.executable, "-m", "hora", "run", "-np", "2", "--rendezvous-port", str(port), "true"],
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        holder.close()
+    assert proc.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "already in use" in proc.stderr.lower()
+
+

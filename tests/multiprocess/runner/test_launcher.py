@@ -1,0 +1,164 @@
+"""`hora run` as a user sees it: prefixed output, files, exit codes, signals, no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support import paths
+
+SCRIPTS = paths.SCRIPTS
+
+
+def hora_run(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hora", "run", *args], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def alive(pid: int) -> bool:
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return data[data.rindex(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+def test_output_is_prefixed_by_rank_and_stream():
+    code = "import os, sys; r = os.environ['HORA_RANK']; print('out', r); print('err', r, file=sys.stderr)"
+    proc = hora_run("-np", "2", sys.executable, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    for r in (0, 1):
+        assert f"[{r}]<stdout>: out {r}" in proc.stdout.splitlines()
+        assert f"[{r}]<stderr>: err {r}" in proc.stderr.splitlines()
+
+
+def test_output_filename_writes_per_rank_files(tmp_path):
+    code = "import os, sys; print('hello from', os.environ['HORA_RANK']); print('oops', file=sys.stderr)"
+    proc = hora_run("-np", "3", "--output-filename", str(tmp_path / "logs"), sys.executable, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    for r in range(3):
+        assert (tmp_path / "logs" / f"rank.{r}" / "stdout").read_text() == f"hello from {r}\n"
+        assert (tmp_path / "logs" / f"rank.{r}" / "stderr").read_text() == "oops\n"
+
+
+def test_exit_code_is_the_first_failing_ranks_and_the_report_names_it():
+    code = ("import os, sys, time\nr = int(os.environ['HORA_RANK'])\n"
+            "if r == 2: print('disk full', file=sys.stderr); sys.exit(5)\ntime.sleep(60)")
+    start = time.monotonic()
+    proc = hora_run("-np", "3", sys.executable, "-c", code)
+    assert proc.returncode == 5
+    assert time.monotonic() - start < 30
+    report = proc.stderr[proc.stderr.index("hora run: rank 2 failed first"):]
+    assert "exit  : exit code 5" in report and "disk full" in report
+    assert "stopped by hora run" in report
+
+
+def test_settings_flags_reach_the_workers():
+    code = "import os; print(os.environ['HORA_START_TIMEOUT'], os.environ['HORA_TRANSPORT'], os.environ['HORA_LOG_LEVEL'])"
+    proc = hora_run("-np", "1", "--start-timeout", "7", "--transport", "tcp", "--log-level", "debug", sys.executable, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert "[0]<stdout>: 7.0 tcp DEBUG" in proc.stdout
+
+
+def test_verbose_reports_what_the_launcher_does():
+    proc = hora_run("-np", "2", "--verbose", "true")
+    assert proc.returncode == 0
+    assert "hora run: started rank 0 as pid" in proc.stderr and "hora run: rank 1 (pid" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-np", "3", "-H", "localhost:2", "true"], "-np 3 is more than the 2 slots given by -H"),
+        (["-np", "2", "-H", "node-that-is-not-here.invalid:2", "true"], "host node-that-is-not-here.invalid: "),
+        (["-np", "0", "true"], "-np must be at least 1"),
+        (["-H", "localhost:x", "true"], "is not host:slots"),
+    ],
+)
+def test_bad_arguments_are_clear_errors(args, message):
+    proc = hora_run(*args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_hosts_give_the_default_np():
+    proc = hora_run("-H", "localhost:3", sys.executable, "-c", "import os; print(os.environ['HORA_SIZE'])")
+    assert proc.returncode == 0 and proc.stdout.count("3") == 3
+
+
+def test_missing_program_is_reported():
+    proc = hora_run("-np", "1", "/no/such/program")
+    assert proc.returncode == 127 and "cannot start '/no/such/program'" in proc.stderr
+
+
+def _start_lingering(tmp_path: Path, np_: int, mode: str) -> tuple[subprocess.Popen[bytes], list[int]]:
+    launcher = subprocess.Popen([sys.executable, "-m", "hora", "run", "-np", str(np_), sys.executable,
+                                 str(SCRIPTS / "linger.py"), str(tmp_path), mode],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"pids.{r}").exists() for r in range(np_)):
+        assert time.monotonic() < deadline, "the ranks never started"
+        assert launcher.poll() is None, "the launcher exited early"
+        time.sleep(0.05)
+    time.sleep(0.5)  # let the ranks reach init/collective
+    pids = [int(p) for r in range(np_) for p in (tmp_path / f"pids.{r}").read_text().split()]
+    return launcher, pids
+
+
+@pytest.mark.parametrize(("sig", "mode"), [(signal.SIGINT, "collective"), (signal.SIGTERM, "sleep"),
+                                           (signal.SIGINT, "stubborn")])
+def test_signals_reach_every_worker_and_leave_no_orphans(tmp_path, sig, mode):
+    launcher, pids = _start_lingering(tmp_path, 3, mode)
+    try:
+        launcher.send_signal(sig)
+        assert launcher.wait(timeout=30) == 128 + sig
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = [p for p in pids if alive(p)]
+    for p in survivors:
+        os.kill(p, signal.SIGKILL)
+    assert not survivors, f"processes outlived hora run: {survivors}"
+
+
+def test_workers_die_with_a_killed_launcher(tmp_path):
+    launcher, pids = _start_lingering(tmp_path, 2, "sleep")
+    workers = pids[0::2]
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for p in pids:  # the grandchildren (sleep) have no death signal: clean them up ourselves
+        if alive(p):
+            os.kill(p, signal.SIGKILL)
+    assert not any(alive(p) for p in workers)
+
+
+def test_launcher_sweeps_shared_memory_a_crashed_rank_left_behind():
+    # A rank that dies between creating its job's segment and sharing it leaves a named segment; stand in for it.
+    code = ("import os; from hora._transport.shm import job_prefix, segment_path\n"
+            "open(segment_path(job_prefix(os.environ['HORA_JOB_ID']) + '0-1'), 'wb').close()\n"
+            "os.kill(os.getpid(), 9)")
+    proc = hora_run("-np", "1", "--verbose", sys.executable, "-c", code)
+    assert proc.returncode == 137
+    assert "removed shared memory hora-" in proc.stderr
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("hora-")]
+
+
+def test_output_without_newlines_is_forwarded_not_hoarded():
+    code = "import sys; sys.stdout.write('x' * 300_000); sys.stdout.flush()"
+    proc = hora_run("-np", "1", sys.executable, "-c", code)
+    assert proc.returncode == 0
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[0]<stdout>: ")]
+    assert len(lines) >= 2, "a long unfinished line must be forwarded in pieces"
+    assert sum(len(ln) - len("[0]<stdout>: ") for ln in lines) == 300_000

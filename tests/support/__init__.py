@@ -1,0 +1,1 @@
+"""Helpers of the tests: the rank harness, fake and namespace hosts, scripts."""

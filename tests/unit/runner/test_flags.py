@@ -1,0 +1,104 @@
+"""hora run's command line is generated from the settings' declarations: every flag's help states the setting's
+real default and variable, parsed flags become settings, and bad values are refused like the variable's."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from hora.config import Config, env_names
+from hora.config.settings import settings_with_flags
+from hora.errors import ConfigError
+from hora.runner.flags import (
+    LAUNCHER_OPTIONS,
+    add_run_arguments,
+    check_settings,
+    flag_table,
+    help_text,
+    parse_run_options,
+    settings_from_args,
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hora run")
+    add_run_arguments(parser)
+    return parser
+
+
+def test_every_flag_is_on_the_command_line_and_states_its_default_and_variable():
+    help_out = " ".join(_parser().format_help().split())  # argparse wraps lines
+    for setting, flag, default in settings_with_flags():
+        assert flag.name in help_out
+        text = " ".join(help_text(setting, flag, default).split())
+        assert text in help_out, f"{flag.name}: {text!r}"
+        assert env_names(setting)[0] in text
+        if flag.action != "store_true":
+            assert "(default " in text
+
+
+def test_help_defaults_follow_the_declarations():
+    texts = {s: help_text(s, f, d) for s, f, d in settings_with_flags()}
+    assert "(default 64; HORA_FUSION_THRESHOLD, in bytes)" in texts["fusion_threshold"]
+    assert f"(default {Config().cycle_time_ms:g}; HORA_CYCLE_TIME)" in texts["cycle_time_ms"]
+    assert "(default on; HORA_HIERARCHICAL_ALLREDUCE)" in texts["hierarchical_allreduce"]
+    assert "(default none; HORA_TIMELINE)" in texts["timeline"]
+
+
+def test_flags_become_settings():
+    args = parse_run_options([
+        "--fusion-threshold-mb", "32", "--no-hierarchical-allreduce", "--transport", "tcp", "--no-stall-check",
+        "--cycle-time-ms", "2.5", "--log-level", "debug",
+    ])  # fmt: skip
+    assert settings_from_args(args) == {
+        "fusion_threshold": 32 << 20,
+        "hierarchical_allreduce": False,
+        "transport": "tcp",
+        "stall_check_disable": True,
+        "cycle_time_ms": 2.5,
+        "log_level": "debug",
+    }
+    assert Config.env_for(settings_from_args(args))["HORA_LOG_LEVEL"] == "DEBUG"
+
+
+def test_flags_not_given_leave_the_setting_to_the_environment():
+    assert settings_from_args(parse_run_options([])) == {}
+
+
+def test_an_empty_timeline_stays_empty_and_a_path_becomes_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert settings_from_args(parse_run_options(["--timeline-filename", ""])) == {"timeline": ""}
+    got = settings_from_args(parse_run_options(["--timeline-filename", "t.json"]))
+    assert got == {"timeline": str(tmp_path / "t.json")}
+
+
+@pytest.mark.parametrize(
+    ("words", "message"),
+    [
+        (["--cycle-time-ms", "-1"], "argument --cycle-time-ms: '-1' is not valid: expected a finite number >= 0"),
+        (["--fusion-threshold-mb", "x"], "argument --fusion-threshold-mb: 'x' is not valid"),
+        (["--transport", "udp"], "argument --transport: invalid choice: 'udp'"),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ],
+)
+def test_bad_flags_are_refused_with_the_reason(words, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_run_options(words)
+
+
+def test_the_launcher_options_are_parsed_apart_from_the_settings():
+    args = parse_run_options(["-np", "4", "-H", "a:2,b:2", "--output-filename", "out"])
+    assert (args.np, args.hosts, args.output_filename) == (4, "a:2,b:2", "out")
+    assert set(LAUNCHER_OPTIONS) <= set(vars(args))
+    assert settings_from_args(args) == {}
+
+
+def test_a_bad_combination_names_the_flags():
+    problem = check_settings({"stall_check_time": 30.0, "stall_shutdown_time": 10.0}, env={})
+    assert "--stall-check-shutdown-time-seconds 10" in problem and "--stall-check-warning-time-seconds 30" in problem
+
+
+def test_each_setting_has_one_flag_and_each_flag_one_setting():
+    table = flag_table()
+    assert len(set(table.values())) == len(table)

@@ -1,0 +1,1 @@
+"""The functions the ranks of multi-process tests run (imported by name in every rank)."""
