@@ -44,3 +44,10 @@ def test_every_other_variable_hora_reads_is_documented():
     text = (DOCS / "configuration.md").read_text()
     for variable in VARIABLES:
         assert f"`{variable.name}`" in text, f"{variable.name} is missing from docs/configuration.md"
+
+
+def test_the_hora_run_synopsis_lists_every_flag():
+    text = (DOCS / "launchers.md").read_text()
+    synopsis = text[text.index("```\nhora run -np N") : text.index("COMMAND ...")]
+    for _, flag, _ in settings_with_flags():
+        assert flag.name.removeprefix("--") in synopsis, f"{flag.name} is missing from the synopsis in docs/launchers.md"
