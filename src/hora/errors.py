@@ -30,6 +30,7 @@ __all__ = [
     "StallError",
     "StorageError",
     "TimeoutError",
+    "UnexpectedStatusException",
     "UnsupportedError",
 ]
 
@@ -127,3 +128,13 @@ class RunError(HoraError):
     def __init__(self, message: str, result: Any) -> None:
         super().__init__(message)
         self.result = result
+
+
+class UnexpectedStatusException(HoraError, ValueError):
+    """A training job waited for with ``Estimator.fit()`` ended Failed (the SageMaker SDK's exception of the same
+    name and attributes): ``actual_status`` is the job's status, ``allowed_statuses`` what would not have raised."""
+
+    def __init__(self, message: str, allowed_statuses: list[str], actual_status: str) -> None:
+        super().__init__(message)
+        self.allowed_statuses = allowed_statuses
+        self.actual_status = actual_status

@@ -8,8 +8,9 @@
 
 from __future__ import annotations
 
-from hora.errors import SpecError
-from hora.jobs.api import Estimator, start_job, stop_job, wait_job
+from hora.errors import SpecError, UnexpectedStatusException
+from hora.jobs.api import start_job, stop_job, wait_job
+from hora.jobs.estimator import Estimator, MXNet, PyTorch, TensorFlow, TrainingJob
 from hora.jobs.spec import ChannelSpec, JobSpec, MetricDefinition, load_spec, parse_spec
 from hora.jobs.store import JobRecord, JobStore
 
@@ -19,8 +20,13 @@ __all__ = [
     "JobRecord",
     "JobSpec",
     "JobStore",
+    "MXNet",
     "MetricDefinition",
+    "PyTorch",
     "SpecError",
+    "TensorFlow",
+    "TrainingJob",
+    "UnexpectedStatusException",
     "load_spec",
     "parse_spec",
     "start_job",

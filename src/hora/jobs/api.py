@@ -9,18 +9,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from hora._proc import process_start_time
 from hora.errors import ConfigError, TimeoutError
 from hora.jobs.runner import JobRunner
-from hora.jobs.spec import JobSpec, parse_spec
+from hora.jobs.spec import JobSpec
 from hora.jobs.states import JobStatus, SecondaryStatus
 from hora.jobs.store import JobRecord, JobStore
 
-__all__ = ["Estimator", "reconcile", "start_job", "stop_job", "wait_job"]
+__all__ = ["reconcile", "start_job", "stop_job", "wait_job"]
 
 
 def start_job(spec: JobSpec, store: JobStore | None = None, wait: bool = True, echo: bool = True,
@@ -105,43 +104,3 @@ def stop_job(store: JobStore, name: str) -> JobRecord:
     store.transition(name, JobStatus.InProgress, SecondaryStatus.Stopping, "stop requested")
     os.kill(pid, signal.SIGTERM)
     return store.get(name)
-
-
-class Estimator:
-    """SageMaker's ``Estimator``, run by hora on this machine.
-
-    >>> est = Estimator(entry_point="train.py", source_dir="src", instance_count=2, processes_per_host=2,
-    ...                 distribution={"mpi": {"enabled": True}}, hyperparameters={"epochs": 3})
-    >>> est.fit({"training": "data/"})          # doctest: +SKIP
-    >>> est.model_data                          # doctest: +SKIP
-    '/home/me/.hora/jobs/train-.../output/model.tar.gz'
-
-    Every keyword is a spec field (see docs/jobs.md); ``home`` picks the job store (default ``~/.hora``).
-    Relative paths are relative to the current directory.
-    """
-
-    def __init__(self, home: str | None = None, **fields: Any) -> None:
-        self.fields = fields
-        self.store = JobStore(home)
-        self.latest_job: JobRecord | None = None
-        parse_spec({**fields, "inputs": None})  # fail early on everything but the inputs
-
-    def fit(self, inputs: str | Mapping[str, Any] | None = None, wait: bool = True, job_name: str | None = None,
-            logs: bool = True) -> JobRecord:
-        """Validate the spec with ``inputs`` and run the job; returns its record (status, failure_reason ...)."""
-        data = dict(self.fields)
-        if inputs is not None:
-            data["inputs"] = inputs
-        if job_name is not None:
-            data["job_name"] = job_name
-        spec = parse_spec(data, source="the Estimator")
-        progress = (lambda m: print(f"hora job: {m}", file=sys.stderr, flush=True)) if logs else None
-        self.latest_job = start_job(spec, self.store, wait=wait, echo=logs, progress=progress)
-        return self.latest_job
-
-    @property
-    def model_data(self) -> str | None:
-        """Where the last job's model.tar.gz went."""
-        if self.latest_job is None:
-            return None
-        return self.store.get(self.latest_job.name).artifacts.get("model")

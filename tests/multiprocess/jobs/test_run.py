@@ -331,6 +331,26 @@ def test_estimator_fit_from_the_main_thread_and_from_another(tmp_path, monkeypat
     assert out[0].supervisor_pid != record.supervisor_pid
 
 
+def test_estimator_fit_raises_the_sdks_exception_when_the_job_fails(tmp_path, monkeypatch):
+    from hora.errors import UnexpectedStatusException
+    from hora.jobs import PyTorch
+
+    (tmp_path / "train.py").write_text("import sys\nprint('bad input', file=sys.stderr)\nsys.exit(3)\n")
+    monkeypatch.chdir(tmp_path)
+    est = PyTorch(entry_point="train.py", role="SageMakerRole", framework_version="2.1", py_version="py310",
+                  instance_count=1, instance_type="ml.c5.xlarge", home=str(tmp_path / "home"))  # fmt: skip
+    with pytest.raises(UnexpectedStatusException) as info:
+        est.fit(job_name="fails", logs=False)
+    assert info.value.actual_status == "Failed"
+    assert "Error for Training job fails: Failed. Reason: AlgorithmError" in str(info.value)
+    assert "exit code 3" in str(info.value)
+    job = est.latest_training_job
+    assert job is not None and job.name == "fails"
+    desc = job.describe()
+    assert desc["TrainingJobStatus"] == "Failed" and "exit code 3" in desc["FailureReason"]
+    assert est.model_data == desc["ModelArtifacts"]["S3ModelArtifacts"]  # artifacts are archived even on failure
+
+
 def test_a_dead_supervisor_fails_the_job_and_takes_the_ranks_along(tmp_path):
     import os
     import signal

@@ -151,8 +151,9 @@ def test_public_names_are_pinned_and_import_is_light():
     import hora.jobs
 
     assert sorted(hora.jobs.__all__) == [
-        "ChannelSpec", "Estimator", "JobRecord", "JobSpec", "JobStore", "MetricDefinition", "SpecError",
-        "load_spec", "parse_spec", "start_job", "stop_job", "wait_job",
+        "ChannelSpec", "Estimator", "JobRecord", "JobSpec", "JobStore", "MXNet", "MetricDefinition", "PyTorch",
+        "SpecError", "TensorFlow", "TrainingJob", "UnexpectedStatusException", "load_spec", "parse_spec",
+        "start_job", "stop_job", "wait_job",
     ]
     assert all(hasattr(hora.jobs, n) for n in hora.jobs.__all__)
     out = subprocess.run(
