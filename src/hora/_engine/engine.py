@@ -98,6 +98,7 @@ class Engine:
         self._pending: dict[str, Entry] = {}
         self._failed: HoraError | None = None
         self._stopping = False
+        self._bye = -1  # what this rank's BYE flag says: -1 shutdown(), -2 the process is exiting, -3 after an error
         self._wakeup = WakePipe()
         # cycle state (engine thread only)
         cap = settings.cache_capacity
@@ -173,8 +174,12 @@ class Engine:
         if old is not None:
             old.close()
 
-    def shutdown(self, timeout: float = 10.0) -> None:
+    def shutdown(self, timeout: float = 10.0, exiting: str = "") -> None:
+        """Stop the engine; every other rank fails what is pending with ShutdownError. ``exiting``: "" for a call
+        of shutdown(), "exit" when the process is exiting, "error" when it exits after an uncaught exception (the
+        other ranks' messages say which)."""
         with self._lock:
+            self._bye = {"": -1, "exit": -2, "error": -3}[exiting]
             self._stopping = True
         self._wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
@@ -301,7 +306,7 @@ class Engine:
         if busy:
             flags[self._layout.BUSY - F] = -1
         if stopping:
-            flags[self._layout.BYE + self.rank - F] = -1
+            flags[self._layout.BYE + self.rank - F] = self._bye
         vec[F:] = flags
         self._transport.what = "hora's negotiation exchange"
         rows = None
@@ -316,7 +321,8 @@ class Engine:
         self._agreed_marks = (flags[4], -flags[5])
 
         if any(flags[self._layout.BYE - F :]):
-            self._on_bye([r for r in range(self.size) if flags[self._layout.BYE - F + r]], stopping)
+            byes = {r: code for r in range(self.size) if (code := flags[self._layout.BYE - F + r])}
+            self._on_bye(byes, stopping)
             return False
         self._idle = self._s.cycle_time if busy_anywhere else min(max(self._idle, 1e-3) * 2, _IDLE_MAX)
         if timeline is not None and busy_anywhere:
@@ -447,15 +453,27 @@ class Engine:
         self._direct_path.run(direct, rows, self._marked, self._agreed_marks, timeline, activity)
 
     # -- failure and shutdown ---------------------------------------------------------------------------------------
-    def _on_bye(self, byes: list[int], me_too: bool) -> None:
-        others = [r for r in byes if r != self.rank]
-        if others:
-            reason = f"{format_ranks(others)} called shutdown()"
-            error: HoraError = ShutdownError(
-                f"{reason}; no collective can run after a rank shut down (call shutdown() on every rank)"
+    def _on_bye(self, byes: dict[int, int], me_too: bool) -> None:
+        """Ranks ``byes`` (rank -> its BYE code) are leaving: fail what is pending, saying why."""
+        others = {r: code for r, code in byes.items() if r != self.rank}
+        error: HoraError
+        if not others:
+            error = ShutdownError(f"hora was shut down on rank {self.rank}")
+        elif all(code == -1 for code in others.values()):
+            error = ShutdownError(
+                f"{format_ranks(others)} called shutdown(); no collective can run after a rank shut down "
+                "(call shutdown() on every rank)"
             )
         else:
-            error = ShutdownError(f"hora was shut down on rank {self.rank}")
+            parts = []
+            for r, code in sorted(others.items()):
+                how = {-2: "ended", -3: "ended with an uncaught exception"}.get(code, "called shutdown()")
+                parts.append(f"the script of {self._control.who(r)} {how}")
+            whose = "that rank's" if len(others) == 1 else "those ranks'"
+            error = ShutdownError(
+                f"{'; '.join(parts)} while this rank was still in a collective with it; the root cause is in "
+                f"{whose} output"
+            )
         with self._lock:
             if self._failed is None and not me_too:
                 self._failed = error

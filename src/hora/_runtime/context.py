@@ -11,6 +11,7 @@ import atexit
 import dataclasses
 import logging
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -119,7 +120,7 @@ def init(**settings: Any) -> None:
         _generation += 1
         _current = _start(config, launch, _generation)
         if not _atexit_registered:
-            atexit.register(shutdown)
+            atexit.register(_shutdown_at_exit)
             _atexit_registered = True
         log.debug(
             "rank %d/%d initialised (%s, %s transport)",
@@ -150,17 +151,26 @@ def _drop_stale_hora_run_settings(config: Config, launch: LaunchInfo) -> Config:
     return dataclasses.replace(config, **defaults)
 
 
+def _shutdown_at_exit() -> None:
+    """The interpreter is exiting with hora still up: tell the other ranks whether the script ended or raised."""
+    _shutdown("error" if getattr(sys, "last_value", None) is not None else "exit")
+
+
 def shutdown() -> None:
     """Stop the engine and release connections and shared memory. Pending collectives fail with ShutdownError."""
+    _shutdown("")
+
+
+def _shutdown(exiting: str) -> None:
     global _current
     with _lock:
         ctx, _current = _current, None
     if ctx is None:
         return
     for sub in list(ctx.sets.values()):  # process sets first: their engines may wait on the global one's peers
-        sub.engine.shutdown()
+        sub.engine.shutdown(exiting=exiting)
     ctx.sets.clear()
-    ctx.engine.shutdown()
+    ctx.engine.shutdown(exiting=exiting)
     if ctx.bootstrap is not None:
         ctx.bootstrap.close()
 

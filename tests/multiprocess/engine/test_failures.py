@@ -75,6 +75,12 @@ def test_worker_exception_is_the_root_cause(code):
         assert result.exit_code == 1
         assert "ValueError: boom from rank 1" in result.report()
     assert all(c is not None for c in result.returncodes)
+    # the survivors say what happened to rank 1, in which collective, and where to look
+    how = "ended" if code else "ended with an uncaught exception"
+    for r in (0, 2):
+        err = stderr_of(result, r)
+        assert "allreduce 'never-completes' cannot complete: the script of rank 1 (host " in err, err
+        assert f") {how} while this rank was still in a collective with it; the root cause is in that rank's output" in err, err
 
 
 def test_rank_that_never_arrives_is_named():
