@@ -11,13 +11,15 @@ from __future__ import annotations
 import builtins
 import contextlib
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from hora._engine.messages import decode, encode
+from hora._engine.negotiation import format_ranks
 from hora._wire import recv_frame, send_frame
 from hora.errors import HoraError, PeerLostError, TimeoutError
 
-__all__ = ["ControlLinks"]
+__all__ = ["ControlLinks", "leaving_message"]
 
 
 class ControlLinks:
@@ -82,3 +84,23 @@ class ControlLinks:
     def close(self) -> None:
         for peer in self.peers:
             self.drop(peer)
+
+
+def leaving_message(others: dict[int, int], who: Callable[[int], str]) -> str:
+    """Why the ranks ``others`` (rank -> BYE code: -1 shutdown(), -2 the script ended, -3 it ended with an uncaught
+    exception) can no longer take part in a collective; empty when there are none."""
+    if not others:
+        return ""
+    if all(code == -1 for code in others.values()):
+        return (
+            f"{format_ranks(others)} called shutdown(); no collective can run after a rank shut down (call "
+            "shutdown() on every rank)"
+        )
+    parts = []
+    for r, code in sorted(others.items()):
+        how = {-2: "ended", -3: "ended with an uncaught exception"}.get(code, "called shutdown()")
+        parts.append(f"the script of {who(r)} {how}")
+    whose = "that rank's" if len(others) == 1 else "those ranks'"
+    return (
+        f"{'; '.join(parts)} while this rank was still in a collective with it; the root cause is in {whose} output"
+    )

@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 
 from hora._engine.cache import ResponseCache, cacheable
-from hora._engine.control import ControlLinks
+from hora._engine.control import ControlLinks, leaving_message
 from hora._engine.exchange import DIRECT_MAX_TENSORS, DirectPath, ExchangeLayout
 from hora._engine.execute import run_responses, transport_activity
 from hora._engine.handle import Entry, Handle
 from hora._engine.messages import Kind, Request, Response
-from hora._engine.negotiation import Coordinator, format_ranks
+from hora._engine.negotiation import Coordinator
 from hora._engine.stall import StallInspector
 from hora._engine.timeline import Timeline
 from hora._engine.wakeup import WakePipe
@@ -456,24 +456,7 @@ class Engine:
     def _on_bye(self, byes: dict[int, int], me_too: bool) -> None:
         """Ranks ``byes`` (rank -> its BYE code) are leaving: fail what is pending, saying why."""
         others = {r: code for r, code in byes.items() if r != self.rank}
-        error: HoraError
-        if not others:
-            error = ShutdownError(f"hora was shut down on rank {self.rank}")
-        elif all(code == -1 for code in others.values()):
-            error = ShutdownError(
-                f"{format_ranks(others)} called shutdown(); no collective can run after a rank shut down "
-                "(call shutdown() on every rank)"
-            )
-        else:
-            parts = []
-            for r, code in sorted(others.items()):
-                how = {-2: "ended", -3: "ended with an uncaught exception"}.get(code, "called shutdown()")
-                parts.append(f"the script of {self._control.who(r)} {how}")
-            whose = "that rank's" if len(others) == 1 else "those ranks'"
-            error = ShutdownError(
-                f"{'; '.join(parts)} while this rank was still in a collective with it; the root cause is in "
-                f"{whose} output"
-            )
+        error = ShutdownError(leaving_message(others, self._control.who) or f"hora was shut down on rank {self.rank}")
         with self._lock:
             if self._failed is None and not me_too:
                 self._failed = error
