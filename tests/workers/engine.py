@@ -154,6 +154,29 @@ def stall_warning_worker(sleep: float) -> tuple[list[float], list[str]]:
     return out.tolist(), records
 
 
+def stall_timing_worker(cached: bool, sleep: float) -> tuple[float, float | None]:
+    """Rank 1 submits 'timed' ``sleep`` seconds after rank 0. Returns (when rank 0 submitted it, when rank 0
+    logged the first stall warning), in time.time() seconds."""
+    warned: list[float] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "Stalled collectives" in record.getMessage() and not warned:
+                warned.append(record.created)
+
+    logging.getLogger("hora").addHandler(Collect(logging.WARNING))
+    hvd.init()
+    if cached:
+        hvd.allreduce(np.ones(3), name="timed")
+    hvd.barrier()
+    submitted = time.time()
+    if hvd.rank() == 1:
+        time.sleep(sleep)
+    hvd.allreduce(np.ones(3), name="timed")
+    hvd.shutdown()
+    return submitted, (warned[0] if warned else None)
+
+
 def timeline_worker(path: str, runtime: bool) -> int:
     """A few fused and unfused collectives with a timeline on (from the environment, or started at run time)."""
     hvd.init()

@@ -106,6 +106,14 @@ def raising_worker(code: int) -> None:
     hvd.allreduce(np.ones(4), name="never-completes")
 
 
+def asleep_worker() -> None:
+    """Rank 2 never submits the collective the others wait in (it sleeps); the stall shutdown ends the job."""
+    hvd.init()
+    if hvd.rank() == 2:
+        time.sleep(120)
+    hvd.allreduce(np.ones(4), name="waits.for.rank2")
+
+
 def late_worker() -> None:
     if int(os.environ["HORA_RANK"]) == 1:
         time.sleep(600)  # never arrives

@@ -89,7 +89,7 @@ class Engine:
         self._s = settings
         self._coordinator = Coordinator(size) if rank == 0 else None
         self._stalls = (
-            StallInspector(size, settings.stall_check_time, settings.stall_shutdown_time)
+            StallInspector(size, settings.stall_check_time, settings.stall_shutdown_time, describe_rank or {})
             if rank == 0 and settings.stall_check
             else None
         )
@@ -387,14 +387,19 @@ class Engine:
     # -- full negotiation round ---------------------------------------------------------------------------------
     def _full_round(self, timeline: Timeline | None) -> list[tuple[Response, Entry | None]]:
         requests = [e.request for e in self._uncached]
+        now = time.monotonic()
+        # how long each request has waited on this rank already (a cached one first waits in the cache), so the
+        # stall inspector counts from the first submission, as its documented time promises
+        waited = [max(0.0, now - e.queued_at) for e in self._uncached]
         self._uncached = []
         if self._coordinator is not None:
-            self._submit(0, requests, timeline)
+            self._submit(0, requests, waited, timeline)
             for peer in self._control.peers:
                 kind, payload = self._control.recv(peer, "its requests")
                 if kind != "req":
                     raise HoraInternalError(f"expected requests from {self._control.who(peer)}, got {kind!r}")
-                self._submit(peer, [Request.from_wire(w) for w in payload], timeline)
+                ages = [float(w[10]) if len(w) > 10 else 0.0 for w in payload]
+                self._submit(peer, [Request.from_wire(w) for w in payload], ages, timeline)
             responses = self._coordinator.take()
             fatal, self._stall_fatal = self._stall_fatal, None
             self._control.send_all("resp", [[r.to_wire() for r in responses], fatal])
@@ -402,7 +407,7 @@ class Engine:
                 for r in responses:
                     timeline.negotiate_end(r.request.name)
         else:
-            self._control.send(0, "req", [r.to_wire() for r in requests])
+            self._control.send(0, "req", [[*r.to_wire(), round(w, 3)] for r, w in zip(requests, waited)])
             kind, payload = self._control.recv(0, "the negotiated responses")
             if kind == "abort":
                 raise PeerLostError(str(payload[0]))
@@ -425,14 +430,14 @@ class Engine:
                 self._joined = False
         return out
 
-    def _submit(self, peer: int, requests: list[Request], timeline: Timeline | None) -> None:
+    def _submit(self, peer: int, requests: list[Request], waited: list[float], timeline: Timeline | None) -> None:
         assert self._coordinator is not None
         if timeline is not None:
             for r in requests:
                 if r.kind is not Kind.JOIN:  # opens the phase unless open (the timeline may start mid-negotiation)
                     timeline.negotiate_start(r.name, r.kind.value)
                 timeline.negotiate_rank_ready(r.name, peer)
-        self._coordinator.submit(peer, requests)
+        self._coordinator.submit(peer, requests, waited)
 
     # -- execution -------------------------------------------------------------------------------------------
     def _execute_all(self, ready: list[tuple[Response, Entry | None]], timeline: Timeline | None) -> None:

@@ -65,14 +65,20 @@ class Coordinator:
         self._out: list[Response] = []
 
     # -- inputs -----------------------------------------------------------------------------------------------
-    def submit(self, rank: int, requests: Iterable[Request]) -> None:
-        for req in requests:
+    def submit(self, rank: int, requests: Iterable[Request], waited: Iterable[float] | None = None) -> None:
+        """Requests of ``rank``; ``waited``: how long each has waited on that rank already (the stall inspector
+        counts from the earliest submission of a name)."""
+        now = time.monotonic()
+        requests = list(requests)
+        ages = list(waited) if waited is not None else [0.0] * len(requests)
+        for req, age in zip(requests, ages):
             if req.kind is Kind.JOIN:
                 self._join(rank)
                 continue
             entry = self._table.setdefault(req.name, {})
-            if not entry:
-                self._since[req.name] = time.monotonic()
+            since = now - max(0.0, age)
+            if not entry or since < self._since.get(req.name, since):
+                self._since[req.name] = since
             if rank in entry:
                 self._error(
                     req,

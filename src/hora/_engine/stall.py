@@ -19,8 +19,9 @@ log = logging.getLogger("hora")
 class StallInspector:
     """Checks the coordinator's waiting collectives every tenth of the check (or shutdown) time."""
 
-    def __init__(self, size: int, check_time: float, shutdown_time: float) -> None:
+    def __init__(self, size: int, check_time: float, shutdown_time: float, describe: dict[int, str]) -> None:
         self._size = size
+        self._describe = describe  # rank -> "rank 3 (host b, pid 4242)"
         self._check = check_time
         self._stop = shutdown_time
         self._next = 0.0
@@ -46,7 +47,10 @@ class StallInspector:
         if due:
             for n in due:
                 self._warned[n] = now
-            lines = "\n".join(f"{r}: [{', '.join(names)}]" for r, names in sorted(missing.items()))
+            lines = "\n".join(
+                f"{r}: [{', '.join(names)}]" + (f"  ({self._describe[r]})" if r in self._describe else "")
+                for r, names in sorted(missing.items())
+            )
             log.warning(
                 "Stalled collectives: %d waited more than %gs for other ranks. This may indicate that different "
                 "ranks are trying to submit different tensors or that only a subset of ranks is submitting "

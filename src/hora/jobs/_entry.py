@@ -57,7 +57,11 @@ def rank_env(base: dict[str, str], plan: dict, host_env: dict[str, str], rank: i
         MASTER_ADDR=plan["addresses"][0],
         HORA_BIND_ADDR=plan["addresses"][index],
         HORA_JOB_NAME=plan["job_name"],
+        TRAINING_JOB_NAME=plan["job_name"],  # what SageMaker's platform sets in the container (the toolkit reads it)
         PYTHONUNBUFFERED="1",
+        # where SageMaker's training toolkit (sagemaker_training.environment) reads this host's /opt/ml tree, so
+        # its Environment() agrees with the SM_* variables on every host, with or without the /opt/ml mount
+        SAGEMAKER_BASE_DIR=str(Path(host_env["SM_MODEL_DIR"]).parent),
     )
     return env
 

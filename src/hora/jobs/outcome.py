@@ -61,7 +61,11 @@ def failure_reason(job_dir: Path, hosts: list[str], processes_per_host: int, att
     host = hosts[host_index_of_rank(rc.rank, processes_per_host)]
     status = statuses.get(rc.rank, {"tail": [], "returncode": rc.returncode, "pid": rc.pid})
     tail, code, pid = status["tail"], status["returncode"], status["pid"] or rc.pid
-    lines = [f"AlgorithmError: host {host}, rank {rc.rank} (pid {pid}) failed first: {describe_code(code)}"]
+    if rc.stopped:  # the rank the others waited for until the stall shutdown (hora.runner.result.root_cause)
+        lines = [f"AlgorithmError: host {host}, rank {rc.rank} (pid {pid}) kept the other ranks waiting until the "
+                 f"stall shutdown, then was stopped ({describe_code(code)}): {rc.reason}"]  # fmt: skip
+    else:
+        lines = [f"AlgorithmError: host {host}, rank {rc.rank} (pid {pid}) failed first: {describe_code(code)}"]
     tb = traceback_tail(tail)
     if tb:
         lines.append("last lines of its stderr:")

@@ -3,6 +3,8 @@ failure table)."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import signal
 from dataclasses import dataclass, field
 
@@ -55,6 +57,11 @@ class RunResult:
             head = f"hora run: interrupted by {signal.Signals(self.interrupted).name}; stopped every rank."
         elif self.root_cause is None:
             return ""
+        elif self.root_cause.stopped:  # the rank the others waited for (a stall), stopped by hora run
+            head = (
+                f"hora run: the other ranks waited for rank {self.root_cause.rank} until the stall shutdown (the "
+                "root cause, below); every rank was stopped."
+            )
         else:
             head = (
                 f"hora run: rank {self.root_cause.rank} failed first (the root cause, below); "
@@ -73,13 +80,17 @@ class RunResult:
                 lines.append(f"  why   : {rc.reason}")
             if rc.tail:
                 lines.append("  last stderr lines:")
-                lines += [f"    {t}" for t in rc.tail[-12:]]
+                shown = rc.tail[-12:]
+                user = _user_frame(rc.tail)
+                if user and not any(u in shown for u in user):
+                    lines += [f"    {t}" for t in user] + ["    ..."]
+                lines += [f"    {t}" for t in shown]
         lines.append(f"  {'rank':>4}  {'pid':>7}  outcome")
         for r, code in enumerate(self.returncodes):
             f = next((x for x in self.failures if x.rank == r), None)
             if f is None:
                 outcome = "still running" if code is None else f"exit code {code}"
-            elif f is rc:
+            elif rc is not None and f.rank == rc.rank:
                 outcome = f"{f.describe()}   <- root cause"
             elif f.stopped and f.returncode in (-signal.SIGTERM, -signal.SIGKILL, -signal.SIGINT):
                 outcome = f"stopped by hora run ({f.describe()})"
@@ -92,7 +103,20 @@ class RunResult:
         return "\n".join(lines)
 
 
-_FOLLOWER_ERRORS = ("PeerLostError", "ShutdownError")
+def _user_frame(tail: list[str]) -> list[str]:
+    """The innermost traceback frame of the user's code (not hora's) in ``tail``, with its source line, so the
+    report shows where the script was even when hora's frames fill the last lines."""
+    for i in range(len(tail) - 1, -1, -1):
+        line = tail[i].strip()
+        if line.startswith('File "') and "/hora/" not in line and "<frozen" not in line:
+            return [tail[i], tail[i + 1]] if i + 1 < len(tail) and not tail[i + 1].strip().startswith("File") else [tail[i]]
+    return []
+
+
+#: What a rank raises because of another rank: it lost a peer, a peer shut down, or it waited for a peer that
+#: never submitted a collective. A rank that failed with one of these is never the root cause.
+_FOLLOWER_ERRORS = ("PeerLostError", "ShutdownError", "StallError")
+_STALLED_BY = re.compile(r"StallError: .*?\b(ranks? [\d, ]+?) never submitted")
 ROOT_CAUSE_WINDOW = 1.0
 
 
@@ -102,16 +126,32 @@ def root_cause(failures: list[Failure]) -> Failure | None:
     Exit order alone misleads: the kernel closes a dying process's sockets before its parent hears of the death,
     so a peer that reacts at once can be reaped first. Among the failures within a second of the first one (and
     not caused by hora run's own stop signals), prefer a rank killed by a signal, then one whose last error is not
-    hora's reaction to losing a peer (PeerLostError, ShutdownError), then the earliest.
+    hora's reaction to another rank (PeerLostError, ShutdownError, StallError), then the earliest. When the ranks
+    failed with a StallError, the root cause is the rank they waited for (named in it), even if it was still
+    running (stuck, asleep) when hora run stopped it.
     """
     own = [f for f in failures if not f.stopped]
     if not own:
         return None
     first = min(f.when for f in own)
 
+    def last_error(f: Failure) -> str:
+        return next((t for t in reversed(f.tail) if t.strip()), "")
+
     def key(f: Failure) -> tuple[int, float]:
-        last = next((t for t in reversed(f.tail) if t.strip()), "")
-        follower = any(e in last for e in _FOLLOWER_ERRORS)
+        follower = any(e in last_error(f) for e in _FOLLOWER_ERRORS)
         return (0 if f.returncode < 0 else 2 if follower else 1, f.when)
 
-    return min((f for f in own if f.when - first <= ROOT_CAUSE_WINDOW), key=key)
+    chosen = min((f for f in own if f.when - first <= ROOT_CAUSE_WINDOW), key=key)
+    stalled = _STALLED_BY.search(last_error(chosen))
+    if stalled:
+        waited_for = [int(x) for x in re.findall(r"\d+", stalled.group(1))]
+        by_rank = {f.rank: f for f in failures}
+        culprit = next((by_rank[r] for r in waited_for if r in by_rank), None)
+        if culprit is not None:
+            return dataclasses.replace(
+                culprit,
+                reason="the other ranks waited for it in a collective it never submitted; their StallError: "
+                + last_error(chosen).split("StallError: ", 1)[1][:240],
+            )
+    return chosen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -15,6 +16,7 @@ from workers.engine import (
     random_fusion_worker,
     repeated_small_worker,
     scaled_fusion_worker,
+    stall_timing_worker,
     stall_warning_worker,
     stall_worker,
     timeline_worker,
@@ -80,8 +82,19 @@ def test_stall_warning_lists_missing_ranks_then_the_job_completes():
     assert warnings, results[0][1]
     report = warnings[0]
     assert "waited more than 1s for other ranks" in report
-    assert report.endswith("Missing ranks:\n1: [slow.tensor]"), report
+    assert re.search(r"Missing ranks:\n1: \[slow\.tensor\]  \(rank 1 \(host \S+, pid \d+\)\)$", report), report
     assert results[1][1] == [] and results[2][1] == []  # only the coordinator reports
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_stall_warning_comes_at_the_check_time_counted_from_the_first_submission(cached):
+    """A cached tensor first waits in the response cache (half the check time) before it reaches the coordinator:
+    the warning must still come at the check time after rank 0 submitted it, not one and a half check times."""
+    check = 4.0
+    results = run_ranks(stall_timing_worker, 2, cached, 3 * check, stall_check_time=check, timeout=90)
+    submitted, warned = results[0]
+    assert warned is not None, "no stall warning on rank 0"
+    assert check <= warned - submitted < 1.4 * check, (submitted, warned)
 
 
 def test_no_stall_check_means_no_report():

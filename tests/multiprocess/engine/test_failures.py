@@ -14,6 +14,7 @@ from hora._runtime.auth import Role, new_secret
 from hora._runtime.connections import PeerListener, connect_peers
 from support.harness import run_failing, run_ranks, stderr_of
 from workers.failures import (
+    asleep_worker,
     attack_worker,
     duplicate_name_worker,
     killed_peer_worker,
@@ -81,6 +82,14 @@ def test_worker_exception_is_the_root_cause(code):
         err = stderr_of(result, r)
         assert "allreduce 'never-completes' cannot complete: the script of rank 1 (host " in err, err
         assert f") {how} while this rank was still in a collective with it; the root cause is in that rank's output" in err, err
+
+
+def test_after_a_stall_the_rank_the_others_waited_for_is_the_root_cause():
+    result = run_failing(asleep_worker, 3, stall_check_time=1.0, stall_shutdown_time=2.0, timeout=60)
+    assert result.root_cause is not None and result.root_cause.rank == 2, result.report()
+    report = result.report()
+    assert "the other ranks waited for rank 2 until the stall shutdown" in report
+    assert "rank 2 never submitted 'waits.for.rank2'" in report
 
 
 def test_rank_that_never_arrives_is_named():
