@@ -8,7 +8,9 @@ import enum
 import ml_dtypes
 import numpy as np
 
-__all__ = ["DTYPES", "DTYPE_NAMES", "HALF", "ReduceOp", "combine", "even_counts", "offsets", "reduce_into"]
+__all__ = [
+    "DTYPES", "DTYPE_NAMES", "HALF", "ReduceOp", "combine", "even_counts", "offsets", "reduce_into", "scale_into",
+]  # fmt: skip
 
 
 class ReduceOp(enum.IntEnum):
@@ -57,6 +59,23 @@ def reduce_into(acc: np.ndarray, x: np.ndarray, op: int) -> None:
 def combine(a: np.ndarray, b: np.ndarray, out: np.ndarray, op: int) -> None:
     """``out = a (op) b`` elementwise."""
     _UFUNCS[ReduceOp(op)](a, b, out=out)
+
+
+def scale_into(src: np.ndarray, factor: float, out: np.ndarray) -> None:
+    """``out = factor * src`` as Horovod's CPU ``ScaleBuffer`` computes it (horovod/common/ops/
+    collective_operations.h): float64 keeps its type; float32 multiplies by ``(float) factor``; float16 (and
+    bfloat16, which Horovod's CPU path treats the same way as far as we know) is widened to float32, multiplied
+    by ``(float) factor`` and rounded back to nearest; integers (and bool) multiply in float64 and convert back by
+    C truncation toward zero."""
+    dt = src.dtype
+    if dt == np.float64:
+        np.multiply(src, factor, out=out)
+    elif dt == np.float32:
+        np.multiply(src, np.float32(factor), out=out)
+    elif dt in HALF:
+        out[...] = (src.astype(np.float32) * np.float32(factor)).astype(dt)
+    else:
+        np.multiply(src, np.float64(factor), out=out, casting="unsafe")  # float64 loop, truncating cast
 
 
 def even_counts(n: int, parts: int) -> list[int]:

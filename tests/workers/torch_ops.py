@@ -311,8 +311,10 @@ def optimizer_state_worker(kind: str) -> bool:
             opt.step()
         for group in opt.param_groups:
             group["lr"] = 0.123
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    # Horovod's broadcast_optimizer_state first steps a stateless optimizer once on zero gradients (here on the
+    # ranks other than 0), which moves parameters under weight decay (adamw): so parameters are broadcast after
     hvd.broadcast_optimizer_state(opt, root_rank=0)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     state = opt.state_dict()
     everyone = hvd.allgather_object(state)
     ref = everyone[0]

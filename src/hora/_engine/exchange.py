@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from hora._dtypes import DTYPES, HALF, ReduceOp, combine, reduce_into
+from hora._dtypes import DTYPES, HALF, ReduceOp, combine, reduce_into, scale_into
 from hora._engine.cache import ResponseCache
 from hora._engine.fusion import nbytes
 from hora._engine.handle import Entry
@@ -166,7 +166,7 @@ class DirectPath:
                 for p in parts[2:]:
                     reduce_into(flat, p, op)
             if post != 1.0:
-                np.multiply(flat, post, out=flat, casting="unsafe")
+                scale_into(flat, post, flat)
             if timeline is not None:
                 timeline.end(entry.request.name)
             entry.handle._set_result(out)

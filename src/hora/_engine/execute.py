@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from hora._dtypes import DTYPES, ReduceOp, even_counts
+from hora._dtypes import DTYPES, ReduceOp, even_counts, scale_into
 from hora._engine.fusion import plan
 from hora._engine.handle import Entry
 from hora._engine.messages import Kind, Request, Response
@@ -58,14 +58,14 @@ def _scaled_reduce(
         op, post = ReduceOp.SUM, post / plane.size
     if pre != 1.0:
         scaled = dst if counts is None else np.empty_like(src)  # allreduce scales straight into its output
-        np.multiply(src, pre, out=scaled, casting="unsafe")
+        scale_into(src, pre, scaled)
         src = scaled
     if counts is None:
         plane.allreduce(src, dst, op)
     else:
         plane.reducescatter(src, dst, counts, op)
     if post != 1.0:
-        np.multiply(dst, post, out=dst, casting="unsafe")
+        scale_into(dst, post, dst)
 
 
 def execute(plane: Transport, resp: Response, entry: Entry | None) -> Any:
@@ -149,7 +149,7 @@ def execute_fused(
     plane.what = f"fused allreduce of {len(names)} tensors ('{names[0]}', ...)"
     if pre != 1.0:
         for s, d in zip(srcs, dsts):
-            np.multiply(s, pre, out=d, casting="unsafe")
+            scale_into(s, pre, d)
         srcs = dsts
     if getattr(plane, "stages_pieces", False):  # shm: packing into the segment is the transport's first copy
         with phase(timeline, names, activity):
@@ -168,7 +168,7 @@ def execute_fused(
                 lo += d.size
     if post != 1.0:
         for d in dsts:
-            np.multiply(d, post, out=d, casting="unsafe")
+            scale_into(d, post, d)
     return outs
 
 

@@ -222,11 +222,11 @@ def grouped_allreduce_(
 
 # -- reducescatter -------------------------------------------------------------------------------------------------
 def _reducescatter_entry(
-    group: Group, tensor: Any, name: str | None, op: Any, prescale: float, postscale: float
+    group: Group, tensor: Any, name: str | None, op: Any, prescale: float, postscale: float, what: str
 ) -> Entry:
-    arr = as_array(tensor, "reducescatter")
-    if arr.ndim == 0:
-        arr = arr.reshape(1)
+    arr = as_array(tensor, what)
+    if arr.ndim == 0:  # Horovod refuses scalars too; checked here, so no rank sends anything
+        raise ValueError(f"{what}: a 0-d tensor (scalar) cannot be scattered; it needs at least one dimension")
     return Entry(reduce_request(Kind.REDUCESCATTER, group, arr, name, op, prescale, postscale), arr)
 
 
@@ -241,7 +241,9 @@ def reducescatter_async(
     """Start reducing ``tensor`` across ranks; rank r receives its share of the first dimension (lower ranks take
     the remainder)."""
     group = group_of(process_set)
-    entry = _reducescatter_entry(group, tensor, name, resolve_op(None, op), prescale_factor, postscale_factor)
+    entry = _reducescatter_entry(
+        group, tensor, name, resolve_op(None, op), prescale_factor, postscale_factor, "reducescatter"
+    )
     submit(group, entry)
     return entry.handle
 
@@ -272,7 +274,9 @@ def grouped_reducescatter_async(
     resolved = resolve_op(None, op)
     base = name if name is not None else group.auto_name("grouped_reducescatter")
     entries = [
-        _reducescatter_entry(group, t, f"{base}.{i}", resolved, prescale_factor, postscale_factor)
+        _reducescatter_entry(
+            group, t, f"{base}.{i}", resolved, prescale_factor, postscale_factor, "grouped_reducescatter"
+        )
         for i, t in enumerate(tensors)
     ]
     submit(group, *entries)

@@ -16,6 +16,7 @@ from hora.torch.mpi_ops import (
     rank,
     synchronize,
 )
+from hora.torch.optimizer import DistributedOptimizer
 
 
 def broadcast_parameters(params: Any, root_rank: int, process_set: ProcessSet = global_process_set) -> None:
@@ -46,6 +47,24 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: ProcessSet = 
         synchronize(h)
 
 
+def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """Horovod 0.28's (horovod/torch/functions.py): a new optimizer has no state yet, so every parameter that
+    requires a gradient gets a zero one (sparse for SparseAdam; an existing gradient is replaced, as Horovod
+    does) and the optimizer takes one step to create its state. A DistributedOptimizer steps as the wrapped
+    optimizer, without allreduces (they would need every rank to step). Like Horovod, the parameters are not
+    restored: a zero-gradient step leaves them unchanged unless the optimizer decays weights."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = p.data.new(p.size()).zero_()
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    if type(optimizer).__module__ == DistributedOptimizer.__module__:
+        super(optimizer.__class__, optimizer).step()  # type: ignore[misc]
+    else:
+        optimizer.step()
+
+
 def broadcast_optimizer_state(
     optimizer: torch.optim.Optimizer, root_rank: int, process_set: ProcessSet = global_process_set
 ) -> None:
@@ -58,6 +77,8 @@ def broadcast_optimizer_state(
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state_dict()["state"]:
+        _initialize_state(optimizer)
     root = rank() == root_rank
     state = optimizer.state_dict() if root else None
     tensors: list[torch.Tensor] = []

@@ -296,8 +296,25 @@ def allgather(
 def grouped_allgather(
     tensors: Sequence[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> list[torch.Tensor]:
-    """Allgather every tensor of the list as one group."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    """Allgather every tensor of the list as one group; gradients flow back as for ``allgather``."""
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+
+
+class HorovodGroupedAllgather(torch.autograd.Function):
+    """Horovod's: the gradients are averaged over ranks (one grouped allreduce) and each rank keeps its rows."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.dims = [t.shape[0] if t.dim() else 1 for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = grouped_allreduce(list(grads), average=True, process_set=ctx.process_set)
+        dims = grouped_allgather([torch.tensor([d], dtype=torch.int64) for d in ctx.dims], process_set=ctx.process_set)
+        r = ctx.process_set.rank()
+        return (None, None, *(g.narrow(0, int(d[:r].sum()) if r else 0, n) for g, d, n in zip(reduced, dims, ctx.dims)))
 
 
 class HorovodBroadcast(torch.autograd.Function):
@@ -366,20 +383,43 @@ def alltoall(
 
 
 class HorovodReducescatter(torch.autograd.Function):
-    """Reducescatter with a gradient: the gradient is allgathered (and averaged when the op averaged)."""
+    """Reducescatter with Horovod 0.28's gradient: the allgather of the output's gradient, times the number of ranks
+    when op is Sum (not Average), times the pre- and post-scale factors."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.op, ctx.process_set = op, process_set
+        ctx.args = (op, process_set, prescale_factor, postscale_factor)
         h = reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor)
         return synchronize(h)
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allgather(grad_output, process_set=ctx.process_set)
-        if ctx.op == Average:
-            grad = grad / ctx.process_set.size()
-        return grad, None, None, None, None, None
+        return _scatter_grad(allgather(grad_output, process_set=ctx.args[1]), *ctx.args), None, None, None, None, None
+
+
+def _scatter_grad(grad: torch.Tensor, op: Any, process_set: ProcessSet, pre: float, post: float) -> torch.Tensor:
+    if op == Sum:
+        grad = grad * (process_set.size() or 1)
+    if pre != 1.0:
+        grad = grad * pre
+    if post != 1.0:
+        grad = grad * post
+    return grad
+
+
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    """``HorovodReducescatter``'s gradient for each tensor of a group (one grouped allgather)."""
+
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.args = (op, process_set, prescale_factor, postscale_factor)
+        h = grouped_reducescatter_async(list(tensors), name, op, process_set, prescale_factor, postscale_factor)
+        return tuple(synchronize(h))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        gathered = grouped_allgather(list(grads), process_set=ctx.args[1])
+        return (None, None, None, None, None, *(_scatter_grad(g, *ctx.args) for g in gathered))
 
 
 def reducescatter(
@@ -408,10 +448,10 @@ def grouped_reducescatter(
 ) -> list[torch.Tensor]:
     """Reducescatter every tensor of the list as one group."""
     pairs = [compression.compress(t) for t in tensors]
-    h = grouped_reducescatter_async(
-        [c for c, _ in pairs], name, op, process_set, prescale_factor, postscale_factor
+    outs = HorovodGroupedReducescatter.apply(
+        name, op, process_set, prescale_factor, postscale_factor, *(c for c, _ in pairs)
     )
-    return [compression.decompress(o, c) for o, (_, c) in zip(synchronize(h), pairs)]
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
