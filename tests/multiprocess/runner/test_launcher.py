@@ -155,10 +155,10 @@ def test_launcher_sweeps_shared_memory_a_crashed_rank_left_behind():
     assert not [n for n in os.listdir("/dev/shm") if n.startswith("hora-")]
 
 
-def test_a_long_line_without_newline_arrives_whole_and_ended():
-    # forwarded as it comes (tests/multiprocess/runner/test_output.py shows it arrives while the rank runs), with one
-    # prefix, and ended with a newline when the stream closes
+def test_output_without_newlines_is_forwarded_not_hoarded():
     code = "import sys; sys.stdout.write('x' * 300_000); sys.stdout.flush()"
     proc = hora_run("-np", "1", sys.executable, "-c", code)
     assert proc.returncode == 0
-    assert proc.stdout.splitlines() == ["[0]<stdout>: " + "x" * 300_000]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[0]<stdout>: ")]
+    assert len(lines) >= 2, "a long unfinished line must be forwarded in pieces"
+    assert sum(len(ln) - len("[0]<stdout>: ") for ln in lines) == 300_000
