@@ -1,15 +1,8 @@
-"""Worker output: prefix each line with its rank, copy it to per-rank files, keep the last lines for the report.
-
-Output is forwarded as it arrives, not line by line: a progress bar that redraws its line with carriage returns
-(tqdm) shows live, as under torchrun. Each line start gets the rank's prefix, a carriage return is followed by the
-prefix again (so the redrawn line keeps it), and when another rank writes to the same terminal stream while a
-line is unfinished, that line is ended first so the two never run together.
-"""
+"""Worker output: prefix each line with its rank, copy it to per-rank files, keep the last lines for the report."""
 
 from __future__ import annotations
 
 import os
-import re
 import selectors
 import sys
 import threading
@@ -20,8 +13,7 @@ from typing import IO
 __all__ = ["OutputPump"]
 
 TAIL_LINES = 20
-MAX_LINE = 64 * 1024  # bytes of an unfinished line kept for the tails and captures before it is taken as a line
-_BREAKS = re.compile(r"(\r\n|\n|\r)")
+MAX_LINE = 64 * 1024  # bytes of an unfinished line kept before it is forwarded anyway
 
 
 class OutputPump:
@@ -45,8 +37,6 @@ class OutputPump:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._write_lock = threading.Lock()
-        #: per terminal stream, the (rank, stream) whose line is unfinished on it
-        self._open_line: dict[str, tuple[int, str] | None] = {"stdout": None, "stderr": None}
 
     def add(self, rank: int, stdout: IO[bytes], stderr: IO[bytes]) -> None:
         self.tails[rank] = deque(maxlen=TAIL_LINES)
@@ -118,77 +108,34 @@ class OutputPump:
         if f is not None:
             f.write(data)
             f.flush()
-        if not self._capture:
-            self._live(rank, stream, data.decode(errors="replace"))
         buf = self._partial[(rank, stream)] + data
         *complete, rest = buf.split(b"\n")
-        if len(rest) > MAX_LINE:  # no newline for a long while (progress bars): take it as a line for the tails
+        if (
+            len(rest) > MAX_LINE
+        ):  # no newline for a long while (progress bars): pass it on rather than hoard it
             complete.append(rest)
             rest = b""
         self._partial[(rank, stream)] = rest
         for line in complete:
-            self._record(rank, stream, line.decode(errors="replace"))
+            self._emit(rank, stream, line.decode(errors="replace"))
 
     def _flush_partial(self, rank: int, stream: str) -> None:
         rest = self._partial.pop((rank, stream), b"")
         if rest:
-            self._record(rank, stream, rest.decode(errors="replace"))
-        if not self._capture:
-            with self._write_lock:
-                if self._open_line[stream] == (rank, stream):  # end its unfinished last line
-                    self._open_line[stream] = None
-                    self._write(stream, "\n", locked=True)
+            self._emit(rank, stream, rest.decode(errors="replace"))
 
-    def _record(self, rank: int, stream: str, line: str) -> None:
-        """A whole line, for the report's tail and for captured output."""
+    def _emit(self, rank: int, stream: str, line: str) -> None:
         line = line.rstrip("\r")
-        if "\r" in line:  # a redrawn line (a progress bar): what the terminal shows is the last drawing
-            line = line.rsplit("\r", 1)[1] or line
         if stream == "stderr":
             self.tails[rank].append(line)
         if self._capture:
             self.lines[rank][stream].append(line)
-
-    def _live(self, rank: int, stream: str, text: str) -> None:
-        """Forward ``text`` now, prefixing every line start (see the module's docstring)."""
-        key = (rank, stream)
-        prefix = f"[{rank}]<{stream}>: " if self._prefix else ""
-        out = []
-        with self._write_lock:
-            owner = self._open_line[stream]
-            for piece in _BREAKS.split(text):
-                if not piece:
-                    continue
-                if piece in ("\n", "\r\n"):
-                    if owner != key:  # an empty line, or ours was cut by another rank's output
-                        out.append(("\n" if owner is not None else "") + prefix)
-                    out.append("\n")
-                    owner = None
-                elif piece == "\r":
-                    if owner == key:
-                        out.append("\r" + prefix)  # the line is redrawn: it keeps its prefix
-                    else:
-                        out.append(("\n" if owner is not None else "") + prefix)
-                        owner = key
-                else:
-                    if owner != key:
-                        out.append(("\n" if owner is not None else "") + prefix)
-                        owner = key
-                    out.append(piece)
-            self._open_line[stream] = owner
-            self._write(stream, "".join(out), locked=True)
-
-    def _write(self, stream: str, text: str, locked: bool = False) -> None:
-        if not text:
             return
         target = sys.stdout if stream == "stdout" else sys.stderr
-        if not locked:
-            self._write_lock.acquire()
-        try:
-            target.write(text)
-            target.flush()
-        except (BrokenPipeError, ValueError):
-            pass
-        finally:
-            if not locked:
-                self._write_lock.release()
+        text = f"[{rank}]<{stream}>: {line}\n" if self._prefix else line + "\n"
+        with self._write_lock:
+            try:
+                target.write(text)
+                target.flush()
+            except (BrokenPipeError, ValueError):
+                pass
