@@ -115,6 +115,27 @@ def test_failing_rank_names_host_rank_exit_code_and_traceback(tmp_path):
     assert Path(record.artifacts["output"]).is_file()
 
 
+STALLING = """
+    import time
+    import numpy as np
+    import hora.numpy as hvd
+    hvd.init()
+    if hvd.rank() == 3:
+        time.sleep(600)  # stuck: the others wait for it in their allreduce
+    hvd.allreduce(np.ones(4), name="grad")
+"""
+
+
+def test_the_rank_the_others_waited_for_is_named_not_a_waiting_one(tmp_path):
+    _, record = run_script(tmp_path, STALLING, "stalling", instance_count=2, processes_per_host=2,
+                           distribution={"mpi": {"enabled": True, "custom_mpi_options":
+                               "--stall-check-warning-time-seconds 1 --stall-check-shutdown-time-seconds 3"}})  # fmt: skip
+    assert record.status == "Failed"
+    first = record.failure_reason.splitlines()[0]
+    assert first.startswith("AlgorithmError: host algo-2, rank 3 (pid "), record.failure_reason
+    assert "kept the other ranks waiting until the stall shutdown" in first, record.failure_reason
+
+
 def test_script_written_failure_file_wins(tmp_path):
     script = """
         import os, sys
