@@ -3,6 +3,7 @@ against a numpy reference; :func:`shm_rank` is a shared-memory rank in a process
 
 from __future__ import annotations
 
+import os
 import traceback
 from multiprocessing.connection import Connection
 
@@ -171,3 +172,49 @@ def shm_rank(fd: int, rank: int, size: int, name: str, chunk: int) -> None:
         if plane is not None:
             plane.close()
         conn.close()
+
+
+def waits_worker(rounds: int) -> int:
+    """Many collectives of mixed sizes back to back, so ranks meet at barriers early, late and asleep; every result
+    is checked exactly against what each rank contributed."""
+    import hora.numpy as hvd
+
+    hvd.init()
+    me, n = hvd.rank(), hvd.size()
+    checked = 0
+    for i in range(rounds):
+        count = (1, 1000, 300_000)[i % 3]
+        x = np.arange(count, dtype=np.float64) + me * (i + 1)
+        want = np.arange(count, dtype=np.float64) * n + (i + 1) * n * (n - 1) / 2
+        np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum, name=f"ar{i % 3}"), want)
+        gathered = hvd.allgather(np.full(count % 7 + 1, me + i, np.int32), name=f"ag{i % 3}")
+        np.testing.assert_array_equal(gathered, np.repeat(np.arange(n) + i, count % 7 + 1))
+        root = i % n
+        np.testing.assert_array_equal(hvd.broadcast(np.full(count, me, np.int16), root, name=f"b{i % 3}"), root)
+        checked += 3
+    hvd.shutdown()
+    return checked
+
+
+def stopped_peer_worker(tmpdir: str, victim: int) -> None:
+    """The victim SIGSTOPs itself during a large allreduce; the others must end with a clear error naming it once
+    the operation time-out has passed (the stopped process is alive, so it is not a lost peer)."""
+    import signal
+    import threading
+
+    import hora.numpy as hvd
+    from hora.errors import HoraError
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # survive hora run's clean-up long enough to report
+    hvd.init()
+    x = np.ones(8_000_000, np.float32)
+    hvd.allreduce(x, name="warmup")
+    if hvd.rank() == victim:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGSTOP)).start()
+    try:
+        for i in range(100_000):
+            hvd.allreduce(x, name=f"big{i}")
+    except HoraError as exc:
+        with open(os.path.join(tmpdir, f"survivor.{hvd.rank()}"), "w") as f:
+            f.write(f"{type(exc).__name__}: {exc}")
+        os._exit(3)

@@ -16,8 +16,11 @@ the owner reduces its own slice reading the pieces where they are (or, where the
 into its slot first: a ufunc call per tiny piece costs more than the copy), and the gather copies every reduced
 slice straight back out into the pieces. The slot is the fusion buffer; there is no full-size temporary.
 
-Synchronisation is spin-then-sleep on one counter per rank (own cache line): spin while there are enough cores,
-yield, then back off with short sleeps, so more ranks than cores do not starve. While waiting, a rank checks an
+Synchronisation is one counter per rank (own cache line), written after the rank's data: a waiter spins on a late
+peer's counter for about as long as recent waits needed (adaptive, and hardly at all with more ranks than cores),
+yields a few times, then sleeps in the kernel on that counter (futex) after raising a flag beside it; the peer, once
+it has written its counter, wakes it when the flag is up (no syscall otherwise). So a busy machine gives the late
+peer the core at once, and nobody sleep-polls. While waiting, a rank checks an
 abort word that a failing peer sets, and whether the laggard processes are still alive (pid + start time), so a
 peer killed mid-collective becomes a :class:`PeerLostError` within a fraction of a second instead of a hang.
 
@@ -40,6 +43,7 @@ import numpy as np
 
 from hora._dtypes import HALF, combine, even_counts, offsets, reduce_into
 from hora._proc import process_alive
+from hora._transport import futex
 from hora._transport.base import Transport
 from hora.errors import PeerLostError, ProtocolError, TimeoutError
 
@@ -163,6 +167,10 @@ class ShmTransport(Transport):
         self._abort = np.ndarray((1,), np.int64, buffer=self._mm, offset=_ABORT_OFF)
         self._reason = u8[_REASON_OFF : _REASON_OFF + _REASON_LEN]
         self._ctr = np.ndarray((size,), np.int64, buffer=self._mm, offset=_CTR_OFF, strides=(_LINE,))
+        # Beside each counter (same cache line): set by a peer about to sleep on it, cleared by its owner on waking.
+        self._sleepers = np.ndarray((size,), np.int32, buffer=self._mm, offset=_CTR_OFF + 8, strides=(_LINE,))
+        self._addr = [u8.ctypes.data + _CTR_OFF + r * _LINE for r in range(size)]  # the counter's low 32 bits
+        self._others = [(rank + k) % size for k in range(1, size)]
         self._bufs = [
             [u8[header + (2 * r + b) * self._chunk : header + (2 * r + b + 1) * self._chunk] for b in (0, 1)]
             for r in range(size)
@@ -180,9 +188,10 @@ class ShmTransport(Transport):
         # group's size, unless other groups run here too (``busy_processes``: fake or namespace "hosts" of a
         # multi-host job that share one kernel).
         crowded = max(size, busy_processes) > ncpu
-        self._spins = 20 if crowded else 4000
+        self._spins = 20 if crowded else 2000  # at most; about 0.25 us a check
+        self._budget = self._spins
         self._lazy_spins = min(self._spins, 100)
-        self._yields = 5 if crowded else 50
+        self._yields = 2 if crowded else 5
         self._scratch = np.empty(0, np.float32)
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -201,7 +210,7 @@ class ShmTransport(Transport):
             return
         self._bufs = []
         self._xrows = []
-        del self._abort, self._reason, self._ctr
+        del self._abort, self._reason, self._ctr, self._sleepers
         mm, self._mm = self._mm, None
         try:
             mm.close()
@@ -215,6 +224,8 @@ class ShmTransport(Transport):
         self._reason[: len(data)] = np.frombuffer(data, np.uint8)
         self._reason[len(data)] = 0
         self._abort[0] = self.rank + 1
+        for address in self._addr:  # sleeping peers see the abort now, not at their next time-out
+            futex.wake(address)
 
     # -- synchronisation ---------------------------------------------------------------------------------------
     def _next(self) -> int:
@@ -245,45 +256,61 @@ class ShmTransport(Transport):
     def _barrier(self) -> None:
         self._epoch += 1
         v = self._epoch
-        ctr = self._ctr
-        ctr[self.rank] = v
-        if ctr.min() >= v:
-            return
-        # Spinning holds the GIL: only worth it when the waiting thread has nothing else to let run.
-        for _ in range(self._spins if self.eager else self._lazy_spins):
-            if ctr.min() >= v:
-                return
-        self._wait_slow(v)
+        ctr, me = self._ctr, self.rank
+        ctr[me] = v
+        if self._sleepers[me]:  # a peer sleeps on this rank's counter: wake it (no syscall when none does)
+            self._sleepers[me] = 0
+            futex.wake(self._addr[me])
+        for r in self._others:  # counters only grow: one pass over the peers in turn is enough
+            if ctr[r] < v:
+                self._wait_for(r, v)
 
-    def _wait_slow(self, v: int) -> None:
+    def _wait_for(self, r: int, v: int) -> None:
+        """Wait until rank ``r`` has reached barrier ``v``: spin a little (adaptively: about as long as recent
+        waits needed, holding the GIL only when the waiting thread has nothing else to let run), yield a few times,
+        then sleep on ``r``'s counter until ``r`` wakes this rank (futex)."""
         ctr = self._ctr
+        budget = self._budget if self.eager else min(self._budget, self._lazy_spins)
+        for i in range(budget):
+            if ctr[r] >= v:
+                self._budget += (min(self._spins, 2 * i + 10) - self._budget) // 8
+                return
+        self._budget += (min(self._spins, 2 * budget + 10) - self._budget) // 8
+        for _ in range(self._yields):
+            os.sched_yield()
+            if ctr[r] >= v:
+                return
+        self._sleep_for(r, v)
+
+    def _sleep_for(self, r: int, v: int) -> None:
+        ctr, addr, sleepers = self._ctr, self._addr[r], self._sleepers
         start = time.monotonic()
         next_check = start + 0.05
-        pause = 20e-6
-        yields = 0
-        while ctr.min() < v:
+        while True:
+            sleepers[r] = 1  # before reading the counter: r, having written it, sees the flag and wakes us
+            seen = int(ctr[r])
+            if seen >= v:
+                return
             if self._abort[0]:
                 self._raise_aborted()
-            if yields < self._yields:
-                os.sched_yield()
-                yields += 1
-            else:
-                time.sleep(pause)
-                pause = min(pause * 1.5, 1e-3)
+            # Bounded, so peer deaths and time-outs are noticed even with nobody to wake this rank.
+            futex.wait(addr, seen, 0.01)
+            if ctr[r] >= v:
+                return
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + 0.05
-                late = [r for r in range(self.size) if ctr[r] < v]
-                dead = [r for r in late if not process_alive(*self._peers[r])]
+                late = [q for q in range(self.size) if ctr[q] < v]
+                dead = [q for q in late if not process_alive(*self._peers[q])]
                 if dead:
-                    desc = ", ".join(f"{self._labels[r]} (pid {self._peers[r][0]})" for r in dead)
+                    desc = ", ".join(f"{self._labels[q]} (pid {self._peers[q][0]})" for q in dead)
                     message = f"{desc} died during {self.what}; this rank cannot continue"
                     self.abort(message)
                     raise PeerLostError(message)
                 if now - start > self._timeout:
                     message = (
                         f"{self.what} waited {self._timeout:g}s for "
-                        + ", ".join(self._labels[r] for r in late)
+                        + ", ".join(self._labels[q] for q in late)
                         + " inside the shared-memory transport; the peer is alive but stuck "
                         "(raise HORA_OP_TIMEOUT_SECONDS if it is just slow)"
                     )
