@@ -11,14 +11,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = [
-    "die_with_parent",
-    "handle_signals",
-    "kill_group",
-    "process_alive",
-    "process_start_time",
-    "set_parent_death_signal",
-]
+__all__ = ["die_with_parent", "handle_signals", "kill_group", "process_alive", "process_start_time", "set_parent_death_signal", "usable_cpus"]
 
 _PR_SET_PDEATHSIG = 1
 _prctl: Any
@@ -96,3 +89,11 @@ def handle_signals(handler: Callable[[int, Any], Any], *signals: int) -> Iterato
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and ``taskset`` narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

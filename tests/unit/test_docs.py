@@ -25,7 +25,7 @@ def test_every_worker_variable_is_documented():
     env = worker_env(
         {}, rank=1, size=2, local_rank=1, local_size=2, cross_rank=0, cross_size=1, host="localhost",
         rendezvous=("127.0.0.1", 1234), secret=b"s" * 32, job_id="job", master_addr="127.0.0.1", master_port=4321,
-        bind_addr="10.0.0.7",
+        bind_addr="10.0.0.7", cpus=4,
     )  # fmt: skip
     declared = {name for v in WORKER_VARIABLES for name in v.names}
     assert set(env) == declared, "worker_env writes exactly the variables of the contract table"

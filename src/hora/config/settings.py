@@ -78,6 +78,23 @@ class Config:
         "HOROVOD_GLOO_TIMEOUT_SECONDS",
         help="Seconds a rank waits for a peer inside an already negotiated collective before raising.",
     )
+    thread_defaults: bool = _setting(
+        True,
+        parsers.parse_bool,
+        "HORA_THREAD_DEFAULTS",
+        help=(
+            "Launchers (hora run, hora job) give each rank OMP_NUM_THREADS and MKL_NUM_THREADS = its share of its "
+            "host's cores (at least 1) where the user has not set them, so ranks' intra-op thread pools do not "
+            "oversubscribe the machine (torchrun sets 1). 0 leaves them unset."
+        ),
+        flag=Flag(
+            "--thread-defaults",
+            "give each rank OMP/MKL_NUM_THREADS = its share of the host's cores unless set, or (--no-...) leave "
+            "them unset",
+            group="run",
+            action="boolean_optional",
+        ),
+    )
     transport: str = _setting(
         "auto",
         parsers.choice("auto", "shm", "tcp"),

@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hora.config.parsers import parse_bool
 from hora.config.settings import Config
 
-__all__ = ["TOPOLOGY", "WORKER_VARIABLES", "WorkerVariable", "worker_env"]
+__all__ = ["TOPOLOGY", "WORKER_VARIABLES", "WorkerVariable", "thread_defaults", "worker_env"]
 
 #: The topology variables, each written as ``HORA_<X>`` and Horovod's ``HOROVOD_<X>``.
 TOPOLOGY = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")
@@ -84,6 +85,13 @@ WORKER_VARIABLES: tuple[WorkerVariable, ...] = (
         "`5`, `8`, …",
     ),
     WorkerVariable(("PYTHONUNBUFFERED",), "`1`, so prints appear as they happen", "`1`"),
+    WorkerVariable(
+        ("OMP_NUM_THREADS", "MKL_NUM_THREADS"),
+        "the rank's share of its host's cores (cores // ranks on the host, at least 1), only where the user has "
+        "not set them and `HORA_THREAD_DEFAULTS` is not 0 (`--no-thread-defaults`): intra-op thread pools (torch, "
+        "numpy's BLAS, TensorFlow) then do not oversubscribe the host",
+        "`4`",
+    ),
 )
 
 
@@ -104,9 +112,11 @@ def worker_env(
     master_port: int,
     bind_addr: str | None = None,
     settings: Mapping[str, Any] | None = None,
+    cpus: int | None = None,
 ) -> dict[str, str]:
     """``base`` plus everything a worker gets: hora's variables, torchrun's names and Horovod's, and ``settings``
-    (explicit :class:`Config` settings, exported as their ``HORA_*`` variables so they beat inherited ones)."""
+    (explicit :class:`Config` settings, exported as their ``HORA_*`` variables so they beat inherited ones); with
+    ``cpus`` (the host's cores), the thread defaults (:func:`thread_defaults`)."""
     env = dict(base)
     topo = {
         "RANK": rank,
@@ -135,5 +145,17 @@ def worker_env(
         PYTHONUNBUFFERED="1",
     )
     env.update(Config.env_for(settings or {}))
+    if cpus is not None:
+        thread_defaults(env, local_size, cpus)
     return env
+
+
+def thread_defaults(env: dict[str, str], local_size: int, cpus: int) -> None:
+    """Set OMP_NUM_THREADS and MKL_NUM_THREADS in ``env`` to this rank's share of ``cpus`` cores, each only where
+    ``env`` has no value for it, unless ``env``'s HORA_THREAD_DEFAULTS turns the defaults off."""
+    if not parse_bool(env.get("HORA_THREAD_DEFAULTS", "1")):
+        return
+    share = str(max(1, cpus // max(1, local_size)))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(name, share)
 

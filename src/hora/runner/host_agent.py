@@ -24,8 +24,9 @@ import threading
 import time
 from typing import IO, Any
 
-from hora._proc import die_with_parent, kill_group, set_parent_death_signal
+from hora._proc import die_with_parent, kill_group, set_parent_death_signal, usable_cpus
 from hora.config.variables import environment
+from hora.config.worker_env import thread_defaults
 from hora.runner.agent_protocol import (
     CLOSED,
     ERROR,
@@ -71,9 +72,11 @@ class _Agent:
             env["HORA_BIND_ADDR"] = interface_address(iface)
         for entry in self.job["ranks"]:
             rank = int(entry["rank"])
+            rank_env = {**env, **entry["env"]}
+            thread_defaults(rank_env, int(rank_env.get("HORA_LOCAL_SIZE", "1")), usable_cpus())
             proc = subprocess.Popen(
                 list(self.job["command"]),
-                env={**env, **entry["env"]},
+                env=rank_env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

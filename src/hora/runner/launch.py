@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hora._proc import die_with_parent, handle_signals
+from hora._proc import die_with_parent, handle_signals, usable_cpus
 from hora._runtime.auth import new_secret
 from hora._runtime.rendezvous import RendezvousServer
 from hora._transport.shm import sweep
@@ -82,8 +82,10 @@ def _worker_env(
     master: tuple[str, int],
     bind_addr: str | None,
     base: Mapping[str, str],
+    cpus: int | None = None,
 ) -> dict[str, str]:
-    """Everything a worker gets (:func:`hora.config.worker_env.worker_env`), on top of ``base``."""
+    """Everything a worker gets (:func:`hora.config.worker_env.worker_env`), on top of ``base``; ``cpus``: the
+    cores of the rank's host, for the thread defaults (None for a remote host, whose agent counts its own)."""
     return worker_env(
         base,
         rank=slot.rank,
@@ -100,6 +102,7 @@ def _worker_env(
         master_port=master[1],
         bind_addr=bind_addr,
         settings=spec.settings,
+        cpus=cpus,
     )
 
 
@@ -206,7 +209,9 @@ def launch(spec: LaunchSpec) -> RunResult:
             handles: dict[int, LocalRank | RemoteRank] = {}
             for slot in plan.slots:
                 if slot.host not in plan.remote_hosts:
-                    env = _worker_env(spec, slot, rdv, secret, job_id, master, plan.bind[slot.host], base_env)
+                    env = _worker_env(
+                        spec, slot, rdv, secret, job_id, master, plan.bind[slot.host], base_env, usable_cpus()
+                    )
                     handles[slot.rank] = _start_local(spec, slot, env, job)
             forwarded = forwarded_env(base_env)
             for name in plan.remote_hosts:

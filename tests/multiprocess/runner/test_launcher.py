@@ -161,3 +161,16 @@ def test_output_without_newlines_is_forwarded_whole_with_one_prefix():
     assert proc.returncode == 0
     assert proc.stdout.count("[0]<stdout>: ") == 1
     assert "[0]<stdout>: " + "x" * 300_000 + "\n" in proc.stdout
+
+
+def test_ranks_get_their_share_of_the_cores_as_thread_defaults():
+    code = "import os; print(os.environ.get('OMP_NUM_THREADS'), os.environ.get('MKL_NUM_THREADS'))"
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    proc = hora_run("-np", "2", sys.executable, "-c", code, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == [f"[0]<stdout>: {share} {share}", f"[1]<stdout>: {share} {share}"]
+    proc = hora_run("-np", "2", sys.executable, "-c", code, env={**env, "OMP_NUM_THREADS": "7"})
+    assert sorted(proc.stdout.splitlines()) == [f"[0]<stdout>: 7 {share}", f"[1]<stdout>: 7 {share}"]
+    proc = hora_run("-np", "2", "--no-thread-defaults", sys.executable, "-c", code, env=env)
+    assert sorted(proc.stdout.splitlines()) == ["[0]<stdout>: None None", "[1]<stdout>: None None"]
