@@ -26,26 +26,29 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-def _syscall() -> Any:
+def _syscall(keep_gil: bool) -> Any:
     if not sys.platform.startswith("linux") or platform.machine() not in _SYS_FUTEX:
         return None
     try:
-        fn = ctypes.CDLL(None, use_errno=True).syscall
+        fn = (ctypes.PyDLL(None) if keep_gil else ctypes.CDLL(None, use_errno=True)).syscall
     except (OSError, AttributeError):
         return None
     fn.restype = ctypes.c_long
     return fn
 
 
-_syscall_fn = _syscall()
+# A wait releases the GIL (it may sleep); a wake keeps it: it never blocks, and handing the GIL back and forth
+# around a microsecond syscall can cost the caller a whole switch interval when another thread wants the GIL.
+_syscall_fn = _syscall(keep_gil=False)
+_wake_fn = _syscall(keep_gil=True)
 _NR = _SYS_FUTEX.get(platform.machine(), -1)
 AVAILABLE = _syscall_fn is not None
 
 
 def wake(address: int) -> None:
     """Wake every process waiting on the word at ``address``."""
-    if _syscall_fn is not None:
-        _syscall_fn(_NR, ctypes.c_void_p(address), _FUTEX_WAKE, _WAKE_ALL, None, None, 0)
+    if _wake_fn is not None:
+        _wake_fn(_NR, ctypes.c_void_p(address), _FUTEX_WAKE, _WAKE_ALL, None, None, 0)
 
 
 def wait(address: int, expected: int, timeout: float) -> None:
