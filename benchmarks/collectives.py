@@ -15,6 +15,9 @@ iterations run; every timed iteration starts after a barrier and is timed on eac
 across ranks is taken and the median over iterations reported. Without ``--iters`` the iteration count adapts:
 enough iterations for about ``--min-time`` seconds, at least ``--min-iters``, at most ``--max-iters``.
 
+With ``--load K``, every framework at every N is measured twice in a row, quiet and then with K foreign busy
+processes (``python -c "while True: pass"``) on the machine, and the tables show both: users' machines are busy.
+
 Sizes are float32 messages; K/M/G are binary (1K = 1024 bytes). For allgather the size is the *total output*
 (each rank contributes size/N), as in nccl-tests. GB/s means 1e9 bytes per second. Bus bandwidth follows
 nccl-tests: allreduce busbw = algbw*2(N-1)/N, allgather busbw = algbw*(N-1)/N, broadcast busbw = algbw.
@@ -23,11 +26,14 @@ nccl-tests: allreduce busbw = algbw*2(N-1)/N, allgather busbw = algbw*(N-1)/N, b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -411,6 +417,18 @@ def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
 
 
 def tables(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
+    lines: list[str] = []
+    for load in _loads(args):
+        lines.append(f"## {'quiet' if not load else f'with {load} busy foreign process(es)'}\n")
+        lines.append(_tables_at(args, [r for r in results if r.get("load", 0) == load]))
+    return "\n".join(lines)
+
+
+def _loads(args: argparse.Namespace) -> list[int]:
+    return [0, args.load] if args.load else [0]
+
+
+def _tables_at(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     index = {(r["framework"], r["op"], r["size"], r["np"]): r for r in results}
     shown = list(args.frameworks)
     lines: list[str] = []
@@ -440,6 +458,20 @@ def tables(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def busy_processes(k: int) -> Iterator[None]:
+    """``k`` foreign processes that keep a core busy each (a data loader, another job), stopped by their pids."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
+    try:
+        if procs:
+            time.sleep(0.5)  # let the scheduler see them
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 def driver(args: argparse.Namespace) -> int:
     started = time.time()
     copy_gbps = copy_bandwidth()
@@ -462,15 +494,17 @@ def driver(args: argparse.Namespace) -> int:
             print(
                 f"[{time.time() - started:6.0f}s] {LABELS[framework]} at N={n}", file=sys.stderr, flush=True
             )
-            records, note = run_framework(args, framework, n)
-            for rec in records:
-                if rec["kind"] == "start":
-                    versions[framework] = rec.get("version", "")
-                elif rec["kind"] == "result":
-                    results.append(rec)
-            if note:
-                notes.append(f"{LABELS[framework]} at N={n}: {note}")
-                print(f"  skipped/failed: {note}", file=sys.stderr, flush=True)
+            for load in _loads(args):  # quiet, then loaded, back to back: the same machine state otherwise
+                with busy_processes(load):
+                    records, note = run_framework(args, framework, n)
+                for rec in records:
+                    if rec["kind"] == "start":
+                        versions[framework] = rec.get("version", "")
+                    elif rec["kind"] == "result":
+                        results.append({**rec, "load": load})
+                if note:
+                    notes.append(f"{LABELS[framework]} at N={n}, load {load}: {note}")
+                    print(f"  skipped/failed: {note}", file=sys.stderr, flush=True)
     elapsed = time.time() - started
     if versions:
         print("Versions: " + "; ".join(f"{LABELS[k]}: {v}" for k, v in versions.items()) + "\n")
@@ -523,6 +557,10 @@ def main(argv: list[str] | None = None) -> int:
         default="--oversubscribe --bind-to none",
         help="extra mpirun options (default: %(default)r, like the unbound hora and gloo workers)",
     )
+    p.add_argument(
+        "--load", type=int, default=0, metavar="K",
+        help="also measure with K foreign busy processes on the machine, right after each quiet measurement",
+    )  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="also write every result as JSON")
     p.add_argument("--worker", choices=["hora", "gloo", "mpi"], help=argparse.SUPPRESS)
     p.add_argument("--label", default="", help=argparse.SUPPRESS)
