@@ -18,6 +18,7 @@ import numpy as np
 
 #: One size below and one above the engine's small-message path, so both the direct and the staged copies run.
 SIZES = (7, 300_003)
+BIG = 3_000_000  # float32 per rank: a 24-36 MiB allgather result at N=2-3
 
 
 def _input(rank: int, n: int, salt: int) -> np.ndarray:
@@ -62,6 +63,10 @@ def _expected(size: int, salt: int) -> dict[str, Callable[[int], np.ndarray]]:
     return out
 
 
+def _expected_big(size: int, salt: int) -> np.ndarray:
+    return np.concatenate([_input(r, BIG, salt) for r in range(size)])
+
+
 def _numpy_round(hvd: Any, salt: int) -> dict[str, Any]:
     me, size = hvd.rank(), hvd.size()
     got: dict[str, Any] = {}
@@ -76,6 +81,8 @@ def _numpy_round(hvd: Any, salt: int) -> dict[str, Any]:
         got[f"reducescatter{n}"] = hvd.reducescatter(x, op=hvd.Sum, name=f"rs{n}")
         rows = n - n % size
         got[f"alltoall{n}"] = hvd.alltoall(x[:rows], name=f"a2a{n}")
+    # Above the size whose memory is recycled once dropped (hora._engine.outputs): a kept result must not be reused.
+    got["allgather_big"] = hvd.allgather(_input(me, BIG, salt), name="agbig")
     got["object"] = hvd.broadcast_object({"salt": salt, "a": np.arange(3) + salt}, root_rank=0)
     got["objects"] = hvd.allgather_object(np.full(2, me + salt))
     return got
@@ -103,6 +110,7 @@ def numpy_worker() -> bool:
     for kept, salt in ((first, 1), (second, 3)):
         for name, want in _expected(size, salt).items():
             _check(f"{name} (salt {salt})", kept[name], want(me))
+        _check(f"allgather_big (salt {salt})", kept["allgather_big"], _expected_big(size, salt))
         assert kept["object"]["salt"] == salt and list(kept["object"]["a"]) == [salt, salt + 1, salt + 2]
         assert [int(o[0]) for o in kept["objects"]] == [r + salt for r in range(size)]
         repr(kept)

@@ -19,6 +19,7 @@ from hora._engine.cache import ResponseCache
 from hora._engine.fusion import nbytes
 from hora._engine.handle import Entry
 from hora._engine.messages import Kind, Response
+from hora._engine.outputs import new_array
 from hora._engine.timeline import Timeline, request_args
 
 __all__ = [
@@ -153,7 +154,7 @@ class DirectPath:
             info = self.info(slot)
             assert info is not None and entry.input is not None
             dtype, n, op, post = info
-            out = entry.output if entry.output is not None else np.empty_like(entry.input)
+            out = entry.output if entry.output is not None else new_array(entry.input.shape, entry.input.dtype)
             flat = out.reshape(-1)
             parts = [rows[r, offsets[r][slot] : offsets[r][slot] + n].view(dtype) for r in range(size)]
             if timeline is not None:

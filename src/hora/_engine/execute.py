@@ -14,6 +14,7 @@ from hora._dtypes import DTYPES, ReduceOp, even_counts, scale_into
 from hora._engine.fusion import plan
 from hora._engine.handle import Entry
 from hora._engine.messages import Kind, Request, Response
+from hora._engine.outputs import new_array
 from hora._engine.timeline import request_args
 from hora._transport.base import Transport
 from hora.errors import (
@@ -88,26 +89,26 @@ def execute(plane: Transport, resp: Response, entry: Entry | None) -> Any:
     size, me = plane.size, plane.rank
     row = prod(req.shape[1:]) if req.shape else 1  # elements per first-dimension row
     if kind is Kind.ALLREDUCE:
-        out = entry.output if entry.output is not None else np.empty_like(src)
+        out = entry.output if entry.output is not None else new_array(src.shape, src.dtype)
         _scaled_reduce(plane, req, _flat(src), _flat(out), None)
         return out
     if kind is Kind.REDUCESCATTER:
         rows = even_counts(req.shape[0] if req.shape else 1, size)  # lower ranks take the remainder
-        out = np.empty((rows[me], *req.shape[1:]), dtype)
+        out = new_array((rows[me], *req.shape[1:]), dtype)
         _scaled_reduce(plane, req, _flat(src), _flat(out), [r * row for r in rows])
         return out
     if kind is Kind.BROADCAST:
         out = (
             entry.output
             if entry.output is not None
-            else (src.copy() if me == req.root else np.empty_like(src))
+            else (_copy(src) if me == req.root else new_array(src.shape, src.dtype))
         )
         plane.broadcast(_flat(out).view(np.uint8), req.root)
         return out
     nbytes = row * dtype.itemsize
     if kind is Kind.ALLGATHER:
         assert resp.first_dims is not None
-        out = np.empty((sum(resp.first_dims), *req.shape[1:]), dtype)
+        out = new_array((sum(resp.first_dims), *req.shape[1:]), dtype)
         plane.allgather(
             _flat(src).view(np.uint8), _flat(out).view(np.uint8), [d * nbytes for d in resp.first_dims]
         )
@@ -116,7 +117,7 @@ def execute(plane: Transport, resp: Response, entry: Entry | None) -> Any:
         assert resp.splits is not None
         matrix = resp.splits
         received = [matrix[r][me] for r in range(size)]
-        out = np.empty((sum(received), *req.shape[1:]), dtype)
+        out = new_array((sum(received), *req.shape[1:]), dtype)
         plane.alltoall(
             _flat(src).view(np.uint8),
             [s * nbytes for s in matrix[me]],
@@ -139,7 +140,7 @@ def execute_fused(
     op, pre, post = req.op, req.prescale, req.postscale
     if op == ReduceOp.AVERAGE:
         op, post = ReduceOp.SUM, post / plane.size
-    outs = [e.output if e.output is not None else np.empty_like(e.input) for e in entries]
+    outs = [e.output if e.output is not None else _like(e.input) for e in entries]
     dsts = [_flat(o) for o in outs]
     srcs = []
     for e in entries:
@@ -251,3 +252,14 @@ def _run_group(transport: Transport, rank: int, items: list[tuple[Response, Entr
         raise
     for e, result in zip(entries, results):
         e.handle._set_result(result)
+
+
+def _like(src: np.ndarray | None) -> np.ndarray:
+    assert src is not None
+    return new_array(src.shape, src.dtype)
+
+
+def _copy(src: np.ndarray) -> np.ndarray:
+    out = new_array(src.shape, src.dtype)
+    np.copyto(out, src)
+    return out

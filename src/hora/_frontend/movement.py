@@ -11,6 +11,7 @@ import numpy as np
 from hora._dtypes import DTYPE_NAMES
 from hora._engine.handle import Entry, Handle
 from hora._engine.messages import Kind, Request
+from hora._engine.outputs import new_array
 from hora._frontend.core import GroupHandle, as_array, as_inplace_array, blocking, submit
 from hora._frontend.process_set import ProcessSet, global_process_set, group_of, root_index
 from hora._runtime.group import Group
@@ -94,7 +95,9 @@ def start_broadcast(
         root=root,
     )
     if out is None:
-        out = arr if inplace else (arr.copy() if group.rank == root else np.empty_like(arr))
+        out = arr if inplace else new_array(arr.shape, arr.dtype)
+        if not inplace and group.rank == root:
+            np.copyto(out, arr)
     elif group.rank == root and out is not arr:
         out[...] = arr
     entry = Entry(req, arr, out)

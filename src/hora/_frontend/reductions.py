@@ -14,6 +14,7 @@ import numpy as np
 
 from hora._engine.handle import Entry, Handle
 from hora._engine.messages import Kind
+from hora._engine.outputs import new_array
 from hora._frontend.core import (
     Average,
     GroupHandle,
@@ -64,7 +65,7 @@ def start_allreduce(
     arr = as_inplace_array(tensor, "allreduce_") if inplace else as_array(tensor, "allreduce")
     req = reduce_request(Kind.ALLREDUCE, group, arr, name, resolve_op(average, op), prescale_factor, postscale_factor)
     if out is None:
-        out = arr if inplace else np.empty_like(arr)
+        out = arr if inplace else new_array(arr.shape, arr.dtype)
     entry = Entry(req, arr, out)
     submit(group, entry)
     return entry.handle
@@ -154,7 +155,7 @@ def start_grouped_allreduce(
     for i, t in enumerate(tensors):
         arr = as_inplace_array(t, "grouped_allreduce_") if inplace else as_array(t, "grouped_allreduce")
         req = reduce_request(Kind.ALLREDUCE, group, arr, f"{base}.{i}", resolved, prescale_factor, postscale_factor)
-        out = outs[i] if outs is not None else arr if inplace else np.empty_like(arr)
+        out = outs[i] if outs is not None else arr if inplace else new_array(arr.shape, arr.dtype)
         entries.append(Entry(req, arr, out))
     submit(group, *entries)
     return GroupHandle([e.handle for e in entries])

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from hora._engine import outputs
 from hora._engine.engine import Engine
 from hora._engine.negotiation import format_ranks
 from hora._runtime.bootstrap import Bootstrap, local_addr_towards, start_bootstrap
@@ -173,6 +174,7 @@ def _shutdown(exiting: str) -> None:
     ctx.engine.shutdown(exiting=exiting)
     if ctx.bootstrap is not None:
         ctx.bootstrap.close()
+    outputs.clear()  # the result buffers kept for reuse
 
 
 def is_initialized() -> bool:
