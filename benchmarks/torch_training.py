@@ -162,8 +162,9 @@ def worker(args: argparse.Namespace) -> int:
     import torch.nn.functional as F
 
     fw: Framework = HoraFramework() if args.worker == "hora" else DdpFramework()
-    threads = args.threads or max(1, (os.cpu_count() or 1) // fw.local_size)
-    torch.set_num_threads(threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()  # by default what a user gets: the launcher's OMP_NUM_THREADS, if any
     torch.manual_seed(args.seed)
     model, local = make_model(), make_model()
     local.load_state_dict(model.state_dict())
@@ -413,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         "--threads",
         type=int,
         default=0,
-        help="torch threads per rank (default 0: CPUs / ranks on the machine)",
+        help="torch threads per rank (default 0: leave torch's default, i.e. what hora run's thread defaults give)",
     )
     p.add_argument(
         "--smoke", action="store_true", help="2 rounds x 2 timed steps, 1 warm-up: checks that it runs"
