@@ -94,7 +94,9 @@ class Autotuner:
             self._log.flush()
         self.active = True
         self.proposal: TunedPoint | None = None
-        self._began: float | None = None  # when the current sample began (None: at its first completion)
+        # when the current sample began: the end of a cycle (None: at the end of the first cycle that completes
+        # something, which is not counted; every sample then runs from one cycle's end to another's)
+        self._began: float | None = None
         self._bytes = 0
         self._counts: dict[str, int] = {}
 
@@ -105,6 +107,7 @@ class Autotuner:
             return  # between a decision and its switch nothing is scored
         if self._began is None:
             self._began = now
+            return
         for resp in responses:
             self._bytes += nbytes(resp)
             name = resp.request.name
@@ -116,7 +119,7 @@ class Autotuner:
         if not self._counts or max(self._counts.values()) < self._steps:
             return
         duration = max(now - self._began, 1e-9)
-        self._sampled(self._bytes / duration)
+        self._sampled(self._bytes / duration, now)
 
     def applied(self, point: TunedPoint, now: float) -> None:
         """``point`` took effect on every rank at the end of this cycle: the next sample starts now."""
@@ -129,11 +132,11 @@ class Autotuner:
             self._log = None
 
     # -- the search ---------------------------------------------------------------------------------------------
-    def _sampled(self, score: float) -> None:
+    def _sampled(self, score: float, now: float) -> None:
         if self._warmup > 0:
             self._warmup -= 1
             log.debug("autotune warm-up sample: %.3g bytes/s", score)
-            self._restart()
+            self._began, self._bytes, self._counts = now, 0, {}  # the next sample starts where this one ended
             return
         self._search.tell(self._encode(self.point), score)
         if self._log is not None:
@@ -151,9 +154,6 @@ class Autotuner:
             self.proposal = final if final != self.point else None
             return
         self.proposal = self._decode(self._search.ask())
-
-    def _restart(self) -> None:
-        self._began, self._bytes, self._counts = None, 0, {}
 
     def _encode(self, p: TunedPoint) -> np.ndarray:
         x = [p.fusion_threshold / FUSION_MAX, p.cycle_time_ms / CYCLE_MAX_MS]

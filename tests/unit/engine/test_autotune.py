@@ -31,6 +31,13 @@ def tuner(tmp_path=None, warmup=1, steps=2, max_samples=4, cache=True):
     return Autotuner(START, warmup, steps, max_samples, 0.8, path, cache, False)
 
 
+def begin(t, clock=0.0):
+    """The first cycle that completes something only marks where the first sample begins (at its end)."""
+    t.record(grads(), clock)
+    t.end_cycle(clock)
+    return clock
+
+
 def run_sample(t, clock, steps=2, seconds=1.0):
     """``steps`` steps of three 1 KiB gradients over ``seconds``; returns the clock after it."""
     for _ in range(steps):
@@ -42,7 +49,7 @@ def run_sample(t, clock, steps=2, seconds=1.0):
 
 def test_warmup_is_discarded_then_each_sample_proposes_a_point_in_bounds(tmp_path):
     t = tuner(tmp_path)
-    clock = run_sample(t, 0.0)  # warm-up: nothing proposed, nothing logged
+    clock = run_sample(t, begin(t))  # warm-up: nothing proposed, nothing logged
     assert t.proposal is None and t.active
     clock = run_sample(t, clock)  # first scored sample: the starting point
     assert t.proposal is not None
@@ -58,7 +65,7 @@ def test_warmup_is_discarded_then_each_sample_proposes_a_point_in_bounds(tmp_pat
 
 def test_tuning_ends_on_the_best_point_and_logs_it_last(tmp_path):
     t = tuner(tmp_path, warmup=0, max_samples=4)
-    clock, scores = 0.0, {}
+    clock, scores = begin(t), {}
     while t.active:
         seconds = 1.0 if t.point == START else 4.0  # the starting point is the fastest
         clock = run_sample(t, clock, seconds=seconds)
@@ -73,6 +80,7 @@ def test_tuning_ends_on_the_best_point_and_logs_it_last(tmp_path):
 
 def test_a_sample_ends_when_one_name_completed_steps_per_sample_times():
     t = tuner(warmup=0, steps=3)
+    begin(t)
     for clock in range(2):
         t.record(grads(), float(clock))
         t.end_cycle(float(clock) + 0.5)
@@ -103,6 +111,8 @@ def test_rank_zero_carries_its_point_and_every_link_switches_with_it():
     s0, s1 = settings(), settings()
     link0, link1 = TuneLink(0, s0, None), TuneLink(1, s1, None)
     assert link1.tuner is None and not link1.wants_round()
+    link0.record(grads())  # the first sample begins here
+    link0.after_cycle(0, s0, None)
     link0.record(grads())
     assert link0.after_cycle(1, s0, None) is None and link0.wants_round()  # a sample ended: a point to send
     link1.incoming(link0.outgoing())  # the full round of cycle 2
