@@ -38,7 +38,13 @@ def tuning_worker(steps: int) -> dict[str, object]:
     hvd.init()
     checked = sum(_step(s) for s in range(steps))
     link = context.current().engine.autotune
-    out = {"history": _history(), "checked": checked, "tuning": link.tuner.active if link.tuner else None}
+    out = {
+        "history": _history(),
+        "checked": checked,
+        "tuning": link.tuner.active if link.tuner else None,
+        "hierarchical": link.tuner.tunes_hierarchical if link.tuner else None,
+        "transport": context.current().transport,
+    }
     hvd.shutdown()
     return out
 

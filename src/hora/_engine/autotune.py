@@ -86,6 +86,7 @@ class Autotuner:
         self._steps = steps_per_sample
         self._max = max_samples
         self._tune_cache, self._tune_hier = tune_cache, tune_hierarchical
+        self.tunes_hierarchical = tune_hierarchical
         self._search = BayesianSearch(2, int(tune_cache) + 2 * int(tune_hierarchical), noise)
         self._log: IO[str] | None = None
         if log_path:

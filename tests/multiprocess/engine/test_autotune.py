@@ -4,17 +4,16 @@ columns, and a job that ends while tuning shuts down cleanly."""
 
 from __future__ import annotations
 
-import pytest
-
 from hora._engine.autotune import CSV_HEADER
+from support.fakehosts import run_on_hosts
 from support.harness import run_ranks
 from workers.autotune import SHAPES, no_sklearn_worker, tuning_worker
 
 TUNE = {"autotune": True, "autotune_warmup_samples": 1, "autotune_steps_per_sample": 2}
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_every_rank_switches_at_the_same_cycle_and_results_stay_exact(np_, tmp_path):
+def test_every_rank_switches_at_the_same_cycle_and_results_stay_exact(tmp_path):
+    np_ = 2  # three ranks: the test below
     log = tmp_path / "autotune.csv"
     results = run_ranks(
         tuning_worker, np_, 40, autotune_bayes_opt_max_samples=6, autotune_log_file=str(log), **TUNE
@@ -36,6 +35,16 @@ def test_every_rank_switches_at_the_same_cycle_and_results_stay_exact(np_, tmp_p
         assert float(cycle_ms) >= 0 and int(fusion) >= 0 and float(score) > 0, line
     final = lines[-1].split(",")
     assert max(float(x.split(",")[-1]) for x in lines[1:-1]) == float(final[-1])
+
+
+def test_across_hosts_hierarchical_is_tuned_and_switches_stay_in_step():
+    # both hierarchical settings off: autotune still gets the hierarchical transport, to try them on
+    off = {"hierarchical_allreduce": False, "hierarchical_allgather": False}
+    results = run_on_hosts(tuning_worker, "a:2,b:2", 30, autotune_bayes_opt_max_samples=5, **off, **TUNE)
+    assert results[0]["hierarchical"] is True and {r["transport"] for r in results} == {"hierarchical"}
+    histories = [r["history"] for r in results]
+    assert all(h == histories[0] for h in histories) and len(histories[0]) >= 4, histories
+    assert [r["checked"] for r in results] == [30 * len(SHAPES)] * 4
 
 
 def test_a_job_that_ends_while_tuning_shuts_down_cleanly():
