@@ -90,9 +90,13 @@ class Autotuner:
         self._search = BayesianSearch(2, int(tune_cache) + 2 * int(tune_hierarchical), noise)
         self._log: IO[str] | None = None
         if log_path:
-            self._log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - open for the whole tuning
-            self._log.write(CSV_HEADER + "\n")
-            self._log.flush()
+            try:
+                self._log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - open for the whole tuning
+                self._log.write(CSV_HEADER + "\n")
+                self._log.flush()
+            except OSError as exc:  # only rank 0 writes: failing its init alone would strand the other ranks
+                log.warning("hora autotune cannot write its log %s (%s); tuning without a log", log_path, exc)
+                self._log = None
         self.active = True
         self.proposal: TunedPoint | None = None
         # when the current sample began: the end of a cycle (None: at the end of the first cycle that completes

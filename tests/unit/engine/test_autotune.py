@@ -78,6 +78,13 @@ def test_tuning_ends_on_the_best_point_and_logs_it_last(tmp_path):
     assert lines[-1] == START.csv(6144.0)
 
 
+def test_a_log_that_cannot_be_written_is_a_warning_not_a_failure(tmp_path, caplog):
+    t = Autotuner(START, 0, 1, 2, 0.8, str(tmp_path / "no-such-dir" / "at.csv"), True, False)
+    assert "cannot write its log" in caplog.text
+    run_sample(t, begin(t), steps=1)
+    assert t.proposal is not None  # tuning goes on
+
+
 def test_a_sample_ends_when_one_name_completed_steps_per_sample_times():
     t = tuner(warmup=0, steps=3)
     begin(t)
