@@ -16,6 +16,7 @@ A cycle:
 5. **executes** the cycle's responses, grouped by **fusion** (``fusion.py``), so every rank calls the transport in
    the same order;
 6. on rank 0, runs the **stall inspector** (``stall.py``).
+7. switches to the **autotune** point this cycle's full round carried, on every rank at once (``autotune.py``).
 
 A transport failure (a peer died, a timeout) is fatal for the job: the engine fails every pending handle, makes
 its peers fail fast (shm abort word / closed sockets) and refuses later collectives. A rank that shuts down sets
