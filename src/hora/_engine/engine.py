@@ -15,8 +15,8 @@ A cycle:
    rank 0's :class:`~hora._engine.negotiation.Coordinator` answers every rank with the same list of responses;
 5. **executes** the cycle's responses, grouped by **fusion** (``fusion.py``), so every rank calls the transport in
    the same order;
-6. on rank 0, runs the **stall inspector** (``stall.py``).
-7. switches to the **autotune** point this cycle's full round carried, on every rank at once (``autotune.py``).
+6. switches to the **autotune** point this cycle's full round carried, on every rank at once (``autotune.py``);
+7. on rank 0, runs the **stall inspector** (``stall.py``).
 
 A transport failure (a peer died, a timeout) is fatal for the job: the engine fails every pending handle, makes
 its peers fail fast (shm abort word / closed sockets) and refuses later collectives. A rank that shuts down sets
