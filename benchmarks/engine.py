@@ -654,7 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.grid or args.autotune:
         VARIANTS["hora-autotune"] = AUTOTUNE
         args.variants.append("hora-autotune")
-    args.tune_dir = tempfile.mkdtemp(prefix="hora-bench-autotune-")
+    # autotune's logs stay there after the run (their rows are in the JSON too)
+    args.tune_dir = tempfile.mkdtemp(prefix="hora-bench-autotune-") if args.grid or args.autotune else ""
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad or not args.variants:
         p.error(f"unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
