@@ -18,6 +18,18 @@ Driver (default)::
     python benchmarks/engine.py --np 2,4 --json /tmp/engine.json
     python benchmarks/engine.py --steps 6 --warmup 1 --rounds 2 --tensors 20      # smoke run
 
+Autotune against a grid search (issue 14: autotune should end within 5 % of the grid's best point)::
+
+    python benchmarks/engine.py --grid                  # every grid point, then hora with HORA_AUTOTUNE=1
+    python benchmarks/engine.py --grid --grid-fusion-mb 0,4,64 --grid-cycle-ms 1 --grid-cache 1 \
+        --hora-env HORA_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=6 --steps 4 --warmup 1 --rounds 1 --tensors 20  # smoke
+
+``--grid`` runs ``hora-fused`` once per point of fusion threshold x cycle time x cache (on: the default capacity,
+off: HORA_CACHE_CAPACITY=0) and the variant ``hora-autotune``: hora started from the default settings with
+HORA_AUTOTUNE=1, which steps untimed until rank 0's autotune log holds its chosen point, then is timed like the
+others with the settings autotune kept. The verdict compares its median step with the best grid point's.
+``--autotune`` adds only the ``hora-autotune`` variant to the usual ones.
+
 Engine settings are environment variables, so variants with different settings are separate launches. Variants
 that share a launch (hora-fused and hora-one; gloo-each and gloo-one; mpi-each and mpi-one) alternate step by
 step inside it; the launches alternate round-robin for ``--rounds`` rounds (the first launch rotates each round),
@@ -32,10 +44,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -71,15 +85,21 @@ VARIANTS = {
     "mpi-each": Variant("Open MPI Iallreduce each", "mpi", "each"),
     "mpi-one": Variant("Open MPI one Allreduce", "mpi", "one"),
 }
-GROUP_WORKER = {"hora": "hora", "hora-unfused": "hora", "gloo": "gloo", "mpi": "mpi"}
+AUTOTUNE = Variant("hora autotuned (HORA_AUTOTUNE=1)", "hora-autotune", "each")
+GROUP_WORKER = {"hora": "hora", "hora-unfused": "hora", "hora-autotune": "hora", "gloo": "gloo", "mpi": "mpi"}
+GROUP_ENV: dict[str, dict[str, str]] = {}  # engine settings of a launch group (the grid points)
+AUTOTUNE_SLACK = 1.05  # autotune's step should be within 5 % of the best grid point's
 BASELINE = "hora-one"
 TARGET = 1.2  # hora fused should take at most this many times the one-allreduce step
 # Engine settings the hora launches start from scratch (their defaults), so the shell cannot skew "default".
 ENGINE_VARS = tuple(
     f"{prefix}_{name}"
     for prefix in ("HORA", "HOROVOD")
-    for name in ("FUSION_THRESHOLD", "CYCLE_TIME", "CACHE_CAPACITY")
-)
+    for name in (
+        "FUSION_THRESHOLD", "CYCLE_TIME", "CACHE_CAPACITY", "AUTOTUNE", "AUTOTUNE_LOG", "AUTOTUNE_WARMUP_SAMPLES",
+        "AUTOTUNE_STEPS_PER_SAMPLE", "AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+    )
+)  # fmt: skip
 
 
 # -- workers -------------------------------------------------------------------------------------------------------
@@ -250,6 +270,31 @@ def check(stepper: Stepper, mode: str, tensors: list[np.ndarray], big: np.ndarra
     return ok
 
 
+def mode_of(key: str) -> str:
+    """A variant's mode; the grid points and hora-autotune are registered only in the driver, and step tensor by
+    tensor."""
+    return VARIANTS[key].mode if key in VARIANTS else "each"
+
+
+def tune(stepper: Stepper, step: Any, log: str, limit: int = 20_000) -> dict[str, Any]:
+    """Step until autotune has written its chosen point (the log's last row, after one row per scored sample);
+    rank 0 reads the log and every rank learns from an allreduce every 10 steps. Returns what the log says."""
+    from hora.config import Config
+
+    rows = Config.resolve().autotune_bayes_opt_max_samples + 1
+    steps, lines = 0, []
+    while steps < limit:
+        for _ in range(10):
+            step()
+        steps += 10
+        if stepper.rank == 0 and os.path.exists(log):
+            with open(log) as f:
+                lines = f.read().splitlines()
+        if stepper.max_all(np.array([1.0 if len(lines) > rows else 0.0]))[0] > 0:
+            break
+    return {"steps": steps, "chosen": lines[-1] if len(lines) > rows else None, "log": lines}
+
+
 def worker(args: argparse.Namespace) -> int:
     stepper: Stepper
     if args.worker == "hora":
@@ -266,12 +311,15 @@ def worker(args: argparse.Namespace) -> int:
     emit(stepper.rank, {"kind": "start", "group": args.group, "np": stepper.size, **stepper.info()})
 
     def step(key: str) -> None:
-        if VARIANTS[key].mode == "each":
+        if mode_of(key) == "each":
             stepper.each(tensors)
         else:
             stepper.one(big)
 
-    ok = {key: check(stepper, VARIANTS[key].mode, tensors, big) for key in keys}
+    if args.tune_log:  # autotune first: untimed steps until rank 0's log holds the point it kept
+        tuned = tune(stepper, lambda: step(keys[0]), args.tune_log)
+        emit(stepper.rank, {"kind": "tuned", "group": args.group, **tuned})
+    ok = {key: check(stepper, mode_of(key), tensors, big) for key in keys}
     bad = stepper.max_all(np.array([0.0 if ok[key] else 1.0 for key in keys]))
     clock = time.perf_counter
     for _ in range(args.warmup):
@@ -337,9 +385,14 @@ def launch(
         for var in ENGINE_VARS:
             env.pop(var, None)
         env.update(args.hora_env)
+        env.update(GROUP_ENV.get(group, {}))
         env["HORA_TRANSPORT"] = "shm"
         if group == "hora-unfused":
             env["HORA_FUSION_THRESHOLD"] = "0"
+        if group == "hora-autotune":
+            log = os.path.join(args.tune_dir, f"autotune-np{n}-round{round_}.csv")
+            env.update({"HORA_AUTOTUNE": "1", "HORA_AUTOTUNE_LOG": log})
+            worker_args += ["--tune-log", log]
         return hora_command(n, "shm") + worker_args, env
     if kind == "gloo":
         missing = torch_missing()
@@ -399,6 +452,18 @@ def table(args: argparse.Namespace, n: int, summary: dict[str, dict[str, Any]]) 
                 f"Fusion speed-up: hora unfused / hora fused = {unfused['median_s'] / fused['median_s']:.2f}x."
             )
         lines.append("")
+    grid = {k: v for k, v in summary.items() if k in GROUP_ENV and v["ok"]}
+    tuned = summary.get("hora-autotune")
+    if grid and tuned and tuned["ok"]:
+        best = min(grid, key=lambda k: grid[k]["median_s"])
+        r = tuned["median_s"] / grid[best]["median_s"]
+        verdict = "met" if r <= AUTOTUNE_SLACK else "NOT met"
+        lines.append(
+            f"Target: hora autotuned within {AUTOTUNE_SLACK - 1:.0%} of the best grid point ({VARIANTS[best].label}, "
+            f"{grid[best]['median_s'] * 1e3:.3g} ms/step): {r:.3f}x — {verdict}. Autotune kept (per round): "
+            + "; ".join(str(c) for c in tuned.get("chosen", [])) + "."
+        )
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -419,6 +484,7 @@ def driver(args: argparse.Namespace) -> int:
     m = machine()
     print(f"Machine: {m['node']}, {m['cpus']} CPUs, Python {m['python']}, numpy {m['numpy']}.\n", flush=True)
     raw: list[dict[str, Any]] = []
+    tuned: list[dict[str, Any]] = []  # what autotune kept, per launch
     starts: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
     for n in args.np:
@@ -451,6 +517,9 @@ def driver(args: argparse.Namespace) -> int:
                 for rec in records:
                     if rec["kind"] == "start":
                         starts[g] = rec
+                    elif rec["kind"] == "tuned":
+                        tuned.append({"np": n, "round": r, **rec})
+                        print(f"  autotune kept {rec['chosen']} after {rec['steps']} steps", file=sys.stderr)
                     elif rec["kind"] == "result":
                         raw.append(rec)
                 if note:
@@ -469,9 +538,11 @@ def driver(args: argparse.Namespace) -> int:
                     "ok": all(x["ok"] for x in recs),
                     "round_medians_s": [float(np.median(x["times_s"])) for x in recs],
                 }
+                if key == "hora-autotune":
+                    summaries[n][key]["chosen"] = [t["chosen"] for t in tuned if t["np"] == n]
     versions = {g: s.get("version", "") for g, s in starts.items()}
     if versions:
-        shown = {"hora": versions.get("hora") or versions.get("hora-unfused")}
+        shown = {"hora": next((v for g, v in versions.items() if GROUP_WORKER.get(g) == "hora" and v), None)}
         shown.update({"gloo": versions.get("gloo"), "Open MPI": versions.get("mpi")})
         print("Versions: " + "; ".join(f"{k}: {v}" for k, v in shown.items() if v) + "\n")
     for g in ("hora", "hora-unfused"):
@@ -493,12 +564,28 @@ def driver(args: argparse.Namespace) -> int:
     notes += [f"{w} returned a wrong result" for w in wrong]
     finish(notes, elapsed, args.json, {
         "machine": m,
-        "args": {k: v for k, v in vars(args).items() if k not in ("worker", "group", "round")},
+        "args": {k: v for k, v in vars(args).items() if k not in ("worker", "group", "round", "tune_log")},
         "starts": starts,
         "summary": {str(n): s for n, s in summaries.items()},
         "results": raw,
+        "autotune": tuned,
     })  # fmt: skip
     return 1 if wrong or not raw else 0
+
+
+def grid_variants(fusion_mb: str, cycle_ms: str, cache: str) -> list[str]:
+    """Register one hora-fused launch per grid point; returns their variant keys."""
+    keys = []
+    for mb, ms, on in itertools.product(fusion_mb.split(","), cycle_ms.split(","), cache.split(",")):
+        mb, ms, on = float(mb), float(ms), int(on)
+        key = f"grid-f{mb:g}-c{ms:g}-k{on}"
+        VARIANTS[key] = Variant(f"hora fused, {mb:g} MiB, {ms:g} ms, cache {'on' if on else 'off'}", key, "each")
+        GROUP_WORKER[key] = "hora"
+        GROUP_ENV[key] = {"HORA_FUSION_THRESHOLD": str(int(mb * 2**20)), "HORA_CYCLE_TIME": f"{ms:g}"}
+        if not on:
+            GROUP_ENV[key]["HORA_CACHE_CAPACITY"] = "0"
+        keys.append(key)
+    return keys
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -538,7 +625,15 @@ def main(argv: list[str] | None = None) -> int:
         help="extra mpirun options (default: %(default)r, like the unbound hora and gloo ranks)",
     )
     p.add_argument("--json", metavar="PATH", help="also write every step time and the summary as JSON")
+    p.add_argument("--autotune", action="store_true", help="also run hora with HORA_AUTOTUNE=1 (hora-autotune)")
+    p.add_argument(
+        "--grid", action="store_true", help="grid search of the engine settings against hora-autotune (see above)"
+    )
+    p.add_argument("--grid-fusion-mb", default="0,1,8,64", help="fusion thresholds of the grid, MiB (%(default)s)")
+    p.add_argument("--grid-cycle-ms", default="0.5,2,10", help="cycle times of the grid, ms (%(default)s)")
+    p.add_argument("--grid-cache", default="1,0", help="cache on (1) / off (0) in the grid (%(default)s)")
     p.add_argument("--worker", choices=["hora", "gloo", "mpi"], help=argparse.SUPPRESS)
+    p.add_argument("--tune-log", default="", help=argparse.SUPPRESS)
     p.add_argument("--group", default="", help=argparse.SUPPRESS)
     p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -551,6 +646,16 @@ def main(argv: list[str] | None = None) -> int:
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if args.grid:
+        try:
+            args.variants = grid_variants(args.grid_fusion_mb, args.grid_cycle_ms, args.grid_cache)
+        except ValueError as exc:
+            p.error(f"--grid-*: {exc}")
+    if args.grid or args.autotune:
+        VARIANTS["hora-autotune"] = AUTOTUNE
+        args.variants.append("hora-autotune")
+    # autotune's logs stay there after the run (their rows are in the JSON too)
+    args.tune_dir = tempfile.mkdtemp(prefix="hora-bench-autotune-") if args.grid or args.autotune else ""
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad or not args.variants:
         p.error(f"unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")

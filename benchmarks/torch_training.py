@@ -15,6 +15,14 @@ Driver (default)::
     python benchmarks/torch_training.py --np 2,4 --json /tmp/torch_training.json
     python benchmarks/torch_training.py --smoke          # 2 rounds x 2 steps: checks that it runs, in seconds
 
+Autotune (issue 14): ``--autotune`` starts hora with HORA_AUTOTUNE=1; every hora launch then trains untimed until
+rank 0's autotune log holds the point autotune kept, and is timed from there. ``--hora-env KEY=VALUE`` sets an
+engine setting for the hora launches, so a grid search is a loop over launches (docs/autotune.md)::
+
+    python benchmarks/torch_training.py --frameworks hora --autotune --json /tmp/torch-autotune.json
+    python benchmarks/torch_training.py --frameworks hora --hora-env HORA_FUSION_THRESHOLD=8388608 \
+        --hora-env HORA_CYCLE_TIME=2 --json /tmp/torch-f8-c2.json
+
 Method. Every launch runs one framework on N ranks. Inside it, two kinds of step alternate, step by step (the
 first kind rotates every step), so machine noise hits both alike:
 
@@ -41,6 +49,7 @@ import itertools
 import math
 import os
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -157,6 +166,27 @@ class DdpFramework(Framework):
         self.dist.destroy_process_group()
 
 
+def tune(fw: Framework, step: Any, log: str, limit: int = 5000) -> dict[str, Any]:
+    """Step until autotune has written the point it kept (the log's last row, after one row per scored sample);
+    rank 0 reads the log, every rank learns from an allreduce after each step. Returns what the log says."""
+    import torch
+
+    from hora.config import Config
+
+    rows = Config.resolve().autotune_bayes_opt_max_samples + 1
+    steps, lines = 0, []
+    while steps < limit:
+        step()
+        steps += 1
+        if fw.rank == 0 and os.path.exists(log):
+            with open(log) as f:
+                lines = f.read().splitlines()
+        done = torch.tensor([1.0 if len(lines) > rows else 0.0], dtype=torch.float64)
+        if fw.max_all(done, "bench.tuned")[0] > 0:
+            break
+    return {"steps": steps, "chosen": lines[-1] if len(lines) > rows else None, "log": lines}
+
+
 def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.nn.functional as F
@@ -196,6 +226,8 @@ def worker(args: argparse.Namespace) -> int:
         opt.step()
 
     order = list(kinds)
+    if args.tune_log:  # autotune first: untimed steps until rank 0's log holds the point it kept
+        emit(fw.rank, {"kind": "tuned", **tune(fw, lambda: step("distributed"), args.tune_log)})
     for _ in range(args.warmup):
         for kind in order:
             fw.barrier()
@@ -255,7 +287,19 @@ def launch(args: argparse.Namespace, framework: str, n: int, steps: int, round_:
         "--round",
         str(round_),
     ]
+    if framework == "hora" and args.autotune:
+        worker_args += ["--tune-log", os.path.join(args.tune_dir, f"autotune-np{n}-round{round_}.csv")]
     return hora_command(n) + worker_args
+
+
+def launch_env(args: argparse.Namespace, framework: str, cmd: list[str]) -> dict[str, str]:
+    """The environment of one launch: --hora-env and autotune's settings for hora."""
+    env = dict(os.environ)
+    if framework == "hora":
+        env.update(args.hora_env)
+        if "--tune-log" in cmd:
+            env.update({"HORA_AUTOTUNE": "1", "HORA_AUTOTUNE_LOG": cmd[cmd.index("--tune-log") + 1]})
+    return env
 
 
 def summarize(recs: list[dict[str, Any]], batch: int, n: int) -> dict[str, Any]:
@@ -320,6 +364,7 @@ def driver(args: argparse.Namespace) -> int:
     m = machine()
     print(f"Machine: {m['node']}, {m['cpus']} CPUs, Python {m['python']}, numpy {m['numpy']}.\n", flush=True)
     raw: list[dict[str, Any]] = []
+    tuned: list[dict[str, Any]] = []  # what autotune kept, per hora launch
     starts: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
     failed = 0
@@ -349,10 +394,14 @@ def driver(args: argparse.Namespace) -> int:
                             flush=True,
                         )
 
-                records, note = run_ranks(cmd, dict(os.environ), timeout=args.timeout, on_record=progress)
+                env = launch_env(args, fw, cmd)
+                records, note = run_ranks(cmd, env, timeout=args.timeout, on_record=progress)
                 for rec in records:
                     if rec["kind"] == "start":
                         starts[fw] = rec
+                    elif rec["kind"] == "tuned":
+                        tuned.append({"np": n, "round": r, **rec})
+                        print(f"  autotune kept {rec['chosen']} after {rec['steps']} steps", file=sys.stderr)
                     elif rec["kind"] == "result":
                         raw.append(rec)
                 if note:
@@ -378,14 +427,19 @@ def driver(args: argparse.Namespace) -> int:
     )
     for n in args.np:
         print(table(args, n, summaries.get(n, {})))
+    if args.hora_env:
+        print(f"hora engine settings: {args.hora_env}\n")
+    for t in tuned:
+        print(f"Autotune at N={t['np']}, round {t['round'] + 1}: kept {t['chosen']} after {t['steps']} steps.")
     wrong = [f"{fw} at N={n}" for n, s in summaries.items() for fw, v in s.items() if not v["ok"]]
     notes += [f"{w}: the replicas' parameters differ after training" for w in wrong]
     finish(notes, elapsed, args.json, {
         "machine": m,
-        "args": {k: v for k, v in vars(args).items() if k not in ("worker", "round")},
+        "args": {k: v for k, v in vars(args).items() if k not in ("worker", "round", "tune_log")},
         "starts": starts,
         "summary": {str(n): s for n, s in summaries.items()},
         "results": raw,
+        "autotune": tuned,
     })  # fmt: skip
     return 1 if wrong or failed or not raw else 0
 
@@ -421,7 +475,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--timeout", type=float, default=600, help="seconds one launch may take (default 600)")
     p.add_argument("--json", metavar="PATH", help="also write every step time and the summary as JSON")
+    p.add_argument(
+        "--autotune", action="store_true", help="hora with HORA_AUTOTUNE=1, timed after autotune kept a point"
+    )
+    p.add_argument(
+        "--hora-env", action="append", default=[], metavar="KEY=VALUE",
+        help="an engine setting for every hora launch (repeatable; e.g. HORA_CYCLE_TIME=2)",
+    )  # fmt: skip
     p.add_argument("--worker", choices=sorted(FRAMEWORKS), help=argparse.SUPPRESS)
+    p.add_argument("--tune-log", default="", help=argparse.SUPPRESS)
     p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.smoke:
@@ -430,6 +492,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--batch-size, --steps and --rounds must be at least 1, --warmup and --threads at least 0")
     if args.worker:
         return worker(args)
+    env: dict[str, str] = {}
+    for item in args.hora_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"--hora-env takes KEY=VALUE, got {item!r}")
+        env[key] = value
+    args.hora_env = env
+    args.tune_dir = tempfile.mkdtemp(prefix="hora-bench-autotune-") if args.autotune else ""
     try:
         args.np = parse_counts(args.np)
     except argparse.ArgumentTypeError as exc:

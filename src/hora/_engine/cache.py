@@ -86,6 +86,11 @@ class ResponseCache:
         self._lru[slot] = None
         return evicted
 
+    def clear(self) -> None:
+        """Forget every slot (autotune switched the cache off or on, on every rank at the same cycle)."""
+        for slot in list(self._slots):
+            self.evict(slot)
+
     def evict(self, slot: int) -> None:
         cached = self._slots.pop(slot, None)
         if cached is not None:

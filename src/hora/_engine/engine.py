@@ -15,7 +15,8 @@ A cycle:
    rank 0's :class:`~hora._engine.negotiation.Coordinator` answers every rank with the same list of responses;
 5. **executes** the cycle's responses, grouped by **fusion** (``fusion.py``), so every rank calls the transport in
    the same order;
-6. on rank 0, runs the **stall inspector** (``stall.py``).
+6. switches to the **autotune** point this cycle's full round carried, on every rank at once (``autotune.py``);
+7. on rank 0, runs the **stall inspector** (``stall.py``).
 
 A transport failure (a peer died, a timeout) is fatal for the job: the engine fails every pending handle, makes
 its peers fail fast (shm abort word / closed sockets) and refuses later collectives. A rank that shuts down sets
@@ -30,10 +31,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 
+from hora._engine.autotune import TuneLink
 from hora._engine.cache import ResponseCache, cacheable
 from hora._engine.control import ControlLinks, leaving_message
 from hora._engine.exchange import DIRECT_MAX_TENSORS, DirectPath, ExchangeLayout
@@ -41,6 +42,7 @@ from hora._engine.execute import run_responses, transport_activity
 from hora._engine.handle import Entry, Handle
 from hora._engine.messages import Kind, Request, Response
 from hora._engine.negotiation import Coordinator
+from hora._engine.settings import EngineSettings
 from hora._engine.stall import StallInspector
 from hora._engine.timeline import Timeline
 from hora._engine.wakeup import WakePipe
@@ -52,22 +54,6 @@ __all__ = ["Engine", "EngineSettings"]
 log = logging.getLogger("hora")
 
 _IDLE_MAX = 0.02  # the longest pause between cycles when no rank has anything in flight
-
-
-class EngineSettings:
-    """The settings the engine reads (a subset of :class:`hora.config.Config`)."""
-
-    def __init__(self, config: Any) -> None:
-        self.max_frame_bytes: int = config.max_frame_bytes
-        self.op_timeout: float = config.op_timeout
-        self.fusion_threshold: int = config.fusion_threshold
-        self.cycle_time: float = config.cycle_time_ms / 1000.0
-        self.cache_capacity: int = config.cache_capacity
-        self.stall_check: bool = not config.stall_check_disable
-        self.stall_check_time: float = config.stall_check_time
-        self.stall_shutdown_time: float = config.stall_shutdown_time
-        self.timeline: str = config.timeline
-        self.timeline_mark_cycles: bool = config.timeline_mark_cycles
 
 
 class Engine:
@@ -122,6 +108,8 @@ class Engine:
         self._cycling = True
         self._user_drivers = 0
         self._thread = threading.Thread(target=self._run, name=f"hora-engine-{rank}", daemon=True)
+        self.autotune = TuneLink(rank, settings, transport)  # rank 0 tunes; every rank switches with it
+        self._cache_on, self._cycles = True, 0  # autotune may switch the cache off (and on) on every rank at once
 
     # -- user-thread API ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -188,6 +176,7 @@ class Engine:
             log.warning("hora engine thread did not stop within %gs", timeout)
             return
         self.stop_timeline()
+        self.autotune.close()
         self._transport.close()
         self._control.close()
         self._wakeup.close()
@@ -277,6 +266,7 @@ class Engine:
             busy = bool(self._pending)
             timeline = self._timeline
         now = time.monotonic()
+        self._cycles += 1
         for e in new:
             self._classify(e)
         cap = self._s.cache_capacity
@@ -299,7 +289,7 @@ class Engine:
             vec[[cap + s for s in self._invalid]] = -1
             flags[self._layout.ANY_INVALID - F] = -1
             self._invalid.clear()
-        if self._uncached or self._stall_fatal is not None:
+        if self._uncached or self._stall_fatal is not None or self.autotune.wants_round():
             flags[0] = -1
         if self._joined:
             flags[self._layout.JOINED - F] = -1
@@ -361,6 +351,13 @@ class Engine:
             ready.extend(self._full_round(timeline))
         if ready:
             self._execute_all(ready, timeline)
+        # a point carried by this cycle's full round reached every rank: all switch here, between the same cycles
+        point = self.autotune.after_cycle(self._cycles, self._s, self._transport)
+        if point is not None and self._cache is not None and point.cache_enabled != self._cache_on:
+            self._cache_on = point.cache_enabled
+            self._cache.clear()  # every rank forgets every slot: requests waiting on one renegotiate
+            for slot in list(self._cached_ready):
+                self._demote(slot)
         if self._stalls is not None and self._stall_fatal is None:
             assert self._coordinator is not None
             self._stall_fatal = self._stalls.inspect(now, self._coordinator)
@@ -370,7 +367,7 @@ class Engine:
         req = entry.request
         if req.kind is Kind.JOIN:
             self._joined = True
-        elif self._cache is not None:
+        elif self._cache is not None and self._cache_on:
             slot, hit = self._cache.lookup(req)
             if hit:
                 self._cached_ready[slot] = entry
@@ -402,7 +399,7 @@ class Engine:
                 self._submit(peer, [Request.from_wire(w) for w in payload], ages, timeline)
             responses = self._coordinator.take()
             fatal, self._stall_fatal = self._stall_fatal, None
-            self._control.send_all("resp", [[r.to_wire() for r in responses], fatal])
+            self._control.send_all("resp", [[r.to_wire() for r in responses], fatal, self.autotune.outgoing()])
             if timeline is not None:
                 for r in responses:
                     timeline.negotiate_end(r.request.name)
@@ -411,10 +408,11 @@ class Engine:
             kind, payload = self._control.recv(0, "the negotiated responses")
             if kind == "abort":
                 raise PeerLostError(str(payload[0]))
-            if kind != "resp" or len(payload) != 2:
+            if kind != "resp" or len(payload) != 3:
                 raise HoraInternalError(f"expected responses from the coordinator, got {kind!r}")
             responses = [Response.from_wire(w) for w in payload[0]]
             fatal = payload[1]
+            self.autotune.incoming(payload[2])
         if fatal is not None:
             raise StallError(str(fatal))
         out: list[tuple[Response, Entry | None]] = []
@@ -422,7 +420,7 @@ class Engine:
             with self._lock:
                 entry = self._pending.get(resp.request.name)
             out.append((resp, entry))
-            if self._cache is not None and entry is not None and cacheable(resp):
+            if self._cache is not None and self._cache_on and entry is not None and cacheable(resp):
                 evicted = self._cache.put(resp, entry.request)
                 if evicted is not None:
                     self._demote(evicted)
@@ -447,6 +445,7 @@ class Engine:
                     self._pending.pop(n, None)
 
         run_responses(self._transport, self.rank, ready, self._s.fusion_threshold, timeline, started)
+        self.autotune.record(r for r, _ in ready)
 
     def _run_direct(self, direct: list[tuple[int, Entry]], rows: np.ndarray, timeline: Timeline | None) -> None:
         assert self._direct_path is not None
@@ -456,6 +455,8 @@ class Engine:
                 self._pending.pop(entry.request.name, None)
         activity = transport_activity(self._transport, Kind.ALLREDUCE)
         self._direct_path.run(direct, rows, self._marked, self._agreed_marks, timeline, activity)
+        assert self._cache is not None
+        self.autotune.record(self._cache.response(slot) for slot, _ in direct)
 
     # -- failure and shutdown ---------------------------------------------------------------------------------------
     def _on_bye(self, byes: dict[int, int], me_too: bool) -> None:

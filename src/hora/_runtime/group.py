@@ -170,7 +170,9 @@ def _group(
         }
     else:
         describe = {r: f"rank {r} (host {p.host}, pid {p.pid})" for r, p in zip(spec.ranks, peers)}
-    engine = Engine(me, len(spec.ranks), transport, control, EngineSettings(spec.config), describe)
+    settings = EngineSettings(spec.config)
+    settings.autotune = settings.autotune and not spec.set_id  # the global engine tunes; process sets keep theirs
+    engine = Engine(me, len(spec.ranks), transport, control, settings, describe)
     engine.start()
     return Group(spec.set_id, spec.ranks, me, len(spec.ranks), engine, peers, topology, kind)
 

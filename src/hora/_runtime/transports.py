@@ -36,7 +36,9 @@ def choose_transport(config: Config, hosts: list[str], size: int, hierarchical: 
             return "shm"
         if size == len(hosts) or not hierarchical:  # one rank per host: the flat ring is the same algorithm
             return "tcp"
-        return "hierarchical" if config.hierarchical_allreduce or config.hierarchical_allgather else "tcp"
+        # autotune switches hierarchical allreduce/allgather on and off, which only the hierarchical transport can
+        tunable = config.autotune
+        return "hierarchical" if config.hierarchical_allreduce or config.hierarchical_allgather or tunable else "tcp"
     return config.transport
 
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from hora.config import parsers
+from hora.config.fields import Flag, absolute_path, read_settings, setting
 from hora.errors import ConfigError
 
 __all__ = ["Config", "Flag", "describe_settings", "env_names", "flag_of", "parse_value", "render", "settings_with_flags"]
@@ -29,41 +30,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Flag:
-    """The ``hora run`` flag that sets a setting for the workers.
-
-    ``action``: ``value`` (takes an argument, parsed like the setting's variable unless ``convert`` is given),
-    ``store_true`` (present means True) or ``boolean_optional`` (``--x`` / ``--no-x``). ``convert`` turns the flag's
-    text into the setting's value (e.g. MiB into bytes) and raises ``ValueError`` on bad text; ``show_default``
-    renders the default in the flag's unit; ``unit`` notes how the variable differs from the flag. ``group`` is
-    ``run`` for the launcher's own options, ``engine`` for the engine settings group.
-    """
-
-    name: str
-    help: str
-    metavar: str | None = None
-    group: str = "engine"
-    action: str = "value"
-    choices: tuple[str, ...] = ()
-    convert: Callable[[str], Any] | None = None
-    show_default: Callable[[Any], str] | None = None
-    unit: str = ""
-
-
-def _absolute(path: str) -> str:
-    """A path made absolute (empty stays empty: no file)."""
-    return os.path.abspath(path) if path else ""
-
-
-def _setting(default: Any, parse: Callable[[str], Any], *env: str, help: str, flag: Flag | None = None) -> Any:
-    return field(default=default, metadata={"env": env, "parse": parse, "help": help, "flag": flag})
-
-
-@dataclass(frozen=True)
 class Config:
     """Resolved settings of one hora process. Build it with :meth:`Config.resolve`."""
 
-    start_timeout: float = _setting(
+    start_timeout: float = setting(
         30.0,
         parsers.positive_float,
         "HORA_START_TIMEOUT",
@@ -71,14 +41,14 @@ class Config:
         help="Seconds every rank may take to reach the rendezvous before start-up fails naming the missing ranks.",
         flag=Flag("--start-timeout", "seconds every rank may take to reach the rendezvous", metavar="SECONDS", group="run"),
     )
-    op_timeout: float = _setting(
+    op_timeout: float = setting(
         300.0,
         parsers.positive_float,
         "HORA_OP_TIMEOUT_SECONDS",
         "HOROVOD_GLOO_TIMEOUT_SECONDS",
         help="Seconds a rank waits for a peer inside an already negotiated collective before raising.",
     )
-    thread_defaults: bool = _setting(
+    thread_defaults: bool = setting(
         True,
         parsers.parse_bool,
         "HORA_THREAD_DEFAULTS",
@@ -95,7 +65,7 @@ class Config:
             action="boolean_optional",
         ),
     )
-    transport: str = _setting(
+    transport: str = setting(
         "auto",
         parsers.choice("auto", "shm", "tcp"),
         "HORA_TRANSPORT",
@@ -103,7 +73,7 @@ class Config:
         "across hosts, TCP with shared memory within each host as the HORA_HIERARCHICAL_* settings say).",
         flag=Flag("--transport", "data plane between ranks", group="run", choices=("auto", "shm", "tcp")),
     )
-    hierarchical_allreduce: bool = _setting(
+    hierarchical_allreduce: bool = setting(
         True,
         parsers.parse_bool,
         "HORA_HIERARCHICAL_ALLREDUCE",
@@ -120,7 +90,7 @@ class Config:
             action="boolean_optional",
         ),
     )
-    hierarchical_allgather: bool = _setting(
+    hierarchical_allgather: bool = setting(
         True,
         parsers.parse_bool,
         "HORA_HIERARCHICAL_ALLGATHER",
@@ -134,25 +104,25 @@ class Config:
             "--hierarchical-allgather", "the same choice for allgather and broadcast", action="boolean_optional"
         ),
     )
-    shm_chunk_bytes: int = _setting(
+    shm_chunk_bytes: int = setting(
         2 << 20,
         parsers.positive_int,
         "HORA_SHM_CHUNK_BYTES",
         help="Bytes each rank stages per step in the shared-memory transport (its slot holds two such buffers).",
     )
-    tcp_chunk_bytes: int = _setting(
+    tcp_chunk_bytes: int = setting(
         1 << 20,
         parsers.positive_int,
         "HORA_TCP_CHUNK_BYTES",
         help="Bytes per pipelined piece in the TCP ring.",
     )
-    max_frame_bytes: int = _setting(
+    max_frame_bytes: int = setting(
         64 << 20,
         parsers.positive_int,
         "HORA_MAX_FRAME_BYTES",
         help="Largest control or rendezvous frame accepted from a peer; longer length fields are rejected unread.",
     )
-    fusion_threshold: int = _setting(
+    fusion_threshold: int = setting(
         64 * 1024 * 1024,
         parsers.non_negative_int,
         "HORA_FUSION_THRESHOLD",
@@ -167,7 +137,7 @@ class Config:
             unit="in bytes",
         ),
     )
-    cycle_time_ms: float = _setting(
+    cycle_time_ms: float = setting(
         1.0,
         parsers.non_negative_float,
         "HORA_CYCLE_TIME",
@@ -179,7 +149,7 @@ class Config:
         ),
         flag=Flag("--cycle-time-ms", "milliseconds to gather asynchronous submissions into one negotiation cycle", metavar="MS"),
     )
-    cache_capacity: int = _setting(
+    cache_capacity: int = setting(
         1024,
         parsers.non_negative_int,
         "HORA_CACHE_CAPACITY",
@@ -187,7 +157,7 @@ class Config:
         help="Entries in the response cache, which lets repeated collectives skip negotiation (0 disables the cache).",
         flag=Flag("--cache-capacity", "entries in the response cache; 0 disables it", metavar="N"),
     )
-    stall_check_disable: bool = _setting(
+    stall_check_disable: bool = setting(
         False,
         parsers.parse_bool,
         "HORA_STALL_CHECK_DISABLE",
@@ -195,7 +165,7 @@ class Config:
         help="Turn off the stall check (the warning about collectives some ranks submitted and others did not).",
         flag=Flag("--no-stall-check", "turn off the stall check", action="store_true"),
     )
-    stall_check_time: float = _setting(
+    stall_check_time: float = setting(
         60.0,
         parsers.positive_float,
         "HORA_STALL_CHECK_TIME_SECONDS",
@@ -203,7 +173,7 @@ class Config:
         help="Seconds a collective may wait for ranks that have not submitted it before the stall check warns.",
         flag=Flag("--stall-check-warning-time-seconds", "warn when a collective has waited S seconds for some ranks", metavar="S"),
     )
-    stall_shutdown_time: float = _setting(
+    stall_shutdown_time: float = setting(
         0.0,
         parsers.non_negative_float,
         "HORA_STALL_SHUTDOWN_TIME_SECONDS",
@@ -217,7 +187,7 @@ class Config:
             metavar="S",
         ),
     )
-    timeline: str = _setting(
+    timeline: str = setting(
         "",
         str,
         "HORA_TIMELINE",
@@ -227,11 +197,11 @@ class Config:
             "--timeline-filename",
             "record a timeline in PATH, relative to this directory",
             metavar="PATH",
-            convert=_absolute,  # the workers may run elsewhere: they get the path as seen from here
+            convert=absolute_path,  # the workers may run elsewhere: they get the path as seen from here
             show_default=lambda p: p or "none",
         ),
     )
-    timeline_mark_cycles: bool = _setting(
+    timeline_mark_cycles: bool = setting(
         False,
         parsers.parse_bool,
         "HORA_TIMELINE_MARK_CYCLES",
@@ -239,7 +209,74 @@ class Config:
         help="Mark the start of every engine cycle in the timeline.",
         flag=Flag("--timeline-mark-cycles", "mark every engine cycle in the timeline", action="store_true"),
     )
-    log_level: str = _setting(
+    autotune: bool = setting(
+        False,
+        parsers.parse_bool,
+        "HORA_AUTOTUNE",
+        "HOROVOD_AUTOTUNE",
+        help=(
+            "Tune the fusion threshold, cycle time, response cache on/off and (across hosts) hierarchical "
+            "allreduce/allgather during the first steps by Bayesian optimisation of bytes/s; rank 0 decides and "
+            "every rank switches at the same engine cycle. Needs scikit-learn (pip install 'hora[autotune]')."
+        ),
+        flag=Flag("--autotune", "tune the engine settings during the first steps", action="store_true"),
+    )
+    autotune_log_file: str = setting(
+        "",
+        str,
+        "HORA_AUTOTUNE_LOG",
+        "HOROVOD_AUTOTUNE_LOG",
+        help="CSV file where rank 0 writes every autotune sample and, last, the chosen point (empty: no log).",
+        flag=Flag(
+            "--autotune-log-file",
+            "write autotune's samples as CSV to PATH, relative to this directory",
+            metavar="PATH",
+            convert=absolute_path,
+            show_default=lambda p: p or "none",
+        ),
+    )
+    autotune_warmup_samples: int = setting(
+        3,
+        parsers.non_negative_int,
+        "HORA_AUTOTUNE_WARMUP_SAMPLES",
+        "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+        help="Samples autotune takes with the starting settings and discards before it scores any.",
+        flag=Flag("--autotune-warmup-samples", "samples to discard before autotune scores any", metavar="N"),
+    )
+    autotune_steps_per_sample: int = setting(
+        10,
+        parsers.positive_int,
+        "HORA_AUTOTUNE_STEPS_PER_SAMPLE",
+        "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+        help=(
+            "Steps in one autotune sample: a sample ends when some collective has completed this many times "
+            "under its name since the sample began."
+        ),
+        flag=Flag("--autotune-steps-per-sample", "steps scored together as one autotune sample", metavar="N"),
+    )
+    autotune_bayes_opt_max_samples: int = setting(
+        20,
+        parsers.positive_int,
+        "HORA_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+        "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+        help="Scored samples (points tried) before autotune settles on the best point seen.",
+        flag=Flag(
+            "--autotune-bayes-opt-max-samples", "points autotune tries before it keeps the best", metavar="N"
+        ),
+    )
+    autotune_gaussian_process_noise: float = setting(
+        0.8,
+        parsers.non_negative_float,
+        "HORA_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+        "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+        help="Noise (alpha) of the Gaussian process over normalised scores: higher trusts single samples less.",
+        flag=Flag(
+            "--autotune-gaussian-process-noise",
+            "noise of autotune's Gaussian process; higher trusts one sample less",
+            metavar="ALPHA",
+        ),
+    )
+    log_level: str = setting(
         "WARNING",
         parsers.log_level,
         "HORA_LOG_LEVEL",
@@ -247,62 +284,62 @@ class Config:
         help="Level of the 'hora' logger (trace, debug, info, warning, error, fatal).",
         flag=Flag("--log-level", "level of hora's own log messages in the workers", group="run", choices=parsers.LOG_LEVELS),
     )
-    hostname: str = _setting(
+    hostname: str = setting(
         "",
         str,
         "HORA_HOSTNAME",
         "HOROVOD_HOSTNAME",
         help="Name of this host as the launcher knows it; ranks with the same name share memory. Default: the host name.",
     )
-    rendezvous_addr: str = _setting(
+    rendezvous_addr: str = setting(
         "",
         str,
         "HORA_RENDEZVOUS_ADDR",
         help="Address of the rendezvous store (set by 'hora run'). Without it, rank 0 hosts one and publishes it in HORA_RUNTIME_DIR.",
     )
-    rendezvous_port: int = _setting(
+    rendezvous_port: int = setting(
         0,
         int,
         "HORA_RENDEZVOUS_PORT",
         help="Port of the rendezvous store (set by 'hora run').",
     )
-    secret: str = _setting(
+    secret: str = setting(
         "",
         str,
         "HORA_SECRET",
         help="Per-job secret, hex (set by 'hora run'; never put it on a command line).",
     )
-    secret_file: str = _setting(
+    secret_file: str = setting(
         "",
         str,
         "HORA_SECRET_FILE",
         help="Path of a 0600 file holding the per-job secret in hex (alternative to HORA_SECRET).",
     )
-    job_id: str = _setting(
+    job_id: str = setting(
         "",
         str,
         "HORA_JOB_ID",
         help="Identifier of the job; rendezvous keys are namespaced by it (set by 'hora run').",
     )
-    attempt: int = _setting(
+    attempt: int = setting(
         0,
         int,
         "HORA_ATTEMPT",
         help="Restart attempt of the job; rendezvous keys are namespaced by it.",
     )
-    bind_addr: str = _setting(
+    bind_addr: str = setting(
         "",
         str,
         "HORA_BIND_ADDR",
         help="Address this rank's servers bind and advertise. Default: 127.0.0.1 when every rank is on this host.",
     )
-    port_range: str = _setting(
+    port_range: str = setting(
         "",
         parsers.port_range,
         "HORA_PORT_RANGE",
         help="Ports (LOW-HIGH) each rank's listener may bind, for firewalls between hosts. Default: any free port.",
     )
-    runtime_dir: str = _setting(
+    runtime_dir: str = setting(
         "",
         str,
         "HORA_RUNTIME_DIR",
@@ -314,7 +351,7 @@ class Config:
         cls, env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
     ) -> Config:
         """Read every setting from ``env`` (default ``os.environ``), then apply explicit ``overrides``."""
-        values, sources, problems = _read(os.environ if env is None else env, overrides or {})
+        values, sources, problems = read_settings(dataclasses.fields(Config), os.environ if env is None else env, overrides or {})
         problems += _cross_check(values, sources, with_defaults=True)
         if problems:
             raise ConfigError("invalid hora settings:\n  " + "\n  ".join(problems))
@@ -331,7 +368,7 @@ class Config:
     def env_for(cls, settings: Mapping[str, Any]) -> dict[str, str]:
         """Explicit settings as ``HORA_*`` variables for a launcher's workers, validated first. Every given setting
         is exported, defaults included, so an explicit argument beats a variable the workers would inherit."""
-        values, sources, problems = _read({}, settings)
+        values, sources, problems = read_settings(dataclasses.fields(Config), {}, settings)
         # Only settings given together are checked against each other here: one that is not given comes from the
         # workers' environment, which the workers check when they resolve their Config.
         problems += _cross_check(values, sources, with_defaults=False)
@@ -353,43 +390,6 @@ class Config:
 def render(value: Any) -> str:
     """A setting's value as its environment variable spells it (bools as 0/1)."""
     return str(int(value) if isinstance(value, bool) else value)
-
-
-def _read(
-    env: Mapping[str, str], overrides: Mapping[str, Any]
-) -> tuple[dict[str, Any], dict[str, str], list[str]]:
-    """Parse the settings found in ``env`` and ``overrides``.
-
-    Returns (values, sources, problems): ``sources`` names the variable or argument each value came from, or is
-    empty for a setting that was given an invalid value (which ``values`` then lacks).
-    """
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    problems: list[str] = []
-    fields = {f.name: f for f in dataclasses.fields(Config)}
-    for f in fields.values():
-        for name in f.metadata["env"]:  # declaration order: the HORA_* name before its HOROVOD_* alias
-            if name in env:
-                try:
-                    values[f.name] = f.metadata["parse"](env[name])
-                    sources[f.name] = name
-                except ValueError as exc:
-                    sources[f.name] = ""
-                    problems.append(f"{name}={env[name]!r} is not valid: {exc}")
-                break
-    for key, value in overrides.items():
-        if key not in fields:
-            problems.append(f"unknown setting {key!r}; known settings: {', '.join(sorted(fields))}")
-        elif value is not None:
-            try:  # an argument is checked and normalised exactly like its environment variable
-                values[key] = fields[key].metadata["parse"](str(value))
-                if sources.get(key) != "":  # a broken variable stays an error even when an argument overrides it
-                    sources[key] = key
-            except ValueError as exc:
-                values.pop(key, None)
-                sources[key] = ""
-                problems.append(f"{key}={value!r} is not valid: {exc}")
-    return values, sources, problems
 
 
 def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str], with_defaults: bool) -> list[str]:

@@ -232,7 +232,7 @@ def test_all_problems_in_one_error():
 
 
 def test_unknown_override_alone():
-    with pytest.raises(ConfigError, match=r"unknown setting 'bogus'; known settings: attempt, bind_addr"):
+    with pytest.raises(ConfigError, match=r"unknown setting 'bogus'; known settings: attempt, autotune, "):
         Config.resolve(env={}, overrides={"bogus": 1})
 
 
@@ -272,6 +272,12 @@ def _non_default_config() -> Config:
         stall_shutdown_time=90.0,
         timeline="/tmp/hora-timeline.json",
         timeline_mark_cycles=True,
+        autotune=True,
+        autotune_log_file="/tmp/hora-autotune.csv",
+        autotune_warmup_samples=1,
+        autotune_steps_per_sample=4,
+        autotune_bayes_opt_max_samples=7,
+        autotune_gaussian_process_noise=0.25,
         log_level="DEBUG",
         hostname="node7",
         rendezvous_addr="10.0.0.1",
@@ -523,3 +529,25 @@ def test_port_range(text, value):
 def test_bad_port_range_is_a_clear_error(text):
     with pytest.raises(ConfigError, match=r"HORA_PORT_RANGE=.* is not valid: expected LOW-HIGH"):
         Config.resolve(env={"HORA_PORT_RANGE": text})
+
+
+def test_autotune_settings_take_horovods_names_and_follow_the_precedence():
+    env = {
+        "HOROVOD_AUTOTUNE": "1",
+        "HOROVOD_AUTOTUNE_LOG": "/tmp/a.csv",
+        "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "5",
+        "HORA_AUTOTUNE_WARMUP_SAMPLES": "2",  # the HORA_* name wins over its alias
+        "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "6",
+        "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "9",
+        "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "0.5",
+    }
+    cfg = Config.resolve(env=env, overrides={"autotune_steps_per_sample": 3})  # an argument beats both
+    assert cfg.autotune and cfg.autotune_log_file == "/tmp/a.csv"
+    assert (cfg.autotune_warmup_samples, cfg.autotune_steps_per_sample) == (2, 3)
+    assert (cfg.autotune_bayes_opt_max_samples, cfg.autotune_gaussian_process_noise) == (9, 0.5)
+    defaults = Config.resolve(env={})
+    assert not defaults.autotune and defaults.autotune_log_file == ""
+    assert (defaults.autotune_warmup_samples, defaults.autotune_steps_per_sample) == (3, 10)
+    assert (defaults.autotune_bayes_opt_max_samples, defaults.autotune_gaussian_process_noise) == (20, 0.8)
+    with pytest.raises(ConfigError, match="HORA_AUTOTUNE_STEPS_PER_SAMPLE='0'"):
+        Config.resolve(env={"HORA_AUTOTUNE_STEPS_PER_SAMPLE": "0"})

@@ -73,6 +73,26 @@ def test_an_empty_timeline_stays_empty_and_a_path_becomes_absolute(tmp_path, mon
     assert got == {"timeline": str(tmp_path / "t.json")}
 
 
+def test_autotune_flags_become_horovods_settings(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = parse_run_options([
+        "--autotune", "--autotune-log-file", "at.csv", "--autotune-warmup-samples", "0",
+        "--autotune-steps-per-sample", "5", "--autotune-bayes-opt-max-samples", "12",
+        "--autotune-gaussian-process-noise", "0.1",
+    ])  # fmt: skip
+    settings = settings_from_args(args)
+    assert settings == {
+        "autotune": True,
+        "autotune_log_file": str(tmp_path / "at.csv"),  # the workers may run elsewhere: made absolute here
+        "autotune_warmup_samples": 0,
+        "autotune_steps_per_sample": 5,
+        "autotune_bayes_opt_max_samples": 12,
+        "autotune_gaussian_process_noise": 0.1,
+    }
+    env = Config.env_for(settings)
+    assert env["HORA_AUTOTUNE"] == "1" and env["HORA_AUTOTUNE_LOG"] == str(tmp_path / "at.csv")
+
+
 @pytest.mark.parametrize(
     ("words", "message"),
     [
