@@ -133,7 +133,11 @@ def test_torch_has_horovods_names():
 
 
 def test_the_cluster_engines_public_names_are_pinned():
+    """hora.ray and hora.spark import without Ray or PySpark (they are imported when used)."""
     import hora.ray
+    import hora.spark
 
     assert hora.ray.__all__ == ["RayExecutor", "RaySettings", "WorkerState"]
     assert all(hasattr(hora.ray, n) for n in hora.ray.__all__)
+    assert hora.spark.__all__ == ["run"]
+    assert all(hasattr(hora.spark, n) for n in hora.spark.__all__)

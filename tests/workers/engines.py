@@ -67,3 +67,20 @@ class Counter:
     def bump(self) -> int:
         self.value += 1
         return self.value
+
+
+def fail_after_start(marker_dir: str, bad_rank: int) -> int:
+    """Every rank writes ``marker_dir/started.<rank>`` (its pid) after a first allreduce; then ``bad_rank`` raises
+    while the others wait for it in the next one."""
+    hvd.init()
+    hvd.allreduce(np.ones(4), name="first")
+    Path(marker_dir, f"started.{hvd.rank()}").write_text(str(os.getpid()))
+    if hvd.rank() == bad_rank:
+        raise ValueError(f"rank {bad_rank} refuses")
+    hvd.allreduce(np.ones(4), name="never")
+    return hvd.rank()
+
+
+def pids(marker_dir: str | Path) -> dict[int, int]:
+    """rank -> pid, from the ``started.<rank>`` files the functions above write."""
+    return {int(p.name.split(".")[1]): int(p.read_text()) for p in Path(marker_dir).glob("started.*")}
