@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 import hora.numpy as hvd
+from hora._runtime.context import current
 
 
 def topology(tag: object = None) -> dict[str, object]:
@@ -24,6 +25,7 @@ def topology(tag: object = None) -> dict[str, object]:
         "cross_size": hvd.cross_size(),
         "sum": float(total[0]),
         "pid": os.getpid(),
+        "transport": current().transport,
         "tag": tag,
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -23,11 +24,35 @@ def alive(pid: int) -> bool:
 
 def ray_environment(monkeypatch: pytest.MonkeyPatch) -> str:
     """Give Ray's worker processes hora and the test workers (they inherit the driver's environment); a private
-    temp dir (Ray's session files are large; removed afterwards)."""
+    temp dir for everything Ray writes (its session files are large; removed afterwards)."""
     extra = [str(paths.SRC), str(paths.TESTS), os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in extra if p))
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    return tempfile.mkdtemp(prefix="hray-", dir="/tmp")
+    tmp = tempfile.mkdtemp(prefix="hray-", dir="/tmp")
+    os.mkdir(os.path.join(tmp, "ray"))
+    monkeypatch.setenv("RAY_TMPDIR", tmp)  # Ray's own files outside the session dir (the cluster address)
+    return tmp
+
+
+def processes_under(directory: str) -> list[int]:
+    """Processes whose command line names ``directory`` (Ray's daemons name their session dir)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if directory.encode() in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+def settle(check, seconds: float = 15.0):
+    """``check()`` until it returns something empty or ``seconds`` pass; its last result."""
+    deadline = time.monotonic() + seconds
+    while (left := check()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 @pytest.fixture(scope="module")
@@ -41,4 +66,6 @@ def local_ray():
     finally:
         ray.shutdown()
         mp.undo()
+        left = settle(lambda: processes_under(tmp))
         shutil.rmtree(tmp, ignore_errors=True)
+        assert left == [], f"Ray processes outlived ray.shutdown(): {left}"
