@@ -64,6 +64,12 @@ def run(
     stdout: Any = None,
     stderr: Any = None,
     verbose: int = 1,
+    nics: Any = None,
+    use_mpi: Any = None,
+    use_gloo: Any = None,
+    extra_mpi_args: Any = None,
+    prefix_output_with_timestamp: bool = False,
+    executable: Any = None,
     **settings: Any,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks, one per task of a Spark barrier stage; return every
@@ -74,6 +80,8 @@ def run(
         start_timeout: seconds to wait for the cluster to have ``num_proc`` free slots (default 120).
         env: extra environment variables of every rank (set in the task's Python worker while it runs).
         stdout, stderr: accepted for Horovod's signature; the ranks' output goes to the executors' logs.
+        nics, use_mpi, use_gloo, extra_mpi_args, prefix_output_with_timestamp, executable: Horovod's; accepted
+            and ignored (hora starts no mpirun or gloo processes: the tasks are the ranks).
         verbose: 0 silent, 1 (default) logs the start and end of the stage on the ``hora.spark`` logger.
         settings: hora settings for every rank (``transport="tcp"``, ``start_timeout=60`` ...).
 
