@@ -86,3 +86,23 @@ def fail_after_start(marker_dir: str, bad_rank: int) -> int:
 def pids(marker_dir: str | Path) -> dict[int, int]:
     """rank -> pid, from the ``started.<rank>`` files the functions above write."""
     return {int(p.name.split(".")[1]): int(p.read_text()) for p in Path(marker_dir).glob("started.*")}
+
+
+def digits_train():
+    """examples/engines_digits.py's ``train``, pickled by value (examples/ is not a package the ranks import)."""
+    import importlib.util
+    import sys
+
+    from support import paths
+
+    if "engines_digits" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("engines_digits", paths.REPO / "examples" / "engines_digits.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["engines_digits"] = module
+        spec.loader.exec_module(module)
+        for pickler in ("cloudpickle", "ray.cloudpickle", "pyspark.cloudpickle"):  # Ray and PySpark vendor their own
+            try:
+                importlib.import_module(pickler).register_pickle_by_value(module)
+            except ImportError:
+                pass
+    return sys.modules["engines_digits"].train

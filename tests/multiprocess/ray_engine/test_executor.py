@@ -131,3 +131,14 @@ def test_bad_arguments_are_refused():
         RayExecutor(num_workers=0)
     with pytest.raises(ConfigError, match="placement_strategy"):
         RayExecutor(num_workers=2, placement_strategy="RANDOM")
+
+
+def test_the_shared_digits_example_trains_on_ray(local_ray):
+    executor = RayExecutor(num_workers=2)
+    executor.start()
+    try:
+        out = executor.run(engines.digits_train(), kwargs={"epochs": 1})
+    finally:
+        executor.shutdown()
+    assert [(r["rank"], r["size"], r["steps"]) for r in out] == [(0, 2, 22), (1, 2, 22)]
+    assert out[0]["accuracy"] == out[1]["accuracy"] > 40.0  # one epoch: well above chance (10%)
