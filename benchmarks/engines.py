@@ -42,7 +42,9 @@ EXAMPLE = REPO / "examples" / "engines_digits.py"
 ENGINES = ["hora-run", "hora-runner", "hora-ray", "hora-spark", "ray-train", "spark-distributor"]
 
 
-def train_ddp(epochs: int, batch_size: int, lr: float, seed: int, started_at: float, launcher: str) -> dict:
+def train_ddp(
+    epochs: int, batch_size: int, lr: float, seed: int, started_at: float, launcher: str, out: str | None = None
+) -> dict:
     """examples/engines_digits.py's ``train`` with torch DistributedDataParallel (gloo) instead of hora."""
     import numpy as np
     import torch
@@ -97,11 +99,9 @@ def train_ddp(epochs: int, batch_size: int, lr: float, seed: int, started_at: fl
         "steps_per_s": round(steps / seconds, 2) if seconds > 0 else None,
         "first_collective_s": round(first_collective, 3),
     }
-    if launcher == "ray-train":
-        import ray.train
-
-        ray.train.report(result)
-    elif launcher == "torchrun":
+    if out and rank == 0:  # Ray Train keeps no return value: rank 0 leaves its result here
+        Path(out).write_text(json.dumps(result))
+    if launcher == "torchrun":
         dist.destroy_process_group()
     return result
 
@@ -114,8 +114,9 @@ def _ray_train(np_: int, epochs: int) -> dict:
     ray.init(num_cpus=np_ + 1, include_dashboard=False)
     try:
         with tempfile.TemporaryDirectory() as storage:
+            out = os.path.join(storage, "result.json")
             config = {"epochs": epochs, "batch_size": 32, "lr": 0.025, "seed": 0, "launcher": "ray-train",
-                      "started_at": time.time()}  # fmt: skip
+                      "out": out, "started_at": time.time()}  # fmt: skip
             trainer = TorchTrainer(
                 lambda c: train_ddp(**c),
                 train_loop_config=config,
@@ -123,7 +124,8 @@ def _ray_train(np_: int, epochs: int) -> dict:
                 torch_config=TorchConfig(backend="gloo"),
                 run_config=RunConfig(storage_path=storage, name="engines-bench"),
             )
-            return dict(trainer.fit().metrics)
+            trainer.fit()
+            return dict(json.loads(Path(out).read_text()))
     finally:
         ray.shutdown()
 
