@@ -73,6 +73,9 @@ def test_a_raising_task_names_the_rank_and_no_rank_outlives_the_stage(spark, tmp
 
 
 def test_too_few_slots_is_a_clear_error(spark):
+    deadline = time.monotonic() + 120
+    while hora.spark.runner.slots(spark) < 2 and time.monotonic() < deadline:  # both executors registered
+        time.sleep(0.1)
     with pytest.raises(ConfigError, match=r"needs 3 slots at once .* the cluster has 2"):
         hora.spark.run(engines.topology, num_proc=3, start_timeout=1)
 
