@@ -142,3 +142,33 @@ def test_the_shared_digits_example_trains_on_ray(local_ray):
         executor.shutdown()
     assert [(r["rank"], r["size"], r["steps"]) for r in out] == [(0, 2, 22), (1, 2, 22)]
     assert out[0]["accuracy"] == out[1]["accuracy"] > 40.0  # one epoch: well above chance (10%)
+
+
+DRIVER = """
+import sys, ray
+from hora.ray import RayExecutor
+from workers import engines
+ray.init(address=sys.argv[1])
+executor = RayExecutor(num_workers=2)
+executor.start()
+executor.run(engines.allreduce_loop, args=(sys.argv[2], 1_000_000))
+"""
+
+
+def test_no_worker_outlives_a_sigkilled_driver(local_ray, tmp_path):
+    """Horovod on Spark's old sore ("the driver dies, but the MPI processes live on"): the ranks are the driver's
+    actors, so Ray ends them with it."""
+    import subprocess
+    import sys
+
+    address = local_ray.get_runtime_context().gcs_address
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, address, str(tmp_path)])
+    try:
+        engines.wait_for(tmp_path / "started.0")
+        engines.wait_for(tmp_path / "started.1")
+        ranks = engines.pids(tmp_path)
+    finally:
+        driver.kill()
+        driver.wait()
+    assert sorted(ranks) == [0, 1]
+    assert _gone(list(ranks.values())) == []
