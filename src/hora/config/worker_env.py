@@ -7,14 +7,13 @@ each other and against what :func:`worker_env` really writes.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from hora.config.settings import Config
 
-__all__ = ["TOPOLOGY", "WORKER_VARIABLES", "WorkerVariable", "restore_process_env", "set_process_env", "worker_env"]
+__all__ = ["TOPOLOGY", "WORKER_VARIABLES", "WorkerVariable", "worker_env"]
 
 #: The topology variables, each written as ``HORA_<X>`` and Horovod's ``HOROVOD_<X>``.
 TOPOLOGY = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")
@@ -138,29 +137,3 @@ def worker_env(
     env.update(Config.env_for(settings or {}))
     return env
 
-
-
-def set_process_env(changes: Mapping[str, str], remove: Iterable[str] = ()) -> dict[str, str | None]:
-    """Write ``changes`` into this process's own environment and delete ``remove``; return the previous values.
-
-    For ranks that a cluster engine starts as processes hora does not exec (Ray actors, Spark tasks): their
-    environment cannot be given at start, so the worker writes :func:`worker_env`'s variables into itself before it
-    runs the user's function, and puts the old values back afterwards with :func:`restore_process_env`.
-    """
-    previous: dict[str, str | None] = {}
-    for name in [*remove, *changes]:
-        if name not in previous:
-            previous[name] = os.environ.get(name)
-    for name in remove:
-        os.environ.pop(name, None)
-    os.environ.update(changes)
-    return previous
-
-
-def restore_process_env(previous: Mapping[str, str | None]) -> None:
-    """Undo :func:`set_process_env`: every variable it changed gets its old value back (or is deleted)."""
-    for name, value in previous.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value

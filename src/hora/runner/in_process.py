@@ -21,7 +21,8 @@ import hora
 from hora._runtime.auth import new_secret
 from hora._runtime.rendezvous import RendezvousServer
 from hora.config.launchers import LAUNCHER_VARIABLES
-from hora.config.worker_env import restore_process_env, set_process_env, worker_env
+from hora.config.process_env import restore_process_env, set_process_env
+from hora.config.worker_env import worker_env
 from hora.errors import ConfigError
 from hora.runner.hosts import RankSlot
 
