@@ -22,7 +22,7 @@ LAYERS = [
     ["hora._frontend"],
     ["hora.numpy", "hora.torch"],
     ["hora.runner"],
-    ["hora.jobs"],
+    ["hora.jobs", "hora.ray", "hora.spark"],
     ["hora.cli", "hora.__main__"],
 ]
 MAX_LINES = 500

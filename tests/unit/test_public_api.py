@@ -130,3 +130,14 @@ def test_torch_has_horovods_names():
     assert sorted(hvd_torch.__all__) == hvd_torch.__all__
     assert set(HOROVOD_TORCH_NAMES) <= set(hvd_torch.__all__)
     assert (hvd_torch.Average, hvd_torch.Sum, hvd_torch.Adasum, hvd_torch.Min, hvd_torch.Max) == (0, 1, 2, 3, 4)
+
+
+def test_the_cluster_engines_public_names_are_pinned():
+    """hora.ray and hora.spark import without Ray or PySpark (they are imported when used)."""
+    import hora.ray
+    import hora.spark
+
+    assert hora.ray.__all__ == ["RayExecutor", "RaySettings", "WorkerState"]
+    assert all(hasattr(hora.ray, n) for n in hora.ray.__all__)
+    assert hora.spark.__all__ == ["run"]
+    assert all(hasattr(hora.spark, n) for n in hora.spark.__all__)

@@ -48,7 +48,10 @@ log = logging.getLogger("hora")
 
 _lock = threading.RLock()
 _current: Context | None = None
-_generation = 0
+#: inits so far per job (HORA_JOB_ID or the launcher's job key): the rendezvous keys of the n-th init of a job
+#: carry g<n>. Counted per job, not per process, because one process can be a rank of several jobs in turn (a Spark
+#: Python worker reused by the tasks of later stages) and every rank of a job must count the same.
+_generations: dict[str, int] = {}
 _atexit_registered = False
 
 
@@ -109,7 +112,7 @@ def init(**settings: Any) -> None:
         ConfigError: the launcher's variables or the settings are inconsistent.
         RendezvousError: the other ranks did not all arrive within ``start_timeout``.
     """
-    global _current, _generation, _atexit_registered
+    global _current, _atexit_registered
     with _lock:
         if _current is not None:
             return
@@ -118,8 +121,9 @@ def init(**settings: Any) -> None:
         log.debug("settings: %s", config.public_dict())
         launch = detect()
         config = _drop_stale_hora_run_settings(config, launch)
-        _generation += 1
-        _current = _start(config, launch, _generation)
+        job = config.job_id or launch.job_key
+        _generations[job] = _generations.get(job, 0) + 1
+        _current = _start(config, launch, _generations[job])
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True

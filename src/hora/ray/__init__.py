@@ -1,0 +1,10 @@
+"""hora on Ray: :class:`RayExecutor` runs a function on hora ranks that are Ray actors (Horovod's
+``horovod.ray.RayExecutor`` calls). Needs the ``ray`` extra (``pip install 'hora[ray]'``). See docs/engines.md.
+"""
+
+from __future__ import annotations
+
+from hora.ray.executor import RayExecutor, RaySettings
+from hora.ray.worker import WorkerState
+
+__all__ = ["RayExecutor", "RaySettings", "WorkerState"]

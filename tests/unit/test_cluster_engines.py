@@ -1,0 +1,53 @@
+"""The pure parts of hora.ray and hora.spark: host names from Ray's placement, rank order, and reading Spark's
+failure text (no Ray or Spark needed)."""
+
+from __future__ import annotations
+
+from hora.ray.executor import _host_order, host_names
+from hora.ray.worker import NodeInfo
+from hora.spark.runner import _stage_error
+from hora.spark.task import FAILURE_BEGIN, FAILURE_END
+
+
+def _node(node_id: str, ip: str) -> NodeInfo:
+    return NodeInfo(node_id, ip, "h", 1, 2)
+
+
+def test_ranks_are_numbered_node_by_node_in_order_of_each_nodes_first_bundle():
+    infos = [_node("B", "10.0.0.2"), _node("A", "10.0.0.1"), _node("B", "10.0.0.2"), _node("A", "10.0.0.1")]
+    assert _host_order(infos) == [0, 2, 1, 3]
+
+
+def test_host_names_are_ips_unless_several_ray_nodes_share_one():
+    assert host_names([_node("A", "10.0.0.1"), _node("B", "10.0.0.2")]) == ["10.0.0.1", "10.0.0.2"]
+    shared = host_names([_node("aaaaaaaaaaaaaaaa", "10.0.0.1"), _node("bbbbbbbbbbbbbbbb", "10.0.0.1")])
+    assert shared == ["10.0.0.1/aaaaaaaaaaaa", "10.0.0.1/bbbbbbbbbbbb"]
+
+
+SPARK_HEAD = (
+    "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
+    ": org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from a failed barrier "
+    "ResultStage. Most recent failure reason: Stage failed because barrier task ResultTask(3, 1) finished "
+    "unsuccessfully.\n"
+)
+
+
+def test_a_ranks_own_failure_is_read_from_sparks_text():
+    report = "rank 1 on 10.0.0.2 raised ValueError: no\nTraceback (most recent call last):\n  ...\nValueError: no\n"
+    error = _stage_error(RuntimeError(SPARK_HEAD + f"org.apache.spark.api.python.PythonException: {FAILURE_BEGIN}"
+                                      f"{report}{FAILURE_END}\n\tat org.apache..."), 2)  # fmt: skip
+    assert str(error).startswith("rank 1 on 10.0.0.2 raised ValueError: no\n\nthe rank's traceback:\nTraceback")
+    assert "Spark did not retry the stage" in str(error)
+    assert error.rank == 1
+
+
+def test_a_lost_executor_names_the_rank_and_the_executor():
+    text = SPARK_HEAD + "ExecutorLostFailure (executor 7 exited caused by one of the running tasks) Reason: Command exited with code 137\n\tat x"
+    error = _stage_error(RuntimeError(text), 2)
+    assert str(error).startswith("rank 1 (Spark executor 7) was lost: ExecutorLostFailure (executor 7 exited")
+    assert error.rank == 1
+
+
+def test_anything_else_is_reported_with_sparks_first_line():
+    error = _stage_error(RuntimeError("py4j went away\nmore"), 3)
+    assert str(error) == "the Spark barrier stage of 3 ranks failed: py4j went away"
