@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from hora._runtime.auth import Role, client_handshake, server_handshake
+from hora._runtime.gate import PendingHandshakes, RejectLog
 from hora._wire import recv_frame, send_frame
 from hora.errors import AuthenticationError, HoraError, PeerLostError, ProtocolError, RendezvousError
 
@@ -47,7 +48,13 @@ class RendezvousServer:
         self._clients: set[socket.socket] = set()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self.rejected = 0  # connections dropped for failed authentication or protocol errors (for tests/logs)
+        self._rejects = RejectLog(log, "rendezvous")
+        self._pending = PendingHandshakes()
+
+    @property
+    def rejected(self) -> int:
+        """Connections dropped for failed authentication or protocol errors (for tests and logs)."""
+        return self._rejects.count
 
     @property
     def address(self) -> tuple[str, int]:
@@ -79,6 +86,7 @@ class RendezvousServer:
             except OSError:
                 pass
             self._listener.close()
+        self._pending.close()
         for c in clients:
             _close(c)
         if self._thread is not None:
@@ -96,6 +104,9 @@ class RendezvousServer:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
+            if not self._pending.admit(conn):
+                _close(conn)
+                continue
             threading.Thread(
                 target=self._serve, args=(conn,), name="hora-rendezvous-client", daemon=True
             ).start()
@@ -107,7 +118,10 @@ class RendezvousServer:
                 return
             self._clients.add(conn)
         try:
-            server_handshake(conn, self._secret, self._handshake_timeout, roles=(Role.RENDEZVOUS,))
+            try:
+                server_handshake(conn, self._secret, self._handshake_timeout, roles=(Role.RENDEZVOUS,))
+            finally:
+                self._pending.finish(conn)
             while True:
                 try:
                     frame = recv_frame(conn, self._max_frame, "rendezvous client")
@@ -122,8 +136,7 @@ class RendezvousServer:
                     raise ProtocolError(f"malformed rendezvous request: {exc}") from exc
                 send_frame(conn, json.dumps(reply).encode())
         except (AuthenticationError, ProtocolError) as exc:
-            self.rejected += 1
-            log.warning("rendezvous: dropped a connection: %s", exc)
+            self._rejects.drop(exc)
         except OSError:
             pass
         finally:
