@@ -175,6 +175,7 @@ class JobRunner:
             reason = f"{reason}\n(also: {upload_problem})"
         self.store.update(name, ended=time.time(), failure_reason=reason, exit_code=exit_code, artifacts=artifacts)
         self._status(status, secondary, (reason or "").splitlines()[0] if reason else "")
+        self.store.save_record(name)  # the job's story outlives a lost index (hora job reindex)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self._trees.forward(signum):  # the ranks run: the master's hora run stops them
