@@ -214,14 +214,17 @@ def run_master(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> 
         _say(host, f"hora run could not start the ranks: {exc}")
         record_attempt(job_dir, attempt, "master", {"error": f"{type(exc).__name__}: {exc}"})
         return 1
-    record_attempt(job_dir, attempt, "master", {
-        "exit_code": result.exit_code,
-        "returncodes": result.returncodes,
-        "interrupted": result.interrupted,
-        "timed_out": result.timed_out,
-        "failures": [dataclasses.asdict(f) for f in result.failures],
-        "job_id": result.job_id,
-    })
+    try:
+        record_attempt(job_dir, attempt, "master", {
+            "exit_code": result.exit_code,
+            "returncodes": result.returncodes,
+            "interrupted": result.interrupted,
+            "timed_out": result.timed_out,
+            "failures": [dataclasses.asdict(f) for f in result.failures],
+            "job_id": result.job_id,
+        })
+    except OSError as exc:  # a full disk: the supervisor reports the missing record; say why here
+        _say(host, f"cannot record how hora run ended in {job_dir / 'hora'}: {exc}")
     return result.exit_code
 
 

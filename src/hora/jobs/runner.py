@@ -25,7 +25,7 @@ from typing import Any
 from hora._proc import handle_signals, process_start_time
 from hora._runtime.auth import new_secret
 from hora.config.variables import environment
-from hora.errors import HoraError, HostStartError
+from hora.errors import HoraError, HostStartError, StorageError
 from hora.jobs import _stage, netns
 from hora.jobs.channels import ChannelHandle
 from hora.jobs.cluster import (
@@ -53,6 +53,26 @@ from hora.jobs.store import JobRecord, JobStore
 from hora.runner.result import RunResult
 
 __all__ = ["JobRunner", "entry_command", "failure_reason", "layouts_of"]
+
+
+#: Space the supervisor holds back in ``hora/`` while the job runs and frees before recording its end.
+RESERVE_NAME = "reserve"
+RESERVE_BYTES = 256 * 1024
+
+
+def _reserve(path: Path) -> None:
+    try:
+        with open(path, "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)  # written, not sparse: the blocks are really taken
+    except OSError:
+        path.unlink(missing_ok=True)
+
+
+def _stderr(message: str) -> None:
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 class _Stop(Exception):
@@ -99,8 +119,15 @@ class JobRunner:
     def say(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
         if self._log_file is not None:
-            self._log_file.write(f"{stamp}Z {message}\n")
-            self._log_file.flush()
+            try:
+                self._log_file.write(f"{stamp}Z {message}\n")
+                self._log_file.flush()
+            except OSError as exc:  # a full disk: the message still reaches the terminal and the job's record
+                self._log_file = None
+                _stderr(f"hora job: cannot write {self.job_dir / 'logs' / 'job.log'} ({exc.strerror}); "
+                        "the supervisor's messages go to its stderr from here on")
+        if self._log_file is None and self._progress is None:
+            _stderr(f"hora job: {message}")
         if self._progress is not None:
             self._progress(message)
 
@@ -114,6 +141,8 @@ class JobRunner:
         (self.job_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.job_dir / "hora").mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.job_dir / "logs" / "job.log", "a")  # noqa: SIM115 - closed below
+        log_file = self._log_file
+        _reserve(self.job_dir / "hora" / RESERVE_NAME)
         pid = os.getpid()
         (self.job_dir / "hora" / "supervisor.json").write_text(json.dumps({"pid": pid, "start": process_start_time(pid)}))
         start = time.time()
@@ -131,8 +160,12 @@ class JobRunner:
                     self._net.remove()
                     self._net = None
                 shutil.rmtree(runtime_dir(self.job_dir), ignore_errors=True)
-                self._log_file.close()
+                (self.job_dir / "hora" / RESERVE_NAME).unlink(missing_ok=True)
                 self._log_file = None
+                try:
+                    log_file.close()
+                except OSError:
+                    pass
         return self.store.get(name)
 
     def _run_phases(self, timer: threading.Timer) -> None:
@@ -165,12 +198,19 @@ class JobRunner:
             status, secondary, reason = JobStatus.Failed, SecondaryStatus.Failed, f"InternalError: {type(exc).__name__}: {exc}"
         timer.cancel()
         self._close_channels()
-        self._status(JobStatus.InProgress, SecondaryStatus.Uploading, "archiving model/ and output/data")
+        # The space held back at the start is freed now: the job's end can be recorded even when the script
+        # filled the disk (and an archive that fails for want of space is removed, freeing what it took).
+        (self.job_dir / "hora" / RESERVE_NAME).unlink(missing_ok=True)
+        try:
+            self._status(JobStatus.InProgress, SecondaryStatus.Uploading, "archiving model/ and output/data")
+        except StorageError as exc:
+            self.say(f"could not record the Uploading status: {exc}")
         artifacts, upload_problem = archive(
             self.job_dir, [self.layouts[h] for h in self.hosts], self.spec.output_path, self.spec.job_name
         )
         if upload_problem and status is JobStatus.Completed:
-            status, secondary, reason = JobStatus.Failed, SecondaryStatus.Failed, upload_problem
+            status, secondary = JobStatus.Failed, SecondaryStatus.Failed
+            reason = f"ClientError: the script succeeded (every rank exited 0), but {upload_problem}"
         elif upload_problem:
             reason = f"{reason}\n(also: {upload_problem})"
         self.store.update(name, ended=time.time(), failure_reason=reason, exit_code=exit_code, artifacts=artifacts)

@@ -19,6 +19,7 @@ import os
 import shutil
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -129,7 +130,7 @@ class JobStore:
         """What a failure of the index means, and what to do about it."""
         text = str(exc)
         if "full" in text or "disk I/O" in text or "readonly" in text or isinstance(exc, OSError):
-            return StorageError(
+            return _Unwritable(
                 f"the job index {self.db_path} could not be written ({text}); is the disk under {self.home} full "
                 "or read-only? Free space and run the command again"
             )
@@ -137,6 +138,26 @@ class JobStore:
             f"the job index {self.db_path} is damaged ({text}); the jobs themselves are in {self.jobs_dir}: "
             f"`hora job --home {self.home} reindex` moves the damaged index aside and rebuilds it from them"
         )
+
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """(column names, rows) of a read; on a full disk, read the database file as it is (``immutable``: no
+        shared-memory file or lock needed), so the read-only commands work until space is freed."""
+        try:
+            with self._db() as db:
+                cur = db.execute(sql, params)
+                return [d[0] for d in cur.description], cur.fetchall()
+        except _Unwritable:
+            if not self.db_path.is_file():
+                raise
+        try:
+            conn = sqlite3.connect(f"file:{urllib.parse.quote(str(self.db_path))}?immutable=1", uri=True)
+            try:
+                cur = conn.execute(sql, params)
+                return [d[0] for d in cur.description], cur.fetchall()
+            finally:
+                conn.close()
+        except sqlite3.DatabaseError as exc:
+            raise self.problem(exc) from None
 
     def unindexed(self) -> list[str]:
         """Job directories without a row in the index (it was lost or replaced): `hora job reindex` adds them."""
@@ -146,8 +167,7 @@ class JobStore:
             return []
         if not names:
             return []
-        with self._db() as db:
-            known = {r[0] for r in db.execute("SELECT name FROM jobs")}
+        known = {r[0] for r in self._query("SELECT name FROM jobs")[1]}
         return [n for n in names if n not in known]
 
     def lost_index_hint(self, names: list[str]) -> str:
@@ -196,9 +216,8 @@ class JobStore:
         write_private(Path(record.job_dir) / "hora" / RECORD_FILE, json.dumps(dataclasses.asdict(record), indent=1))
 
     def get(self, name: str) -> JobRecord:
-        with self._db() as db:
-            row = db.execute("SELECT * FROM jobs WHERE name = ?", (name,)).fetchone()
-            cols = [d[0] for d in db.execute("SELECT * FROM jobs LIMIT 0").description]
+        cols, rows = self._query("SELECT * FROM jobs WHERE name = ?", (name,))
+        row = rows[0] if rows else None
         if row is None:
             if self.job_dir(name).is_dir():
                 raise ConfigError(self.lost_index_hint([name]))
@@ -214,10 +233,7 @@ class JobStore:
         )
 
     def jobs(self) -> list[JobRecord]:
-        with self._db() as db:
-            cur = db.execute("SELECT * FROM jobs ORDER BY created")
-            cols = [d[0] for d in cur.description]
-            rows = cur.fetchall()
+        cols, rows = self._query("SELECT * FROM jobs ORDER BY created")
         return [self._record(dict(zip(cols, r))) for r in rows]
 
     def update(self, name: str, **fields: Any) -> None:
@@ -234,10 +250,9 @@ class JobStore:
             db.execute("INSERT INTO transitions VALUES (?,?,?,?,?)", (name, now, status, secondary, message))
 
     def transitions(self, name: str) -> list[tuple[float, str, str, str]]:
-        with self._db() as db:
-            return [tuple(r) for r in db.execute(
-                "SELECT time, status, secondary_status, message FROM transitions WHERE job = ? ORDER BY rowid", (name,)
-            )]
+        return [tuple(r) for r in self._query(
+            "SELECT time, status, secondary_status, message FROM transitions WHERE job = ? ORDER BY rowid", (name,)
+        )[1]]
 
     def add_metrics(self, job: str, rows: list[tuple[str, float, float, str, int, int]]) -> None:
         """rows: (name, value, timestamp, host, rank, attempt)."""
@@ -245,11 +260,10 @@ class JobStore:
             db.executemany("INSERT INTO metrics VALUES (?,?,?,?,?,?,?)", [(job, *r) for r in rows])
 
     def metrics(self, job: str) -> list[tuple[str, float, float, str, int, int]]:
-        with self._db() as db:
-            return [tuple(r) for r in db.execute(
-                "SELECT name, value, timestamp, host, rank, attempt FROM metrics WHERE job = ? ORDER BY timestamp, rowid",
-                (job,),
-            )]
+        return [tuple(r) for r in self._query(
+            "SELECT name, value, timestamp, host, rank, attempt FROM metrics WHERE job = ? ORDER BY timestamp, rowid",
+            (job,),
+        )[1]]
 
 
 def write_private(path: Path, text: str) -> None:
@@ -265,3 +279,7 @@ def write_private(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+class _Unwritable(StorageError):
+    """The index cannot be written (a full or read-only disk); reads fall back to the file as it is."""
