@@ -50,7 +50,7 @@ class RejectLog:
             return
         earlier = f" ({quiet} more dropped since the last report)" if quiet else ""
         self._log.warning(
-            "%s: dropped a connection: %s%s; further drops are reported at most every %gs",
+            "%s: dropped a connection: %s%s; further ones are reported at most every %gs",
             self._what, reason, earlier, self._interval,
         )  # fmt: skip
 

@@ -7,6 +7,7 @@ and init generation), so a restarted group never reads stale addresses. Values a
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import socket
@@ -24,6 +25,9 @@ __all__ = ["MissingKeys", "RendezvousClient", "RendezvousServer", "connect_with_
 log = logging.getLogger(__name__)
 
 _MAX_WAIT = 3600.0
+#: accept() errors that pass: the process or the system is short of descriptors or memory, or a client left early.
+_RETRY_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO,
+                 errno.EPERM, errno.EINTR}
 
 
 class RendezvousServer:
@@ -49,6 +53,7 @@ class RendezvousServer:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._rejects = RejectLog(log, "rendezvous")
+        self._accept_errors = RejectLog(log, "rendezvous")
         self._pending = PendingHandshakes()
 
     @property
@@ -99,11 +104,23 @@ class RendezvousServer:
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
+        delay = 0.01
         while True:
             try:
                 conn, _ = self._listener.accept()
-            except OSError:
-                return
+            except OSError as exc:
+                if self._closed or exc.errno not in _RETRY_ACCEPT:
+                    return
+                # Out of file descriptors or memory: the clients wait in the backlog (and retry), so back off
+                # and keep serving rather than stop for good; say why, so a client timing out can be explained.
+                self._accept_errors.drop(
+                    f"cannot accept connections: {exc.strerror} (errno {exc.errno}); retrying — raise the open-file "
+                    "limit (ulimit -n) if this persists"
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                continue
+            delay = 0.01
             if not self._pending.admit(conn):
                 _close(conn)
                 continue
