@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import socket
+import struct
 import subprocess
 import sys
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
