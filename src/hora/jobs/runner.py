@@ -49,7 +49,7 @@ from hora.jobs.sagemaker_env import (
 )
 from hora.jobs.spec import JobSpec
 from hora.jobs.states import JobStatus, SecondaryStatus
-from hora.jobs.store import JobRecord, JobStore
+from hora.jobs.store import JobRecord, JobStore, write_private
 from hora.runner.result import RunResult
 
 __all__ = ["JobRunner", "entry_command", "failure_reason", "layouts_of"]
@@ -66,6 +66,10 @@ def _reserve(path: Path) -> None:
             f.write(b"\0" * RESERVE_BYTES)  # written, not sparse: the blocks are really taken
     except OSError:
         path.unlink(missing_ok=True)
+
+
+def _private(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
 
 
 def _stderr(message: str) -> None:
@@ -138,13 +142,13 @@ class JobRunner:
     # -- the whole job ---------------------------------------------------------------------------------------
     def run(self) -> JobRecord:
         name = self.spec.job_name
-        (self.job_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (self.job_dir / "hora").mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.job_dir / "logs" / "job.log", "a")  # noqa: SIM115 - closed below
+        (self.job_dir / "logs").mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.job_dir / "hora").mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._log_file = open(self.job_dir / "logs" / "job.log", "a", opener=_private)  # noqa: SIM115 - closed below
         log_file = self._log_file
         _reserve(self.job_dir / "hora" / RESERVE_NAME)
         pid = os.getpid()
-        (self.job_dir / "hora" / "supervisor.json").write_text(json.dumps({"pid": pid, "start": process_start_time(pid)}))
+        write_private(self.job_dir / "hora" / "supervisor.json", json.dumps({"pid": pid, "start": process_start_time(pid)}))
         start = time.time()
         self.store.update(name, started=start, supervisor_pid=pid)
         timer = threading.Timer(self.spec.max_run, self._max_run_reached)
@@ -268,7 +272,7 @@ class JobRunner:
             write_host_config(self.spec, layout, host, self.interface)
             shutil.copytree(self.spec.source_dir, layout.code_dir, dirs_exist_ok=True, ignore=self._ignore_in_source)
             env = sm_environment(self.spec, layout, host, cpus, gpus)
-            (self.job_dir / "hora" / f"env-{host}.json").write_text(json.dumps(env, indent=1))
+            write_private(self.job_dir / "hora" / f"env-{host}.json", json.dumps(env, indent=1))  # the spec's environment
         self.say(f"hosts {', '.join(self.hosts)} set up under {self.job_dir / 'hosts'}")
 
     def _write_plan(self) -> None:
@@ -292,7 +296,7 @@ class JobRunner:
             "metric_definitions": [{"Name": m.name, "Regex": m.regex} for m in self.spec.metric_definitions],
             "echo": self.echo,
         }
-        (self.job_dir / "hora" / "plan.json").write_text(json.dumps(plan, indent=1))
+        write_private(self.job_dir / "hora" / "plan.json", json.dumps(plan, indent=1))
         try:
             base_hosts = Path("/etc/hosts").read_text()
         except OSError:

@@ -109,7 +109,16 @@ class JobStore:
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
         if not self._ready:
-            self.jobs_dir.mkdir(parents=True, exist_ok=True)
+            # Private, as ssh keeps its files: the index and the job directories hold the specs' environment
+            # values and hyperparameters.
+            self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.jobs_dir.mkdir(mode=0o700, exist_ok=True)
+            try:
+                os.close(os.open(self.db_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise self.problem(exc) from None
         try:
             conn = sqlite3.connect(self.db_path, timeout=60.0)
         except sqlite3.Error as exc:

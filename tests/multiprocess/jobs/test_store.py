@@ -88,3 +88,17 @@ def test_a_damaged_index_is_exit_2_with_a_hint_and_reindex_moves_it_aside(tmp_pa
     assert JobStore(tmp_path / "home").get("keep").artifacts == old.artifacts
     listed = _hora_job(tmp_path, "list")
     assert listed.returncode == 0 and "keep" in listed.stdout and "Completed" in listed.stdout
+
+
+def test_the_job_home_is_private(tmp_path):
+    """Issue 19, item 9: the index and the job's files hold the spec's environment and hyperparameters."""
+    record = _job(tmp_path, "private", "v1")
+    home, job = tmp_path / "home", Path(record.job_dir)
+    for d in (home, home / "jobs", job, job / "hora", job / "logs"):
+        assert d.stat().st_mode & 0o777 == 0o700, d
+    files = [home / "jobs.db", job / "hora" / "spec.json", job / "hora" / "plan.json", job / "hora" / "record.json",
+             job / "hora" / "env-algo-1.json", job / "logs" / "job.log", job / "logs" / "algo-1.log",
+             *(job / "hosts" / "algo-1").rglob("*.json")]
+    assert len(files) > 9
+    for f in files:
+        assert f.stat().st_mode & 0o777 == 0o600, f
