@@ -102,3 +102,18 @@ def test_the_job_home_is_private(tmp_path):
     assert len(files) > 9
     for f in files:
         assert f.stat().st_mode & 0o777 == 0o600, f
+
+
+def test_records_with_wrong_fields_are_described_not_a_traceback(tmp_path):
+    """Issue 19, item 5: valid JSON with the wrong fields in plan.json ended describe in KeyError: 'addresses'."""
+    record = _job(tmp_path, "odd", "v1")
+    hora_dir = Path(record.job_dir) / "hora"
+    (hora_dir / "plan.json").write_text('{"hosts": ["algo-1"]}')
+    (hora_dir / "attempt-1" / "result.json").write_text('{"returncodes": "zero"}')
+    (hora_dir / "attempt-1" / "rank-0.json").write_text("[1, 2]")
+    for args in (["describe", "odd"], ["list"], ["logs", "odd"]):
+        proc = _hora_job(tmp_path, *args)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
+    out = _hora_job(tmp_path, "describe", "odd").stdout
+    assert f"Network:           unknown: {hora_dir / 'plan.json'} is not a plan hora wrote (no field 'addresses')" in out
+    assert "holds records hora did not write" in out
