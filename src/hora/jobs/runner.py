@@ -24,6 +24,7 @@ from typing import Any
 
 from hora._proc import handle_signals, process_start_time
 from hora._runtime.auth import new_secret
+from hora.config.settings import Config, env_names, parse_value
 from hora.config.variables import environment
 from hora.errors import HoraError, HostStartError, StorageError
 from hora.jobs import _stage, netns
@@ -66,6 +67,29 @@ def _reserve(path: Path) -> None:
             f.write(b"\0" * RESERVE_BYTES)  # written, not sparse: the blocks are really taken
     except OSError:
         path.unlink(missing_ok=True)
+
+
+#: Under hora job the stall shutdown is on by default, at this many times the stall warning time (10 min with
+#: the default 60 s): nobody watches the warning of an unattended job. ``hora run`` keeps Horovod's default
+#: (never); a spec gets Horovod's behaviour back with ``--stall-check-shutdown-time-seconds 0``.
+UNATTENDED_STALL_FACTOR = 10.0
+
+
+def unattended_settings(settings: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """The spec's hora run settings, with the stall shutdown turned on where neither they nor the job's
+    environment choose it (and the stall check is not turned off)."""
+    def chosen(name: str) -> Any:
+        if name in settings:
+            return settings[name]
+        for var in env_names(name):
+            if env.get(var, "") != "":
+                return parse_value(name, env[var])
+        return None
+
+    if chosen("stall_shutdown_time") is not None or chosen("stall_check_disable"):
+        return dict(settings)
+    check = chosen("stall_check_time") or Config().stall_check_time
+    return {**settings, "stall_shutdown_time": UNATTENDED_STALL_FACTOR * check}
 
 
 def _private(path: str, flags: int) -> int:
@@ -290,7 +314,7 @@ class JobRunner:
             "master_timeout": self.spec.master_timeout,
             "connect_timeout": HOST_START_SECONDS,
             "grace": self.spec.stop_grace,
-            "run_settings": self.spec.run_settings,
+            "run_settings": unattended_settings(self.spec.run_settings, self._launch_env(1)),
             "processes_per_host": self.spec.processes_per_host,
             "command": entry_command(self.spec, to_cmd_args(json.loads(user_hps)), python),
             "metric_definitions": [{"Name": m.name, "Regex": m.regex} for m in self.spec.metric_definitions],
