@@ -15,6 +15,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 __all__ = ["PendingHandshakes", "RejectLog"]
 
@@ -27,8 +28,12 @@ REPORT_INTERVAL = 30.0
 class RejectLog:
     """Counts dropped connections and logs them: the first at WARNING, then at most one summary per interval."""
 
-    def __init__(self, log: logging.Logger, what: str, interval: float = REPORT_INTERVAL) -> None:
+    def __init__(
+        self, log: logging.Logger, what: str, interval: float = REPORT_INTERVAL,
+        say: Callable[[str], None] | None = None,
+    ) -> None:  # fmt: skip
         self._log = log
+        self._say = say  # where the loud reports go instead of the log (a process printing its own lines)
         self._what = what
         self._interval = interval
         self._lock = threading.Lock()
@@ -49,6 +54,9 @@ class RejectLog:
             self._log.debug("%s: dropped a connection: %s", self._what, reason)
             return
         earlier = f" ({quiet} more dropped since the last report)" if quiet else ""
+        if self._say is not None:
+            self._say(f"{self._what}: {reason}{earlier}; further ones are reported at most every {self._interval:g}s")
+            return
         self._log.warning(
             "%s: dropped a connection: %s%s; further ones are reported at most every %gs",
             self._what, reason, earlier, self._interval,
