@@ -69,6 +69,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"hora run: cannot start {command[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127
+    except (PermissionError, IsADirectoryError) as exc:  # the shell's code for "found but cannot execute"
+        print(f"hora run: cannot start {command[0]!r}: {exc.strerror} (is it an executable file? "
+              f"`chmod +x {command[0]}`, or name its interpreter: `hora run ... python {command[0]}`)", file=sys.stderr)
+        return 126
     report = result.report()
     if report:
         print(report, file=sys.stderr, flush=True)

@@ -173,3 +173,30 @@ def hang_worker() -> None:
         hvd.allreduce(np.ones(1), name="only-rank-0")
     else:
         time.sleep(600)
+
+
+def silent_connections_worker(count: int) -> tuple[bool, int]:
+    """Every rank is met by ``count`` connections that never say a word: at the launcher's rendezvous store before
+    init, and at its own peer listener the moment it starts accepting (before any real peer can reach it, as a
+    local process watching /proc/net/tcp would). The job must start and run anyway."""
+    from hora._runtime import connections
+
+    silent: list[socket.socket] = []
+    addr, port = os.environ["HORA_RENDEZVOUS_ADDR"], int(os.environ["HORA_RENDEZVOUS_PORT"])
+    silent += [socket.create_connection((addr, port)) for _ in range(count)]
+    original = connections.PeerListener.start_accepting
+
+    def start_accepting(self, expected, deadline):  # type: ignore[no-untyped-def]
+        silent.extend(socket.create_connection(self.address) for _ in range(count))
+        original(self, expected, deadline)
+
+    connections.PeerListener.start_accepting = start_accepting  # type: ignore[method-assign]
+    try:
+        hvd.init()
+        ok = hvd.allreduce(np.ones(2), op=hvd.Sum)[0] == hvd.size()
+        hvd.shutdown()
+    finally:
+        connections.PeerListener.start_accepting = original  # type: ignore[method-assign]
+        for s in silent:
+            s.close()
+    return bool(ok), len(silent)

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import logging
 import random
+import select
 import socket
 import threading
 import time
 from typing import Any
 
 from hora._runtime.auth import Role, server_handshake
+from hora._runtime.gate import PendingHandshakes, RejectLog
 from hora._runtime.rendezvous import connect_with_retry
 from hora.errors import AuthenticationError, ConfigError, HoraError, ProtocolError, RendezvousError
 
 __all__ = ["PeerListener", "close_all", "connect_peers"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds one client may take for its handshake.
+HANDSHAKE_SECONDS = 5.0
 
 
 def _bind(addr: str, port_range: str) -> socket.socket:
@@ -40,17 +45,26 @@ def _bind(addr: str, port_range: str) -> socket.socket:
 class PeerListener:
     """A listening socket that accepts only expected (role, rank) peers that pass the handshake.
 
-    Connections that fail authentication, send garbage or are not expected are dropped and counted; the listener
-    keeps waiting for the real peers until the deadline.
+    Each connection's handshake runs in a thread of its own with its own deadline (:mod:`hora._runtime.gate`), so
+    connections that say nothing, fail authentication, send garbage or are not expected are dropped and counted
+    without delaying the real peers; the listener keeps waiting for them until the deadline.
     """
 
     def __init__(self, bind_addr: str, secret: bytes, port_range: str = "") -> None:
         self._secret = secret
         self.sock = _bind(bind_addr, port_range)
-        self.rejected = 0
+        self._rejects = RejectLog(log, "peer listener")
+        self._pending = PendingHandshakes()
+        self._lock = threading.Lock()
+        self._complete = threading.Event()
+        self._expected: set[tuple[Role, int]] = set()
         self._result: dict[tuple[Role, int], socket.socket] = {}
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def rejected(self) -> int:
+        return self._rejects.count
 
     @property
     def address(self) -> tuple[str, int]:
@@ -58,55 +72,80 @@ class PeerListener:
         return host, port
 
     def start_accepting(self, expected: set[tuple[Role, int]], deadline: float) -> None:
-        self._thread = threading.Thread(
-            target=self._accept, args=(expected, deadline), name="hora-accept", daemon=True
-        )
+        self._expected = set(expected)
+        if not self._expected:
+            self._complete.set()
+        self._thread = threading.Thread(target=self._accept, args=(deadline,), name="hora-accept", daemon=True)
         self._thread.start()
 
     def wait(self) -> dict[tuple[Role, int], socket.socket]:
         assert self._thread is not None
         self._thread.join()
+        self._pending.close()  # the silent ones that are still around
+        with self._lock:
+            result, self._result = self._result, {}
+            self._complete.set()  # handshakes finishing from now on close their connection
         if self._error is not None:
-            for s in self._result.values():
+            for s in result.values():
                 s.close()
             raise self._error
-        return self._result
+        return result
 
-    def _accept(self, expected: set[tuple[Role, int]], deadline: float) -> None:
+    def _accept(self, deadline: float) -> None:
         try:
-            while len(self._result) < len(expected):
+            while not self._complete.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    missing = sorted(expected - set(self._result), key=lambda x: (x[0], x[1]))
+                    with self._lock:
+                        missing = sorted(self._expected - set(self._result), key=lambda x: (x[0], x[1]))
                     raise RendezvousError(
                         "timed out waiting for peers to connect: "
                         + ", ".join(f"rank {r} ({role.name.lower()})" for role, r in missing)
                     )
-                self.sock.settimeout(left)
+                readable, _, _ = select.select([self.sock], [], [], min(left, 0.1))
+                if not readable:
+                    continue
                 try:
                     conn, addr = self.sock.accept()
-                except TimeoutError:
+                except OSError as exc:  # EMFILE and the like: the peers retry; keep serving
+                    self._rejects.drop(f"accept failed: {exc}")
+                    time.sleep(0.05)
                     continue
-                try:
-                    role, rank = server_handshake(conn, self._secret, timeout=min(left, 5.0))
-                except (AuthenticationError, ProtocolError, OSError) as exc:
-                    self.rejected += 1
-                    log.warning("dropped a connection from %s: %s", addr, exc)
+                if self._pending.admit(conn):
+                    threading.Thread(
+                        target=self._handshake, args=(conn, addr, min(left, HANDSHAKE_SECONDS)),
+                        name="hora-handshake", daemon=True,
+                    ).start()  # fmt: skip
+                else:
                     conn.close()
-                    continue
-                key = (role, rank)
-                if key not in expected or key in self._result:
-                    self.rejected += 1
-                    log.warning("dropped an unexpected %s connection claiming rank %d", role.name, rank)
-                    conn.close()
-                    continue
-                conn.settimeout(None)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self._result[key] = conn
         except BaseException as exc:
             self._error = exc
 
+    def _handshake(self, conn: socket.socket, addr: Any, timeout: float) -> None:
+        try:
+            role, rank = server_handshake(conn, self._secret, timeout=timeout)
+        except (AuthenticationError, ProtocolError, OSError) as exc:
+            self._rejects.drop(f"from {addr}: {exc}")
+            conn.close()
+            return
+        finally:
+            self._pending.finish(conn)
+        key = (role, rank)
+        with self._lock:
+            taken = self._complete.is_set() or key not in self._expected or key in self._result
+            if not taken:
+                conn.settimeout(None)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._result[key] = conn
+                if len(self._result) == len(self._expected):
+                    self._complete.set()
+        if taken:
+            self._rejects.drop(f"an unexpected {role.name} connection claiming rank {rank}")
+            conn.close()
+
     def close(self) -> None:
+        self._complete.set()
+        self._pending.close()
         self.sock.close()
 
 

@@ -7,6 +7,7 @@ and init generation), so a restarted group never reads stale addresses. Values a
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import socket
@@ -15,6 +16,7 @@ import time
 from typing import Any
 
 from hora._runtime.auth import Role, client_handshake, server_handshake
+from hora._runtime.gate import PendingHandshakes, RejectLog
 from hora._wire import recv_frame, send_frame
 from hora.errors import AuthenticationError, HoraError, PeerLostError, ProtocolError, RendezvousError
 
@@ -23,6 +25,9 @@ __all__ = ["MissingKeys", "RendezvousClient", "RendezvousServer", "connect_with_
 log = logging.getLogger(__name__)
 
 _MAX_WAIT = 3600.0
+#: accept() errors that pass: the process or the system is short of descriptors or memory, or a client left early.
+_RETRY_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO,
+                 errno.EPERM, errno.EINTR}
 
 
 class RendezvousServer:
@@ -47,7 +52,14 @@ class RendezvousServer:
         self._clients: set[socket.socket] = set()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self.rejected = 0  # connections dropped for failed authentication or protocol errors (for tests/logs)
+        self._rejects = RejectLog(log, "rendezvous")
+        self._accept_errors = RejectLog(log, "rendezvous")
+        self._pending = PendingHandshakes()
+
+    @property
+    def rejected(self) -> int:
+        """Connections dropped for failed authentication or protocol errors (for tests and logs)."""
+        return self._rejects.count
 
     @property
     def address(self) -> tuple[str, int]:
@@ -79,6 +91,7 @@ class RendezvousServer:
             except OSError:
                 pass
             self._listener.close()
+        self._pending.close()
         for c in clients:
             _close(c)
         if self._thread is not None:
@@ -91,11 +104,26 @@ class RendezvousServer:
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
+        delay = 0.01
         while True:
             try:
                 conn, _ = self._listener.accept()
-            except OSError:
-                return
+            except OSError as exc:
+                if self._closed or exc.errno not in _RETRY_ACCEPT:
+                    return
+                # Out of file descriptors or memory: the clients wait in the backlog (and retry), so back off
+                # and keep serving rather than stop for good; say why, so a client timing out can be explained.
+                self._accept_errors.drop(
+                    f"cannot accept connections: {exc.strerror} (errno {exc.errno}); retrying — raise the open-file "
+                    "limit (ulimit -n) if this persists"
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                continue
+            delay = 0.01
+            if not self._pending.admit(conn):
+                _close(conn)
+                continue
             threading.Thread(
                 target=self._serve, args=(conn,), name="hora-rendezvous-client", daemon=True
             ).start()
@@ -107,7 +135,10 @@ class RendezvousServer:
                 return
             self._clients.add(conn)
         try:
-            server_handshake(conn, self._secret, self._handshake_timeout, roles=(Role.RENDEZVOUS,))
+            try:
+                server_handshake(conn, self._secret, self._handshake_timeout, roles=(Role.RENDEZVOUS,))
+            finally:
+                self._pending.finish(conn)
             while True:
                 try:
                     frame = recv_frame(conn, self._max_frame, "rendezvous client")
@@ -122,8 +153,7 @@ class RendezvousServer:
                     raise ProtocolError(f"malformed rendezvous request: {exc}") from exc
                 send_frame(conn, json.dumps(reply).encode())
         except (AuthenticationError, ProtocolError) as exc:
-            self.rejected += 1
-            log.warning("rendezvous: dropped a connection: %s", exc)
+            self._rejects.drop(exc)
         except OSError:
             pass
         finally:

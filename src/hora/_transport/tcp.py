@@ -66,7 +66,7 @@ class _Sender:
                 sock, view, peer = self._queue.popleft()
             try:
                 if self._error is None:
-                    sock.sendall(view)
+                    _send_all(sock, view)
             except BaseException as exc:  # reported to the engine thread through wait()
                 with self._cond:
                     self._error = (peer, exc)
@@ -80,6 +80,14 @@ class _Sender:
             self._queue.clear()
             self._cond.notify_all()
         self._thread.join(timeout=5)
+
+
+def _send_all(sock: socket.socket, view: memoryview) -> None:
+    """``sendall``, but the socket's timeout bounds each wait for progress, not the whole send: a big segment on
+    a slow but healthy link takes as long as it takes (``socket.sendall`` counts the timeout over all of it)."""
+    sent, n = 0, len(view)
+    while sent < n:
+        sent += sock.send(view[sent:])
 
 
 class _SendFailed(Exception):
@@ -124,8 +132,8 @@ class TcpTransport(Transport):
                 recv_into_exact(self._socks[peer], _bytes(a), self._who[peer])
             except builtins.TimeoutError:
                 raise TimeoutError(
-                    f"{self.what} waited {self._timeout:g}s for data from {self._who[peer]} over TCP; "
-                    "the peer is alive but stuck (raise HORA_OP_TIMEOUT_SECONDS if it is just slow)"
+                    f"{self.what}: no bytes from {self._who[peer]} for {self._timeout:g}s over TCP (link down or "
+                    "peer stuck; raise HORA_OP_TIMEOUT_SECONDS if it is just slow)"
                 ) from None
             except PeerLostError as exc:
                 raise PeerLostError(f"{self._who[peer]} left during {self.what}: {exc}") from None
@@ -136,7 +144,8 @@ class TcpTransport(Transport):
         except _SendFailed as failed:
             if isinstance(failed.exc, socket.timeout):
                 raise TimeoutError(
-                    f"{self.what}: sending to {self._who[failed.peer]} stalled for {self._timeout:g}s"
+                    f"{self.what}: no bytes went to {self._who[failed.peer]} for {self._timeout:g}s over TCP (link "
+                    "down or peer stuck; raise HORA_OP_TIMEOUT_SECONDS if it is just slow)"
                 ) from None
             raise PeerLostError(
                 f"{self._who[failed.peer]} left during {self.what} (send failed: {failed.exc})"

@@ -46,7 +46,8 @@ class Config:
         parsers.positive_float,
         "HORA_OP_TIMEOUT_SECONDS",
         "HOROVOD_GLOO_TIMEOUT_SECONDS",
-        help="Seconds a rank waits for a peer inside an already negotiated collective before raising.",
+        help="Seconds a rank waits without progress (no bytes from or to a peer) inside an already negotiated "
+        "collective before raising; a slow transfer that keeps moving never times out.",
     )
     thread_defaults: bool = setting(
         True,

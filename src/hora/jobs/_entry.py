@@ -27,6 +27,7 @@ from typing import IO
 from hora._proc import die_with_parent
 from hora.config.launchers import detect
 from hora.config.variables import environment, read
+from hora.errors import HoraError
 from hora.jobs.cluster import host_index_of_rank, record_attempt
 from hora.jobs.store import JobStore
 
@@ -71,8 +72,9 @@ class _Pump:
         self.tag = f"[{host} rank {rank}]"
         self.host, self.rank, self.attempt = host, rank, attempt
         self.echo = plan["echo"]
-        log = job_dir / "logs" / f"{host}.log"
-        self.log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.log_path = job_dir / "logs" / f"{host}.log"
+        self.log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.log_failed = False
         self.metrics = [(m["Name"], re.compile(m["Regex"])) for m in plan["metric_definitions"]]
         self.store = JobStore(plan["home"]) if self.metrics else None
         self.job = plan["job_name"]
@@ -84,7 +86,13 @@ class _Pump:
         now = time.time()
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
         # One write per line with O_APPEND: lines of the host's ranks interleave but never tear.
-        os.write(self.log_fd, f"{stamp} {self.tag}<{stream}> {text}\n".encode(errors="replace"))
+        try:
+            os.write(self.log_fd, f"{stamp} {self.tag}<{stream}> {text}\n".encode(errors="replace"))
+        except OSError as exc:  # a full disk: the script goes on; say so once, on the wrapper's own stderr
+            if not self.log_failed:
+                self.log_failed = True
+                _stderr(f"{self.tag} hora job: cannot write {self.log_path} ({exc.strerror}); this rank's lines "
+                        "are missing from it from here on")
         if stream == "stderr":
             self.tail.append(text)
         if self.echo:
@@ -110,7 +118,10 @@ class _Pump:
         self.last_flush = time.monotonic()
         if self.pending and self.store is not None:
             rows, self.pending = self.pending, []
-            self.store.add_metrics(self.job, rows)
+            try:
+                self.store.add_metrics(self.job, rows)
+            except HoraError as exc:  # a full disk: these values are lost, the script goes on
+                _stderr(f"{self.tag} hora job: {len(rows)} metric value(s) lost: {exc}")
 
 
 def _pump(proc: subprocess.Popen[bytes], pump: _Pump) -> None:
@@ -152,6 +163,14 @@ def _pump(proc: subprocess.Popen[bytes], pump: _Pump) -> None:
     sel.close()
 
 
+def _stderr(message: str) -> None:
+    try:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
 def main() -> None:
     job_dir = Path(sys.argv[1])
     plan = json.loads((job_dir / "hora" / "plan.json").read_text())
@@ -185,7 +204,10 @@ def main() -> None:
         code = proc.wait()
     pump.flush()
     status = {"rank": rank, "host": host, "pid": pid, "returncode": code, "tail": list(pump.tail), "ended": time.time()}
-    record_attempt(job_dir, attempt, f"rank-{rank}", status)
+    try:
+        record_attempt(job_dir, attempt, f"rank-{rank}", status)
+    except OSError as exc:  # the exit code still reaches hora run; only the traceback tail is lost
+        _stderr(f"{pump.tag} hora job: cannot record this rank's end in {job_dir / 'hora'}: {exc}")
     sys.stdout.flush()
     sys.stderr.flush()
     if code < 0:  # die of the same signal, so hora run reports the script's outcome unchanged

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import select
 import signal
@@ -34,6 +35,7 @@ from typing import Any
 
 from hora._proc import die_with_parent
 from hora._runtime.auth import Role, server_handshake
+from hora._runtime.gate import RejectLog
 from hora._wire import recv_exact, send_frame
 from hora.config.variables import environment
 from hora.errors import HoraError
@@ -68,7 +70,7 @@ class _Session:
         self.is_job = False
         self.code: int | None = None
 
-    def serve(self, secret: bytes, host: str, on_start: Any) -> None:
+    def serve(self, secret: bytes, host: str, on_start: Any, rejects: RejectLog) -> None:
         fds: list[int] = []
         try:
             server_handshake(self.conn, secret, HANDSHAKE_SECONDS, roles=(Role.AGENT,))
@@ -89,7 +91,7 @@ class _Session:
                                          env=self.env, cwd=self.cwd, start_new_session=True,
                                          preexec_fn=die_with_parent)
         except (HoraError, OSError, ValueError, KeyError) as exc:
-            _say(host, f"refused a connection: {exc}")
+            rejects.drop(exc)
             self.conn.close()
             return
         finally:
@@ -153,8 +155,10 @@ def serve(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> int:
         if session.is_job:
             job_started.set()
 
+    rejects = RejectLog(logging.getLogger(__name__), "refused a connection", say=lambda m: _say(host, m))
+
     def run(session: _Session) -> None:
-        session.serve(secret, host, on_start)
+        session.serve(secret, host, on_start, rejects)
         if session.is_job:
             job_done.set()
 
@@ -214,14 +218,17 @@ def run_master(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> 
         _say(host, f"hora run could not start the ranks: {exc}")
         record_attempt(job_dir, attempt, "master", {"error": f"{type(exc).__name__}: {exc}"})
         return 1
-    record_attempt(job_dir, attempt, "master", {
-        "exit_code": result.exit_code,
-        "returncodes": result.returncodes,
-        "interrupted": result.interrupted,
-        "timed_out": result.timed_out,
-        "failures": [dataclasses.asdict(f) for f in result.failures],
-        "job_id": result.job_id,
-    })
+    try:
+        record_attempt(job_dir, attempt, "master", {
+            "exit_code": result.exit_code,
+            "returncodes": result.returncodes,
+            "interrupted": result.interrupted,
+            "timed_out": result.timed_out,
+            "failures": [dataclasses.asdict(f) for f in result.failures],
+            "job_id": result.job_id,
+        })
+    except OSError as exc:  # a full disk: the supervisor reports the missing record; say why here
+        _say(host, f"cannot record how hora run ended in {job_dir / 'hora'}: {exc}")
     return result.exit_code
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hora._proc import process_start_time
-from hora.errors import ConfigError, TimeoutError
+from hora.errors import ConfigError, StorageError, TimeoutError
 from hora.jobs.runner import JobRunner
 from hora.jobs.spec import JobSpec
 from hora.jobs.states import JobStatus, SecondaryStatus
@@ -56,10 +56,13 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
     fresh = store.get(record.name)  # it may have ended between the two reads
     if fresh.done:
         return fresh
-    store.update(record.name, ended=time.time(), failure_reason=(
-        f"InternalError: the job's supervisor (pid {record.supervisor_pid}) died without finishing the job; "
-        "its ranks died with it"))
-    store.transition(record.name, JobStatus.Failed, SecondaryStatus.Failed, "the supervisor died")
+    try:
+        store.update(record.name, ended=time.time(), failure_reason=(
+            f"InternalError: the job's supervisor (pid {record.supervisor_pid}) died without finishing the job; "
+            "its ranks died with it"))
+        store.transition(record.name, JobStatus.Failed, SecondaryStatus.Failed, "the supervisor died")
+    except StorageError:  # a full disk: show the job as it is recorded; a later look marks it
+        return fresh
     return store.get(record.name)
 
 

@@ -398,9 +398,13 @@ def upload(
             target = target_dir / name
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(f".{target.name}.part")
-            with open(path, "rb") as fsrc, open(partial, "wb") as fdst:
-                _copy_stream(fsrc, fdst, tracker)
-            os.replace(partial, target)
+            try:
+                with open(path, "rb") as fsrc, open(partial, "wb") as fdst:
+                    _copy_stream(fsrc, fdst, tracker)
+                os.replace(partial, target)
+            except OSError:
+                partial.unlink(missing_ok=True)  # a partial copy is never left behind (nor its space taken)
+                raise
             tracker.file_done()
     except OSError as exc:
         raise StorageError(f"uploading {src} to {target_dir} failed: {exc}") from exc

@@ -1,4 +1,4 @@
-"""``hora job run | list | describe | logs | metrics | stop``: argument parsing and printing only."""
+"""``hora job run | list | describe | logs | metrics | stop | reindex``: argument parsing and printing only."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ def add_job_parser(sub: argparse._SubParsersAction) -> None:
     st = jsub.add_parser("stop", help="stop a running job (SIGTERM to the script, SIGKILL after stop_grace)")
     st.add_argument("job")
     st.add_argument("--wait", action="store_true", help="wait until it has stopped and show the summary")
+    jsub.add_parser("reindex", help="rebuild a lost or damaged job index (jobs.db) from the job directories")
 
 
 def _progress(message: str) -> None:
@@ -65,6 +66,16 @@ def job_main(args: argparse.Namespace) -> int:
             return 0 if record.status == JobStatus.Completed else 1
         if args.job_cmd == "list":
             print(views.job_table([reconcile(store, r) for r in store.jobs()]))
+            lost = store.unindexed()
+            if lost:
+                print(f"hora job: {store.lost_index_hint(lost)}", file=sys.stderr)
+        elif args.job_cmd == "reindex":
+            from hora.jobs.reindex import rebuild
+
+            added, moved = rebuild(store)
+            if moved is not None:
+                print(f"moved the damaged index aside to {moved}")
+            print(f"indexed {len(added)} job(s) from {store.jobs_dir}" + (f": {', '.join(added)}" if added else ""))
         elif args.job_cmd == "describe":
             reconcile(store, store.get(args.job))
             print(views.describe(store, args.job))

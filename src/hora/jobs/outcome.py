@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 import signal
 import tarfile
 from pathlib import Path
 from typing import Any
 
-from hora.errors import HoraError, HostStartError
+from hora.errors import HoraError, HostStartError, StorageError
 from hora.jobs import channels
 from hora.jobs.cluster import host_index_of_rank, record_attempt
 from hora.jobs.sagemaker_env import HostLayout, host_layout
@@ -93,9 +95,27 @@ def merge_tar(dirs: list[Path], archive: Path) -> None:
             if path.is_file() or path.is_symlink():
                 chosen.setdefault(path.relative_to(d).as_posix(), path)
     archive.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, "w:gz") as tar:
-        for name, path in sorted(chosen.items()):
-            tar.add(path, arcname=name, recursive=False)
+    partial = archive.with_name(f".{archive.name}.part")  # renamed when whole: no truncated archive is ever left
+    try:
+        with tarfile.open(partial, "w:gz") as tar:
+            for name, path in sorted(chosen.items()):
+                tar.add(path, arcname=name, recursive=False)
+        os.replace(partial, archive)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise StorageError(f"writing {archive} failed: {exc.strerror or exc}") from exc
+
+
+def _full_disk(path: Path) -> str:
+    """A note when the file system of ``path`` has (next to) no space left: why a record may be missing."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    if free >= 1 << 20:
+        return ""
+    return f" (the file system of {path} is full: {free} bytes free; free space there)"
 
 
 def master_result(
@@ -109,7 +129,8 @@ def master_result(
         record = json.loads((outcome / "master.json").read_text())
     except (OSError, ValueError):
         record = {"error": f"the master host {hosts[0]} ended ({describe_code(codes[hosts[0]])}) "
-                           "without reporting how hora run ended; the ranks it had started were stopped"}
+                           "without reporting how hora run ended; the ranks it had started were stopped"
+                           + _full_disk(job_dir)}
     if "error" in record:
         if interrupted is not None:
             return RunResult(128 + interrupted, [None] * world_size, None, [],
@@ -135,7 +156,8 @@ def archive(
 ) -> tuple[dict[str, str], str | None]:
     """model/ -> model.tar.gz and output/data -> output.tar.gz of every host (``layouts``, master first), written
     to ``<output_path>/<job>/output/`` (the job's own ``output/`` without an output_path). Returns (artifact ->
-    where it went, the problem if archiving failed)."""
+    where it went, the problem if archiving failed). An archive is written under a temporary name and renamed when
+    whole: one that failed (a full disk) is removed, never left truncated."""
     staging = job_dir / "hora" / "archives"
     artifacts: dict[str, str] = {}
     try:
@@ -145,5 +167,7 @@ def archive(
         for name in ("model.tar.gz", "output.tar.gz"):
             artifacts[name.split(".")[0]] = channels.upload(staging / name, dest)
     except (HoraError, OSError) as exc:
-        return artifacts, f"ClientError: archiving the artifacts failed: {exc}"
+        return artifacts, f"archiving the artifacts failed: {exc}"
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # uploaded (or failed): the staged copies only take space
     return artifacts, None

@@ -24,8 +24,9 @@ from typing import Any
 
 from hora._proc import handle_signals, process_start_time
 from hora._runtime.auth import new_secret
+from hora.config.settings import Config, env_names, parse_value
 from hora.config.variables import environment
-from hora.errors import HoraError, HostStartError
+from hora.errors import HoraError, HostStartError, StorageError
 from hora.jobs import _stage, netns
 from hora.jobs.channels import ChannelHandle
 from hora.jobs.cluster import (
@@ -49,10 +50,57 @@ from hora.jobs.sagemaker_env import (
 )
 from hora.jobs.spec import JobSpec
 from hora.jobs.states import JobStatus, SecondaryStatus
-from hora.jobs.store import JobRecord, JobStore
+from hora.jobs.store import JobRecord, JobStore, write_private
 from hora.runner.result import RunResult
 
 __all__ = ["JobRunner", "entry_command", "failure_reason", "layouts_of"]
+
+
+#: Space the supervisor holds back in ``hora/`` while the job runs and frees before recording its end.
+RESERVE_NAME = "reserve"
+RESERVE_BYTES = 256 * 1024
+
+
+def _reserve(path: Path) -> None:
+    try:
+        with open(path, "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)  # written, not sparse: the blocks are really taken
+    except OSError:
+        path.unlink(missing_ok=True)
+
+
+#: Under hora job the stall shutdown is on by default, at this many times the stall warning time (10 min with
+#: the default 60 s): nobody watches the warning of an unattended job. ``hora run`` keeps Horovod's default
+#: (never); a spec gets Horovod's behaviour back with ``--stall-check-shutdown-time-seconds 0``.
+UNATTENDED_STALL_FACTOR = 10.0
+
+
+def unattended_settings(settings: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """The spec's hora run settings, with the stall shutdown turned on where neither they nor the job's
+    environment choose it (and the stall check is not turned off)."""
+    def chosen(name: str) -> Any:
+        if name in settings:
+            return settings[name]
+        for var in env_names(name):
+            if env.get(var, "") != "":
+                return parse_value(name, env[var])
+        return None
+
+    if chosen("stall_shutdown_time") is not None or chosen("stall_check_disable"):
+        return dict(settings)
+    check = chosen("stall_check_time") or Config().stall_check_time
+    return {**settings, "stall_shutdown_time": UNATTENDED_STALL_FACTOR * check}
+
+
+def _private(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
+
+
+def _stderr(message: str) -> None:
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 class _Stop(Exception):
@@ -99,8 +147,15 @@ class JobRunner:
     def say(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
         if self._log_file is not None:
-            self._log_file.write(f"{stamp}Z {message}\n")
-            self._log_file.flush()
+            try:
+                self._log_file.write(f"{stamp}Z {message}\n")
+                self._log_file.flush()
+            except OSError as exc:  # a full disk: the message still reaches the terminal and the job's record
+                self._log_file = None
+                _stderr(f"hora job: cannot write {self.job_dir / 'logs' / 'job.log'} ({exc.strerror}); "
+                        "the supervisor's messages go to its stderr from here on")
+        if self._log_file is None and self._progress is None:
+            _stderr(f"hora job: {message}")
         if self._progress is not None:
             self._progress(message)
 
@@ -111,11 +166,13 @@ class JobRunner:
     # -- the whole job ---------------------------------------------------------------------------------------
     def run(self) -> JobRecord:
         name = self.spec.job_name
-        (self.job_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (self.job_dir / "hora").mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.job_dir / "logs" / "job.log", "a")  # noqa: SIM115 - closed below
+        (self.job_dir / "logs").mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.job_dir / "hora").mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._log_file = open(self.job_dir / "logs" / "job.log", "a", opener=_private)  # noqa: SIM115 - closed below
+        log_file = self._log_file
+        _reserve(self.job_dir / "hora" / RESERVE_NAME)
         pid = os.getpid()
-        (self.job_dir / "hora" / "supervisor.json").write_text(json.dumps({"pid": pid, "start": process_start_time(pid)}))
+        write_private(self.job_dir / "hora" / "supervisor.json", json.dumps({"pid": pid, "start": process_start_time(pid)}))
         start = time.time()
         self.store.update(name, started=start, supervisor_pid=pid)
         timer = threading.Timer(self.spec.max_run, self._max_run_reached)
@@ -131,8 +188,12 @@ class JobRunner:
                     self._net.remove()
                     self._net = None
                 shutil.rmtree(runtime_dir(self.job_dir), ignore_errors=True)
-                self._log_file.close()
+                (self.job_dir / "hora" / RESERVE_NAME).unlink(missing_ok=True)
                 self._log_file = None
+                try:
+                    log_file.close()
+                except OSError:
+                    pass
         return self.store.get(name)
 
     def _run_phases(self, timer: threading.Timer) -> None:
@@ -165,16 +226,24 @@ class JobRunner:
             status, secondary, reason = JobStatus.Failed, SecondaryStatus.Failed, f"InternalError: {type(exc).__name__}: {exc}"
         timer.cancel()
         self._close_channels()
-        self._status(JobStatus.InProgress, SecondaryStatus.Uploading, "archiving model/ and output/data")
+        # The space held back at the start is freed now: the job's end can be recorded even when the script
+        # filled the disk (and an archive that fails for want of space is removed, freeing what it took).
+        (self.job_dir / "hora" / RESERVE_NAME).unlink(missing_ok=True)
+        try:
+            self._status(JobStatus.InProgress, SecondaryStatus.Uploading, "archiving model/ and output/data")
+        except StorageError as exc:
+            self.say(f"could not record the Uploading status: {exc}")
         artifacts, upload_problem = archive(
             self.job_dir, [self.layouts[h] for h in self.hosts], self.spec.output_path, self.spec.job_name
         )
         if upload_problem and status is JobStatus.Completed:
-            status, secondary, reason = JobStatus.Failed, SecondaryStatus.Failed, upload_problem
+            status, secondary = JobStatus.Failed, SecondaryStatus.Failed
+            reason = f"ClientError: the script succeeded (every rank exited 0), but {upload_problem}"
         elif upload_problem:
             reason = f"{reason}\n(also: {upload_problem})"
         self.store.update(name, ended=time.time(), failure_reason=reason, exit_code=exit_code, artifacts=artifacts)
         self._status(status, secondary, (reason or "").splitlines()[0] if reason else "")
+        self.store.save_record(name)  # the job's story outlives a lost index (hora job reindex)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self._trees.forward(signum):  # the ranks run: the master's hora run stops them
@@ -227,7 +296,7 @@ class JobRunner:
             write_host_config(self.spec, layout, host, self.interface)
             shutil.copytree(self.spec.source_dir, layout.code_dir, dirs_exist_ok=True, ignore=self._ignore_in_source)
             env = sm_environment(self.spec, layout, host, cpus, gpus)
-            (self.job_dir / "hora" / f"env-{host}.json").write_text(json.dumps(env, indent=1))
+            write_private(self.job_dir / "hora" / f"env-{host}.json", json.dumps(env, indent=1))  # the spec's environment
         self.say(f"hosts {', '.join(self.hosts)} set up under {self.job_dir / 'hosts'}")
 
     def _write_plan(self) -> None:
@@ -245,13 +314,13 @@ class JobRunner:
             "master_timeout": self.spec.master_timeout,
             "connect_timeout": HOST_START_SECONDS,
             "grace": self.spec.stop_grace,
-            "run_settings": self.spec.run_settings,
+            "run_settings": unattended_settings(self.spec.run_settings, self._launch_env(1)),
             "processes_per_host": self.spec.processes_per_host,
             "command": entry_command(self.spec, to_cmd_args(json.loads(user_hps)), python),
             "metric_definitions": [{"Name": m.name, "Regex": m.regex} for m in self.spec.metric_definitions],
             "echo": self.echo,
         }
-        (self.job_dir / "hora" / "plan.json").write_text(json.dumps(plan, indent=1))
+        write_private(self.job_dir / "hora" / "plan.json", json.dumps(plan, indent=1))
         try:
             base_hosts = Path("/etc/hosts").read_text()
         except OSError:

@@ -25,6 +25,7 @@ from typing import Any
 
 from hora.jobs.cluster import LOOPBACK_INTERFACE, host_names
 from hora.jobs.spec import JobSpec
+from hora.jobs.store import write_private
 
 __all__ = [
     "HostLayout",
@@ -213,7 +214,7 @@ def write_host_config(spec: JobSpec, layout: HostLayout, host: str, interface: s
         "inputdataconfig.json": input_data_config(spec),
     }
     for name, content in files.items():
-        (layout.config_dir / name).write_text(json.dumps(content, indent=2) + "\n")
+        write_private(layout.config_dir / name, json.dumps(content, indent=2) + "\n")  # hyperparameters: 0600
 
 
 def num_gpus() -> int:

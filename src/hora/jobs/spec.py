@@ -45,6 +45,12 @@ CHANNEL_FIELDS = ("uri", "s3_data", "input_mode", "distribution", "content_type"
 DISTRIBUTION_FIELDS = ("enabled", "processes_per_host", "custom_mpi_options")
 
 
+#: The most bytes hyperparameters (as JSON) or one environment value may take: Linux's MAX_ARG_STRLEN (128 KiB)
+#: bounds one argument or variable, and SM_HPS carries every hyperparameter; the rest is headroom for the
+#: SDK's own entries.
+MAX_HYPERPARAMETER_BYTES = 100_000
+
+
 @dataclass(frozen=True)
 class ChannelSpec:
     """One input channel: where its data comes from and how the script sees it.
@@ -236,12 +242,26 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
     for k, v in hps.items():
         if not isinstance(k, str) or not k:
             c.add(f"hyperparameter name {k!r} must be a non-empty string")
+        elif "=" in k or "\0" in k:
+            c.add(f"hyperparameter name {k!r} cannot be passed to a process: it becomes the variable SM_HP_<NAME>, "
+                  "whose name cannot hold '=' or a NUL byte")
         try:
             import json
 
             json.dumps(v)
         except (TypeError, ValueError):
             c.add(f"hyperparameter {k!r} has a value that is not JSON-encodable: {v!r}")
+        else:
+            if "\\u0000" in json.dumps(v):  # JSON always escapes a NUL byte so
+                c.add(f"hyperparameter {k!r} holds a NUL byte, which no command-line argument or variable can carry")
+    if isinstance(hps, Mapping):
+        import json
+
+        size = len(json.dumps(dict(hps), default=str).encode())
+        if size > MAX_HYPERPARAMETER_BYTES:
+            c.add(f"hyperparameters take {size} bytes as JSON, above {MAX_HYPERPARAMETER_BYTES}: the script gets them "
+                  "all in one variable (SM_HPS), and Linux passes at most 128 KiB in one; put large values in a file "
+                  "of an input channel and pass its name")
 
     instance_count = c.int_(data, "instance_count", 1, 1)
     if instance_count > 254:
@@ -365,10 +385,13 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
         c.add(f"environment must be a mapping of NAME: value, got {_type_name(env_in)}")
     else:
         for k, v in env_in.items():
-            if not isinstance(k, str) or not k or "=" in k:
+            if not isinstance(k, str) or not k or "=" in k or "\0" in k:
                 c.add(f"environment variable name {k!r} is not valid")
             elif isinstance(v, (dict, list)) or v is None:
                 c.add(f"environment variable {k} must be a string or number, got {v!r}")
+            elif "\0" in str(v) or len(str(v).encode()) > MAX_HYPERPARAMETER_BYTES:
+                c.add(f"environment variable {k} cannot be passed to a process: a NUL byte, or above "
+                      f"{MAX_HYPERPARAMETER_BYTES} bytes (Linux passes at most 128 KiB in one variable)")
             else:
                 environment[k] = str(v).lower() if isinstance(v, bool) else str(v)
 

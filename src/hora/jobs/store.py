@@ -4,14 +4,22 @@ It lives in the jobs home, ``~/.hora`` by default, or ``$HORA_JOB_HOME`` / ``hor
 files (hosts, logs, artifacts unless ``output_path`` says otherwise) live in ``<home>/jobs/<job_name>/``. Several
 processes write at once (the supervisor, every rank's wrapper parsing metrics), so the database runs in WAL mode
 with a generous busy timeout.
+
+The database is an index: each job directory also keeps the job's spec (``hora/spec.json``) and, once it has ended,
+its final record (``hora/record.json``), so a lost or damaged ``jobs.db`` is rebuilt from the directories by
+``hora job reindex`` (:func:`hora.jobs.reindex.rebuild`). A job directory is never reused: a job whose name has a
+directory but no row (the index was lost) is refused with a pointer to that command.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,10 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from hora.config.variables import read
-from hora.errors import ConfigError
+from hora.errors import ConfigError, StorageError
 from hora.jobs.states import TERMINAL, JobStatus, SecondaryStatus
 
-__all__ = ["JobRecord", "JobStore", "default_home"]
+__all__ = ["JobRecord", "JobStore", "default_home", "write_private"]
+
+SPEC_FILE = "spec.json"  # in <job dir>/hora/
+RECORD_FILE = "record.json"
 
 
 _SCHEMA = """
@@ -98,8 +109,20 @@ class JobStore:
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
         if not self._ready:
-            self.jobs_dir.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.db_path, timeout=60.0)
+            # Private, as ssh keeps its files: the index and the job directories hold the specs' environment
+            # values and hyperparameters.
+            self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.jobs_dir.mkdir(mode=0o700, exist_ok=True)
+            try:
+                os.close(os.open(self.db_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise self.problem(exc) from None
+        try:
+            conn = sqlite3.connect(self.db_path, timeout=60.0)
+        except sqlite3.Error as exc:
+            raise self.problem(exc) from None
         try:
             if not self._ready:
                 conn.execute("PRAGMA journal_mode=WAL")
@@ -107,33 +130,106 @@ class JobStore:
                 self._ready = True
             with conn:
                 yield conn
+        except sqlite3.DatabaseError as exc:
+            raise self.problem(exc) from None
         finally:
             conn.close()
+
+    def problem(self, exc: BaseException) -> StorageError:
+        """What a failure of the index means, and what to do about it."""
+        text = str(exc)
+        if "full" in text or "disk I/O" in text or "readonly" in text or isinstance(exc, OSError):
+            return _Unwritable(
+                f"the job index {self.db_path} could not be written ({text}); is the disk under {self.home} full "
+                "or read-only? Free space and run the command again"
+            )
+        return StorageError(
+            f"the job index {self.db_path} is damaged ({text}); the jobs themselves are in {self.jobs_dir}: "
+            f"`hora job --home {self.home} reindex` moves the damaged index aside and rebuilds it from them"
+        )
+
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """(column names, rows) of a read; on a full disk, read the database file as it is (``immutable``: no
+        shared-memory file or lock needed), so the read-only commands work until space is freed."""
+        try:
+            with self._db() as db:
+                cur = db.execute(sql, params)
+                return [d[0] for d in cur.description], cur.fetchall()
+        except _Unwritable:
+            if not self.db_path.is_file():
+                raise
+        try:
+            conn = sqlite3.connect(f"file:{urllib.parse.quote(str(self.db_path))}?immutable=1", uri=True)
+            try:
+                cur = conn.execute(sql, params)
+                return [d[0] for d in cur.description], cur.fetchall()
+            finally:
+                conn.close()
+        except sqlite3.DatabaseError as exc:
+            raise self.problem(exc) from None
+
+    def unindexed(self) -> list[str]:
+        """Job directories without a row in the index (it was lost or replaced): `hora job reindex` adds them."""
+        try:
+            names = sorted(p.name for p in self.jobs_dir.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return []
+        if not names:
+            return []
+        known = {r[0] for r in self._query("SELECT name FROM jobs")[1]}
+        return [n for n in names if n not in known]
+
+    def lost_index_hint(self, names: list[str]) -> str:
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        return (
+            f"{len(names)} job director{'y' if len(names) == 1 else 'ies'} in {self.jobs_dir} "
+            f"{'has' if len(names) == 1 else 'have'} no entry in the job index {self.db_path} ({shown}): the index "
+            f"was lost or replaced; `hora job --home {self.home} reindex` rebuilds it from the job directories"
+        )
 
     def job_dir(self, name: str) -> Path:
         return self.jobs_dir / name
 
     def create(self, name: str, spec: dict[str, Any]) -> JobRecord:
+        """Record a new job and make its directory; an existing job, or an existing directory, is refused."""
         now = time.time()
         with self._db() as db:
+            if db.execute("SELECT 1 FROM jobs WHERE name = ?", (name,)).fetchone() is not None:
+                raise ConfigError(
+                    f"a job named {name!r} already exists in {self.db_path}; choose another job_name "
+                    "(or leave it out for a generated one)"
+                )
             try:
+                self.job_dir(name).mkdir(mode=0o700)  # never reuse a directory: it holds another job's files
+            except FileExistsError:
+                raise ConfigError(
+                    f"a job named {name!r} already has a directory, {self.job_dir(name)}, but no entry in the job "
+                    f"index {self.db_path} (the index was lost or replaced); `hora job --home {self.home} reindex` "
+                    "rebuilds the index from the job directories; or choose another job_name"
+                ) from None
+            try:
+                write_private(self.job_dir(name) / "hora" / SPEC_FILE, json.dumps(spec, indent=1))
                 db.execute(
                     "INSERT INTO jobs (name, status, secondary_status, job_dir, spec, created) VALUES (?,?,?,?,?,?)",
                     (name, JobStatus.InProgress, SecondaryStatus.Starting, str(self.job_dir(name)), json.dumps(spec), now),
                 )
-            except sqlite3.IntegrityError:
-                raise ConfigError(
-                    f"a job named {name!r} already exists in {self.db_path}; choose another job_name "
-                    "(or leave it out for a generated one)"
-                ) from None
-            db.execute("INSERT INTO transitions VALUES (?,?,?,?,?)", (name, now, JobStatus.InProgress, SecondaryStatus.Starting, "job created"))
+                db.execute("INSERT INTO transitions VALUES (?,?,?,?,?)", (name, now, JobStatus.InProgress, SecondaryStatus.Starting, "job created"))
+            except BaseException:
+                shutil.rmtree(self.job_dir(name), ignore_errors=True)
+                raise
         return self.get(name)
 
+    def save_record(self, name: str) -> None:
+        """Copy the job's final row into its directory (``hora/record.json``), for :func:`hora.jobs.reindex.rebuild`."""
+        record = self.get(name)
+        write_private(Path(record.job_dir) / "hora" / RECORD_FILE, json.dumps(dataclasses.asdict(record), indent=1))
+
     def get(self, name: str) -> JobRecord:
-        with self._db() as db:
-            row = db.execute("SELECT * FROM jobs WHERE name = ?", (name,)).fetchone()
-            cols = [d[0] for d in db.execute("SELECT * FROM jobs LIMIT 0").description]
+        cols, rows = self._query("SELECT * FROM jobs WHERE name = ?", (name,))
+        row = rows[0] if rows else None
         if row is None:
+            if self.job_dir(name).is_dir():
+                raise ConfigError(self.lost_index_hint([name]))
             raise ConfigError(f"no job named {name!r} in {self.db_path}; `hora job list` shows the jobs there")
         return self._record(dict(zip(cols, row)))
 
@@ -146,10 +242,7 @@ class JobStore:
         )
 
     def jobs(self) -> list[JobRecord]:
-        with self._db() as db:
-            cur = db.execute("SELECT * FROM jobs ORDER BY created")
-            cols = [d[0] for d in cur.description]
-            rows = cur.fetchall()
+        cols, rows = self._query("SELECT * FROM jobs ORDER BY created")
         return [self._record(dict(zip(cols, r))) for r in rows]
 
     def update(self, name: str, **fields: Any) -> None:
@@ -166,10 +259,9 @@ class JobStore:
             db.execute("INSERT INTO transitions VALUES (?,?,?,?,?)", (name, now, status, secondary, message))
 
     def transitions(self, name: str) -> list[tuple[float, str, str, str]]:
-        with self._db() as db:
-            return [tuple(r) for r in db.execute(
-                "SELECT time, status, secondary_status, message FROM transitions WHERE job = ? ORDER BY rowid", (name,)
-            )]
+        return [tuple(r) for r in self._query(
+            "SELECT time, status, secondary_status, message FROM transitions WHERE job = ? ORDER BY rowid", (name,)
+        )[1]]
 
     def add_metrics(self, job: str, rows: list[tuple[str, float, float, str, int, int]]) -> None:
         """rows: (name, value, timestamp, host, rank, attempt)."""
@@ -177,8 +269,26 @@ class JobStore:
             db.executemany("INSERT INTO metrics VALUES (?,?,?,?,?,?,?)", [(job, *r) for r in rows])
 
     def metrics(self, job: str) -> list[tuple[str, float, float, str, int, int]]:
-        with self._db() as db:
-            return [tuple(r) for r in db.execute(
-                "SELECT name, value, timestamp, host, rank, attempt FROM metrics WHERE job = ? ORDER BY timestamp, rowid",
-                (job,),
-            )]
+        return [tuple(r) for r in self._query(
+            "SELECT name, value, timestamp, host, rank, attempt FROM metrics WHERE job = ? ORDER BY timestamp, rowid",
+            (job,),
+        )[1]]
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600), through a temporary name: a reader never
+    sees half a file, and a failed write (a full disk) leaves no partial one behind."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class _Unwritable(StorageError):
+    """The index cannot be written (a full or read-only disk); reads fall back to the file as it is."""

@@ -95,21 +95,34 @@ def describe(store: JobStore, name: str) -> str:
 
 def _network(r: JobRecord) -> list[str]:
     """How the hosts got their addresses (from the plan the ranks were started with; nothing before that)."""
+    path = Path(r.job_dir) / "hora" / "plan.json"
     try:
-        plan = json.loads((Path(r.job_dir) / "hora" / "plan.json").read_text())
-    except (OSError, ValueError):
+        plan = json.loads(path.read_text())
+    except OSError:
         return []
-    where = ", ".join(f"{h}={a}" for h, a in zip(plan["hosts"], plan["addresses"]))
-    return [f"Network:           {plan.get('network', 'loopback')} ({where}; interface {plan.get('interface', 'lo')})"]
+    try:
+        where = ", ".join(f"{h}={a}" for h, a in zip(plan["hosts"], plan["addresses"]))
+        return [f"Network:           {plan.get('network', 'loopback')} ({where}; interface {plan.get('interface', 'lo')})"]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return [f"Network:           unknown: {path} is not a plan hora wrote ({_what(exc)})"]
+
+
+def _what(exc: BaseException) -> str:
+    return f"no field {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
 
 
 def _rank_outcomes(r: JobRecord) -> list[str]:
     """The last attempt's ranks: host, pid and how each script ended."""
     attempt_dir = Path(r.job_dir) / "hora" / f"attempt-{r.attempts}"
     try:
-        result = json.loads((attempt_dir / "result.json").read_text())
-    except (OSError, ValueError):
+        return _rank_lines(r, attempt_dir, json.loads((attempt_dir / "result.json").read_text()))
+    except OSError:
         return []
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return [f"Ranks (attempt {r.attempts}): unknown: {attempt_dir} holds records hora did not write ({_what(exc)})"]
+
+
+def _rank_lines(r: JobRecord, attempt_dir: Path, result: dict) -> list[str]:
     pph = int(r.spec.get("processes_per_host", 1))
     lines = [f"Ranks (attempt {r.attempts}):", f"  {'rank':>4}  {'host':8}  {'pid':>7}  outcome"]
     for rank, code in enumerate(result["returncodes"]):

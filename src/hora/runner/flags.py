@@ -120,11 +120,22 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_setting_flags(parser, "engine", engine)
     parser.add_argument(
-        "--rendezvous-port", type=int, default=0, metavar="PORT",
+        "--rendezvous-port", type=_port, default=0, metavar="PORT",
         help="port of the launcher's rendezvous store (default: a free port; see docs/multihost.md for firewalls)",
     )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="print what the launcher does")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0 for any free one (an argparse ``type``: a bad value is a usage error, exit 2)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535; 0 picks a free port)") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number: ports are 0-65535 (0 picks a free port)")
+    return port
 
 
 def run_epilog() -> str:

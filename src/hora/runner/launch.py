@@ -38,6 +38,7 @@ from hora.config.worker_env import worker_env
 from hora.errors import ConfigError
 from hora.runner.hosts import HostSlots, RankSlot, assign_ranks, is_local_host
 from hora.runner.output import OutputPump
+from hora.runner.reaper import GroupReaper
 from hora.runner.remote_host import RemoteHost, RemoteRank
 from hora.runner.result import Failure, RunResult, root_cause
 from hora.runner.ssh import SshOptions, advertise_address, preflight, remote_agent_command, ssh_command
@@ -204,6 +205,7 @@ def launch(spec: LaunchSpec) -> RunResult:
 
     timed_out = False
     exits: ExitWatcher | None = None
+    reaper = GroupReaper()  # ends the ranks' process groups should this process be killed
     with handle_signals(on_signal, signal.SIGINT, signal.SIGTERM):
         try:
             handles: dict[int, LocalRank | RemoteRank] = {}
@@ -213,6 +215,7 @@ def launch(spec: LaunchSpec) -> RunResult:
                         spec, slot, rdv, secret, job_id, master, plan.bind[slot.host], base_env, usable_cpus()
                     )
                     handles[slot.rank] = _start_local(spec, slot, env, job)
+                    reaper.add(handles[slot.rank].pid)
             forwarded = forwarded_env(base_env)
             for name in plan.remote_hosts:
                 host = _start_remote(spec, name, plan, rdv, secret, job_id, master, forwarded, job)
@@ -236,6 +239,7 @@ def launch(spec: LaunchSpec) -> RunResult:
                 exits.close()
             for host in hosts:  # the agents stop whatever still runs there, then end their sessions
                 host.close(timeout=spec.grace + 5.0)
+            reaper.close()
             server.shutdown()
             for name in sweep(job_id):
                 job.log(f"removed shared memory {name} that a crashed rank left behind")

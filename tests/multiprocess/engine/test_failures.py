@@ -21,6 +21,7 @@ from workers.failures import (
     late_worker,
     mismatch_worker,
     raising_worker,
+    silent_connections_worker,
 )
 
 MISMATCHES = {
@@ -147,3 +148,11 @@ def test_rendezvous_port_in_use_is_a_clear_error():
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "already in use" in proc.stderr.lower()
 
 
+
+
+def test_silent_connections_to_every_listener_do_not_block_the_start():
+    """Three silent connections to the store and to each rank's peer listener (issue 19, item 1): each handshake
+    has a deadline of its own, so the real peers are authenticated beside them and the job runs; the drops are
+    not printed one WARNING line each."""
+    results = run_ranks(silent_connections_worker, 3, 3, transport="tcp", timeout=60)
+    assert results == [(True, 6)] * 3

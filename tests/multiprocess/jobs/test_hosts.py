@@ -225,3 +225,53 @@ def test_a_stop_reaches_the_scripts_on_every_host_with_sigterm(tmp_path):
     for rank, model in enumerate(models):
         assert (model / f"term-{rank}").read_text() == "15", sorted(p.name for p in model.iterdir())
     assert _processes_mentioning(str(store.job_dir("polite"))) == []
+
+
+def test_a_hosts_agent_under_fuzz_keeps_serving_the_master(prepared):
+    """The agent's listener gets the fuzz of tests/unit/runtime/test_fuzz.py: garbage, truncated and forged
+    handshakes, and authenticated requests that are garbage; the real client is still served."""
+    import random
+
+    from support.fuzz import frame_case, handshake_case
+
+    job = prepared(master_timeout=120)
+    proc = job.start_host("algo-2")
+    rng = random.Random(4)
+    try:
+        path = socket_path(job.runner.job_dir, "algo-2")
+        deadline = time.monotonic() + 30
+        while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert path.exists(), "no socket"
+        secret = bytes.fromhex((job.runner.job_dir / "hora" / "secret").read_text())
+        for _ in range(150):
+            kind = rng.randrange(3)
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(10)
+                s.connect(str(path))
+                try:
+                    if kind == 0:
+                        s.sendall(rng.randbytes(rng.randrange(0, 200)))
+                    elif kind == 1:
+                        s.recv(37)
+                        s.sendall(handshake_case(rng, secret))
+                    else:
+                        client_handshake(s, secret, Role.AGENT, 0, 10.0)
+                        s.sendall(frame_case(rng))  # a request without its file descriptors
+                    s.shutdown(socket.SHUT_WR)
+                    while s.recv(4096):
+                        pass
+                except OSError:
+                    pass
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(path))
+            client_handshake(s, secret, Role.AGENT, 0, 10.0)  # still served
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err, err

@@ -502,3 +502,36 @@ def test_pipe_mode_job_reads_several_epochs_from_fifos(tmp_path):
     shard = [[f"record-{i}-{j}" for i in (0, 2) for j in range(3)], [f"record-{i}-{j}" for i in (1, 3) for j in range(3)]]
     assert got["mine"] == [shard[0]] * 3  # the same records in every epoch, each epoch a fresh FIFO
     assert [e[0] for e in got["everyone"]] == shard
+
+
+MISMATCHED_BARRIERS = """
+    import numpy as np
+    import hora.numpy as hvd
+    hvd.init()
+    hvd.barrier()
+    if hvd.rank() == 0:
+        hvd.barrier()  # one barrier more than rank 1 ...
+    else:
+        hvd.allreduce(np.ones(2), name="only-rank-1")  # ... which waits in another collective: neither ever ends
+"""
+
+
+def test_an_unattended_job_never_hangs_forever_in_a_stall(tmp_path):
+    """Issue 19, item 11: hora job turns the stall shutdown on (10x the warning time) unless the spec chooses."""
+    _, record = run_script(tmp_path, MISMATCHED_BARRIERS, "stalled", processes_per_host=2, max_run=90,
+                           distribution={"mpi": {"enabled": True,
+                                                 "custom_mpi_options": "--stall-check-warning-time-seconds 0.5"}})
+    assert record.status == "Failed", record.failure_reason  # not Stopped by max_run
+    assert "StallError: stalled: 2 collective(s) waited more than 5s (HORA_STALL_SHUTDOWN_TIME_SECONDS)" in (
+        record.failure_reason), record.failure_reason
+
+
+def test_horovods_never_ending_stall_stays_reachable():
+    from hora.jobs.runner import unattended_settings
+
+    assert unattended_settings({}, {})["stall_shutdown_time"] == 600.0
+    assert unattended_settings({"stall_check_time": 2.0}, {})["stall_shutdown_time"] == 20.0
+    assert unattended_settings({}, {"HOROVOD_STALL_CHECK_TIME_SECONDS": "3"})["stall_shutdown_time"] == 30.0
+    assert unattended_settings({"stall_shutdown_time": 0.0}, {}) == {"stall_shutdown_time": 0.0}
+    assert "stall_shutdown_time" not in unattended_settings({}, {"HORA_STALL_SHUTDOWN_TIME_SECONDS": "0"})
+    assert "stall_shutdown_time" not in unattended_settings({"stall_check_disable": True}, {})

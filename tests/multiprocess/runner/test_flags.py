@@ -186,3 +186,21 @@ def test_help_lists_the_engine_flags():
         assert flag in proc.stdout
     for name in ["HORA_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_GLOO_TIMEOUT_SECONDS"]:
         assert name in proc.stdout
+
+
+@pytest.mark.parametrize("port", ["-1", "70000", "http"])
+def test_a_rendezvous_port_out_of_range_is_a_usage_error(port):
+    proc = subprocess.run([sys.executable, "-m", "hora", "run", "-np", "1", "--rendezvous-port", port, "true"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "is not a port number" in proc.stderr and "0-65535" in proc.stderr
+
+
+def test_a_command_that_is_not_executable_is_a_sentence_and_126(tmp_path):
+    script = tmp_path / "train.sh"
+    script.write_text("echo hi\n")
+    script.chmod(0o644)
+    proc = subprocess.run([sys.executable, "-m", "hora", "run", "-np", "2", str(script)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 126 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"cannot start {str(script)!r}: Permission denied (is it an executable file?" in proc.stderr

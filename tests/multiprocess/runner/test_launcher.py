@@ -174,3 +174,50 @@ def test_ranks_get_their_share_of_the_cores_as_thread_defaults():
     assert sorted(proc.stdout.splitlines()) == [f"[0]<stdout>: 7 {share}", f"[1]<stdout>: 7 {share}"]
     proc = hora_run("-np", "2", "--no-thread-defaults", sys.executable, "-c", code, env=env)
     assert sorted(proc.stdout.splitlines()) == ["[0]<stdout>: None None", "[1]<stdout>: None None"]
+
+
+RANK_WITH_A_CHILD = """
+import os, subprocess, sys, time
+child = subprocess.Popen(["sleep", "300"])
+path = os.path.join(sys.argv[1], f"child-{os.environ['HORA_RANK']}")
+with open(path + ".tmp", "w") as f:
+    f.write(str(child.pid))
+os.replace(path + ".tmp", path)
+time.sleep(300)
+"""
+
+
+def test_sigkill_of_hora_run_also_ends_what_each_rank_started(tmp_path):
+    """Issue 19, item 7: PDEATHSIG took the ranks along, but their own children lived on under PID 1."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_WITH_A_CHILD)
+    launcher = subprocess.Popen([sys.executable, "-m", "hora", "run", "-np", "2", sys.executable, str(script),
+                                 str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(children) < 2 and time.monotonic() < deadline and launcher.poll() is None:
+            children = [int(p.read_text()) for p in tmp_path.glob("child-*") if not p.name.endswith(".tmp")]
+            time.sleep(0.05)
+        assert len(children) == 2, "the ranks never started their children"
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(30)
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in children), "a rank's child outlived the killed launcher"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return b") Z" not in f.read()
+    except FileNotFoundError:
+        return False

@@ -162,3 +162,17 @@ def test_public_names_are_pinned_and_import_is_light():
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_values_no_process_can_be_given_are_spec_errors(code):
+    """Issue 19, item 6: they used to pass validation and then fail at start, blamed on the script."""
+    found = problems({"entry_point": "train.py", "hyperparameters": {
+        "a=b": 1, "nul": "x\0y", "big": "v" * 700_000,
+    }, "environment": {"BAD\0NAME": "1", "HUGE": "v" * 200_000, "NUL": "a\0b"}}, code)
+    text = "\n".join(found)
+    assert "hyperparameter name 'a=b' cannot be passed to a process" in text
+    assert "hyperparameter 'nul' holds a NUL byte" in text
+    assert "hyperparameters take 7000" in text and "Linux passes at most 128 KiB in one" in text
+    assert "environment variable name 'BAD\\x00NAME' is not valid" in text
+    assert "environment variable HUGE cannot be passed to a process" in text
+    assert "environment variable NUL cannot be passed to a process" in text

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from hora._runtime.auth import Role, client_handshake
+from hora._runtime.auth import Role, client_handshake, new_secret
 from hora._runtime.rendezvous import RendezvousClient, RendezvousServer
 from hora._wire import recv_exact, recv_frame, send_frame
 from hora.errors import AuthenticationError, HoraError, RendezvousError
@@ -272,3 +274,44 @@ def test_shutdown_then_connect_fails(server):
     server.shutdown()
     with pytest.raises(RendezvousError, match="could not reach the rendezvous store"):
         RendezvousClient(host, port, SECRET, 0, "job/", time.monotonic() + 0.2)
+
+
+SERVER_UNDER_A_LOW_FD_LIMIT = """
+import resource, sys, time
+from hora._runtime.rendezvous import RendezvousServer
+server = RendezvousServer(bytes.fromhex(sys.argv[1]))
+print(server.start()[1], flush=True)
+resource.setrlimit(resource.RLIMIT_NOFILE, (32, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+sys.stdin.read()  # until the test is done
+"""
+
+
+def test_the_store_survives_running_out_of_file_descriptors():
+    """Issue 19, item 8: one EMFILE from accept() used to stop the store for good."""
+    secret = new_secret()
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_UNDER_A_LOW_FD_LIMIT, secret.hex()], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    flood: list[socket.socket] = []
+    try:
+        port = int(proc.stdout.readline())
+        flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(60)]  # past the server's 32 fds
+        for s in flood:
+            s.settimeout(0.05)
+            try:
+                s.recv(64)  # the greeting of those it could accept
+            except TimeoutError:
+                pass
+        for s in flood:
+            s.close()
+        client = RendezvousClient("127.0.0.1", port, secret, 0, "t/", time.monotonic() + 30)
+        client.set("k", "v")
+        assert client.get("k") == "v"
+        client.close()
+    finally:
+        for s in flood:
+            s.close()
+        proc.stdin.close()
+        proc.wait(30)
+    err = proc.stderr.read()
+    assert "cannot accept connections: Too many open files" in err, err
+    assert err.count("Too many open files") == 1, "the report must be rate-limited"
