@@ -20,7 +20,7 @@ LAYERS = [
     ["hora._runtime"],
     ["hora"],
     ["hora._frontend"],
-    ["hora.numpy", "hora.torch"],
+    ["hora.numpy", "hora.torch", "hora.tensorflow"],
     ["hora.runner"],
     ["hora.jobs"],
     ["hora.cli", "hora.__main__"],

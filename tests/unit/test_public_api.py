@@ -130,3 +130,27 @@ def test_torch_has_horovods_names():
     assert sorted(hvd_torch.__all__) == hvd_torch.__all__
     assert set(HOROVOD_TORCH_NAMES) <= set(hvd_torch.__all__)
     assert (hvd_torch.Average, hvd_torch.Sum, hvd_torch.Adasum, hvd_torch.Min, hvd_torch.Max) == (0, 1, 2, 3, 4)
+
+
+# horovod/tensorflow/__init__.py's public names (0.28), which scripts written for Horovod use
+HOROVOD_TENSORFLOW_NAMES = ["allgather", "allreduce", "grouped_allreduce", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier", "size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op", "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object", "broadcast_global_variables", "BroadcastGlobalVariablesHook", "DistributedOptimizer", "DistributedGradientTape", "PartialDistributedGradientTape", "SyncBatchNormalization", "util"]
+
+
+def test_tensorflow_has_horovods_names():
+    """Checked in a fresh interpreter: importing TensorFlow here would slow every later test's import checks."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("tensorflow is not installed")
+    code = (
+        "import json, hora.tensorflow as hvd\n"
+        f"names = {HOROVOD_TENSORFLOW_NAMES!r}\n"
+        "print(json.dumps({'missing': [n for n in names if not hasattr(hvd, n)], 'sorted': sorted(hvd.__all__) == "
+        "hvd.__all__, 'extra_ok': set(names) <= set(hvd.__all__), 'eager': hvd._executing_eagerly(), "
+        "'ops': [hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product]}))"
+    )
+    assert json.loads(_fresh(code).splitlines()[-1]) == {
+        "missing": [], "sorted": True, "extra_ok": True, "eager": True, "ops": [0, 1, 2, 3, 4, 5],
+    }  # fmt: skip
