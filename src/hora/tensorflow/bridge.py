@@ -13,8 +13,8 @@ A hora op is one Python call on numpy arrays (``fn(*arrays) -> list of arrays``)
 Errors: a mismatch across ranks (:class:`hora.errors.MismatchError`) is a ``tf.errors.FailedPreconditionError`` in
 every mode, as Horovod's is. A Python exception inside a ``numpy_function`` always reaches the user as
 ``UnknownError``, so in graphs the op returns a status and a message, and a native op that fails with
-FAILED_PRECONDITION (reading a path below ``/dev/null``: ENOTDIR) carries the message out; on success the same
-op reads the empty ``/dev/null``.
+FAILED_PRECONDITION (writing to a path below ``/dev/null``: ENOTDIR) carries the message out; on success the same
+op writes nothing to ``/dev/null``.
 """
 
 from __future__ import annotations
@@ -122,9 +122,10 @@ def run_op(
         res = tf.numpy_function(graph_fn, list(inputs), [*touts, tf.string], stateful=True, name=what)
     if not getattr(graph, "building_function", False):
         _last_op[graph] = res[-1].op
-    # Reads the empty /dev/null when the collective succeeded; fails with the message otherwise (no tf.cond: it
-    # costs far more to build and to run than this read).
-    check = tf.io.read_file(res[-1])
+    # Writes nothing to /dev/null when the collective succeeded; fails with the message otherwise. WriteFile
+    # because it is stateful: a control dependency on a stateless ReadFile is pruned by Grappler in a tf.function.
+    # (No tf.cond: it costs far more to build and to run.)
+    check = tf.io.write_file(res[-1], "")
     outs = []
     with tf.control_dependencies([check]):
         for i, o in enumerate(res[:-1]):

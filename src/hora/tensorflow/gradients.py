@@ -11,9 +11,8 @@ import tensorflow as tf
 
 from hora._dtypes import ReduceOp
 from hora._frontend import ProcessSet, global_process_set
-from hora._frontend.core import resolve_op
 from hora.tensorflow.compression import Compression
-from hora.tensorflow.reductions import grouped_allreduce, set_size
+from hora.tensorflow.reductions import grouped_allreduce, resolve_op, set_size
 
 __all__ = ["GradientReducer"]
 

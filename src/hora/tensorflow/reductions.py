@@ -14,11 +14,21 @@ import tensorflow as tf
 from hora import _frontend as _f
 from hora._dtypes import ReduceOp
 from hora._frontend import Average, ProcessSet, global_process_set
-from hora._frontend.core import blocking, resolve_op
+from hora._frontend.core import blocking
+from hora._frontend.core import resolve_op as _frontend_resolve_op
+from hora.errors import UnsupportedError
 from hora.tensorflow.bridge import aligned_empty, check_dtype, run_op
 from hora.tensorflow.compression import Compression
 
-__all__ = ["allreduce", "grouped_allreduce", "grouped_reducescatter", "reducescatter", "set_size"]
+__all__ = ["allreduce", "grouped_allreduce", "grouped_reducescatter", "reducescatter", "resolve_op", "set_size"]
+
+
+def resolve_op(average: bool | None, op: int | None) -> ReduceOp:
+    """The reduce op; what hora does not support (Adasum) is a NotImplementedError naming it."""
+    try:
+        return _frontend_resolve_op(average, op)
+    except UnsupportedError as exc:
+        raise NotImplementedError(str(exc)) from None
 
 
 def set_size(process_set: ProcessSet | None) -> int:
