@@ -50,9 +50,9 @@ def _digest(model: Any) -> str:
     return h.hexdigest()
 
 
-def fit_worker(epochs: int = 8) -> dict[str, Any]:
-    """Keras 3 fit with DistributedOptimizer and the callbacks; returns what the test compares across ranks and
-    with the 1-rank run."""
+def fit_worker(epochs: int = 8, with_callbacks: bool = False) -> dict[str, Any]:
+    """Keras 3 fit with DistributedOptimizer; returns what the test compares across ranks and with the 1-rank run
+    (and, ``with_callbacks``, what :func:`callbacks_worker` returns, under "callbacks")."""
     import keras
 
     import hora.keras as hvd
@@ -84,6 +84,8 @@ def fit_worker(epochs: int = 8) -> dict[str, Any]:
             again = hvd.load_model(path)
             assert type(again.optimizer).__name__ == "Adam" and hasattr(type(again.optimizer), "_hora")
             assert int(again.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy())
+    if with_callbacks:
+        result["callbacks"] = callbacks_worker()
     return result
 
 

@@ -93,11 +93,11 @@ def _optimizer_checks_v1(me: int, n: int) -> int:
     return 1
 
 
-def gradients_worker() -> int:
-    """Horovod's gradients of every op, the tapes and the TF1 optimizer, in every mode; broadcast_variables."""
+def gradients_worker(modes: list[str] = MODES) -> int:
+    """Horovod's gradients of every op, the tapes and the TF1 optimizer, in ``modes``; broadcast_variables."""
     hvd.init()
     me, n = hvd.rank(), hvd.size()
-    checked = sum(run_checks(lambda: _gradient_checks(me, n), mode) for mode in MODES)
+    checked = sum(run_checks(lambda: _gradient_checks(me, n), mode) for mode in modes)
     checked += _optimizer_checks_v1(me, n)
     v = tf.Variable(np.full(4, float(me), np.float32))
     hvd.broadcast_variables([v], root_rank=n - 1)
@@ -171,3 +171,24 @@ def process_set_worker() -> list[str]:
     assert float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum)) == 3.0
     hvd.barrier()
     return notes
+
+
+
+def suite_worker(modes: list[str], parts: list[str]) -> dict[str, Any]:
+    """One TensorFlow start for several checks (TensorFlow and Keras cost seconds to import in every rank): the op
+    checks in ``modes``, then each of ``parts`` ("gradients" in ``modes``, "errors", "process_sets", "fit",
+    "fit_callbacks"); returns each part's result by name."""
+    from workers.keras_fit import fit_worker
+    from workers.tf_ops import ops_worker
+
+    out: dict[str, Any] = {"ops": ops_worker(modes)}
+    for part in parts:
+        if part == "gradients":
+            out[part] = gradients_worker(modes)
+        elif part == "errors":
+            out[part] = errors_worker()
+        elif part == "process_sets":
+            out[part] = process_set_worker()
+        else:
+            out[part] = fit_worker(with_callbacks=part == "fit_callbacks")
+    return out
