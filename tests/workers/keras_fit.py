@@ -107,7 +107,7 @@ def callbacks_worker() -> dict[str, Any]:
         path = os.path.join(tmp, f"best-{me}.keras")
         history = model.fit(
             _shard(xt, me, n)[: 4 * (GLOBAL_BATCH // n)], _shard(yt, me, n)[: 4 * (GLOBAL_BATCH // n)],
-            batch_size=GLOBAL_BATCH // n, epochs=4, shuffle=False, verbose=0,
+            batch_size=GLOBAL_BATCH // n, epochs=2, shuffle=False, verbose=0,
             validation_data=(xv[me::n], yv[me::n]),
             callbacks=[
                 hvd.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -122,3 +122,32 @@ def callbacks_worker() -> dict[str, Any]:
     del per_epoch
     return {"lr": [float(x) for x in history.history["lr"]], "val_loss": seen, "wrote": wrote,
             "val_logged": [float(x) for x in history.history["val_loss"]]}  # fmt: skip
+
+
+def flavour_fit_worker() -> dict[str, Any]:
+    """A short fit through ``hora.tensorflow.keras`` as the environment sets Keras up: tf_keras under
+    TF_USE_LEGACY_KERAS=1, or Keras 3 on the backend KERAS_BACKEND names (torch here)."""
+    if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+        import tensorflow as tf
+
+        import hora.tensorflow.keras as hvd
+
+        keras = tf.keras
+    else:
+        import keras
+
+        import hora.keras as hvd  # type: ignore[no-redef]
+    hvd.init()
+    me, n = hvd.rank(), hvd.size()
+    xt, yt, xv, yv = _data()
+    model = _model(keras, seed=100 + me)
+    opt = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01))
+    model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.fit(
+        _shard(xt, me, n), _shard(yt, me, n), batch_size=GLOBAL_BATCH // n, epochs=2, shuffle=False, verbose=0,
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)],
+    )  # fmt: skip
+    return {
+        "module": type(opt).__module__, "class": type(opt).__name__, "backend": keras.backend.backend(),
+        "accuracy": float(model.evaluate(xv, yv, verbose=0)[1]), "weights": _digest(model),
+    }  # fmt: skip

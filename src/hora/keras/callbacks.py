@@ -19,12 +19,13 @@ __all__ = [
     "LearningRateWarmupCallback",
     "MetricAverageCallback",
     "broadcast_keras_variables",
+    "callback_classes",
 ]
 
 
 def broadcast_keras_variables(variables: list[Any], root_rank: int, process_set: Any = global_process_set) -> None:
     """Give every variable ``root_rank``'s value: one group of broadcasts, then one assign each."""
-    values = [np.ascontiguousarray(keras.ops.convert_to_numpy(v.value)) for v in variables]
+    values = [np.ascontiguousarray(np.asarray(v.numpy())) for v in variables]  # Keras 3 and tf.Variable alike
     handles = [
         _f.start_broadcast(a, root_rank, inplace=True, name=f"hora.keras.bcast.{i}", process_set=process_set)
         for i, a in enumerate(values)
@@ -35,7 +36,14 @@ def broadcast_keras_variables(variables: list[Any], root_rank: int, process_set:
         v.assign(np.reshape(a, tuple(v.shape)))
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+class _Mixin:
+    """What a mixin uses of the Keras callback it is mixed into."""
+
+    model: Any
+    params: Any
+
+
+class BroadcastGlobalVariablesCallbackMixin(_Mixin):
     """At the start of training, broadcast the model's variables and the optimizer's (built first if it is not
     yet, so its slots exist) from ``root_rank``: every rank starts from the same state."""
 
@@ -58,7 +66,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = True
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallbackMixin(_Mixin):
     """At the end of each epoch, replace every metric in ``logs`` by its average over the ranks (so rank 0 logs and
     checkpoints on the metrics of the whole data)."""
 
@@ -84,10 +92,11 @@ def _set_lr(optimizer: Any, value: float) -> None:
 
 
 def _get_lr(optimizer: Any) -> float:
-    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    lr = optimizer.learning_rate
+    return float(lr.numpy() if hasattr(lr, "numpy") else lr)
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallbackMixin(_Mixin):
     """Sets the learning rate to ``initial_lr * multiplier(epoch)`` for ``start_epoch <= epoch < end_epoch``
     (``multiplier`` a number or a function of the epoch). ``staircase=False`` updates it every batch with the
     fractional epoch. ``momentum_correction`` is accepted for Horovod's signature (Keras 3 optimizers keep no
@@ -138,7 +147,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             logs["lr"] = _get_lr(self.model.optimizer)
 
 
-class LearningRateWarmupCallback(LearningRateScheduleCallback):
+class LearningRateWarmupCallbackMixin(LearningRateScheduleCallbackMixin):
     """Horovod's warm-up: over ``warmup_epochs`` the learning rate grows gradually from ``initial_lr / size`` to
     ``initial_lr`` (the rate already scaled by the number of ranks), as in "Accurate, Large Minibatch SGD"."""
 
@@ -165,15 +174,52 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {_get_lr(self.model.optimizer):g}.")
 
 
-class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+class BestModelCheckpointMixin(_Mixin):
     """``ModelCheckpoint(save_best_only=True)`` written by rank 0 only (every rank holds the same weights)."""
 
     def __init__(
         self, filepath: str, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
         save_freq: Any = "epoch",
     ) -> None:  # fmt: skip
-        super().__init__(filepath, monitor=monitor, verbose=verbose, save_best_only=True, mode=mode, save_freq=save_freq)
+        super().__init__(  # type: ignore[call-arg]
+            filepath, monitor=monitor, verbose=verbose, save_best_only=True, mode=mode, save_freq=save_freq
+        )
 
     def _save_model(self, *args: Any, **kwargs: Any) -> None:
         if _f.rank() == 0:
-            super()._save_model(*args, **kwargs)
+            super()._save_model(*args, **kwargs)  # type: ignore[misc]
+
+
+def callback_classes(callback: type, checkpoint: type) -> dict[str, type]:
+    """The callbacks on a Keras flavour's base classes (Keras 3 here; tf_keras in hora.tensorflow.keras)."""
+    made: dict[str, type] = {}
+    for mixin, base in [
+        (BroadcastGlobalVariablesCallbackMixin, callback),
+        (MetricAverageCallbackMixin, callback),
+        (LearningRateScheduleCallbackMixin, callback),
+        (LearningRateWarmupCallbackMixin, callback),
+        (BestModelCheckpointMixin, checkpoint),
+    ]:
+        name = mixin.__name__.removesuffix("Mixin")
+        made[name] = type(name, (mixin, base), {"__module__": __name__, "__doc__": mixin.__doc__})
+    return made
+
+
+class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackMixin, keras.callbacks.Callback):
+    __doc__ = BroadcastGlobalVariablesCallbackMixin.__doc__
+
+
+class MetricAverageCallback(MetricAverageCallbackMixin, keras.callbacks.Callback):
+    __doc__ = MetricAverageCallbackMixin.__doc__
+
+
+class LearningRateScheduleCallback(LearningRateScheduleCallbackMixin, keras.callbacks.Callback):
+    __doc__ = LearningRateScheduleCallbackMixin.__doc__
+
+
+class LearningRateWarmupCallback(LearningRateWarmupCallbackMixin, keras.callbacks.Callback):
+    __doc__ = LearningRateWarmupCallbackMixin.__doc__
+
+
+class BestModelCheckpoint(BestModelCheckpointMixin, keras.callbacks.ModelCheckpoint):
+    __doc__ = BestModelCheckpointMixin.__doc__

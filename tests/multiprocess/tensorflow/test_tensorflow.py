@@ -19,6 +19,7 @@ pytest.importorskip("keras")
 pytest.importorskip("sklearn")
 
 from support.harness import run_ranks
+from workers.keras_fit import flavour_fit_worker
 from workers.tf_ops import MODES
 from workers.tf_train import suite_worker
 
@@ -80,3 +81,20 @@ def test_four_ranks_ops_and_fit(one_rank):
     results = run_ranks(suite_worker, 4, ["eager"], ["fit"], timeout=400)
     assert results[0]["ops"] >= OPS_PER_MODE and len({r["ops"] for r in results}) == 1, results
     _same_training([r["fit"] for r in results], one_rank["fit"])
+
+
+@pytest.mark.parametrize(
+    ("env", "module", "backend"),
+    [({"TF_USE_LEGACY_KERAS": "1"}, "tf_keras.", "tensorflow"), ({"KERAS_BACKEND": "torch"}, "keras.", "torch")],
+    ids=["tf_keras", "keras3-torch"],
+)
+def test_fit_with_tf_keras_and_with_the_torch_backend(env, module, backend):
+    if backend == "torch":
+        pytest.importorskip("torch")
+    else:
+        pytest.importorskip("tf_keras")
+    results = run_ranks(flavour_fit_worker, 2, timeout=300, env=env)
+    assert results[0]["module"].startswith(module) and results[0]["class"] == "Adam", results[0]
+    assert results[0]["backend"] == backend, results[0]
+    assert len({r["weights"] for r in results}) == 1, "weights differ across ranks"
+    assert results[0]["accuracy"] > 0.6, results[0]

@@ -24,7 +24,6 @@ from hora.keras import (
     broadcast,
     broadcast_global_variables,
     broadcast_object,
-    callbacks,
     cross_rank,
     cross_size,
     global_process_set,
@@ -39,6 +38,7 @@ from hora.keras import (
     shutdown,
     size,
 )
+from hora.tensorflow.keras import callbacks
 
 __all__ = [
     "Adasum",
