@@ -107,7 +107,7 @@ def callbacks_worker() -> dict[str, Any]:
         path = os.path.join(tmp, f"best-{me}.keras")
         history = model.fit(
             _shard(xt, me, n)[: 4 * (GLOBAL_BATCH // n)], _shard(yt, me, n)[: 4 * (GLOBAL_BATCH // n)],
-            batch_size=GLOBAL_BATCH // n, epochs=2, shuffle=False, verbose=0,
+            batch_size=GLOBAL_BATCH // n, epochs=4, shuffle=False, verbose=0,
             validation_data=(xv[me::n], yv[me::n]),
             callbacks=[
                 hvd.callbacks.BroadcastGlobalVariablesCallback(0),
