@@ -174,6 +174,35 @@ def process_set_worker() -> list[str]:
 
 
 
+def data_worker() -> int:
+    """PipeModeDataset reads one epoch file per iteration of the dataset (SageMaker's <channel>_<epoch> naming);
+    shard() gives each rank its part."""
+    import tempfile
+    from pathlib import Path
+
+    from hora.data import encode_tfrecord
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for epoch in range(2):
+            records = b"".join(encode_tfrecord(f"e{epoch}r{i}".encode()) for i in range(5))
+            (Path(tmp) / f"train_{epoch}").write_bytes(records)
+        ds = hvd.PipeModeDataset(str(Path(tmp) / "train"), record_format="TFRecord")
+        first = [bytes(r.numpy()) for r in ds]
+        second = [bytes(r.numpy()) for r in ds]
+        assert first == [f"e0r{i}".encode() for i in range(5)], first
+        assert second == [f"e1r{i}".encode() for i in range(5)], second
+    try:
+        hvd.PipeModeDataset("train", record_format="RecordIO")
+    except NotImplementedError as exc:
+        assert "RecordIO" in str(exc), exc
+    else:
+        raise AssertionError("RecordIO was accepted")
+    me, n = hvd.rank(), hvd.size()
+    shard = [int(x) for x in hvd.shard(tf.data.Dataset.range(10), by="rank")]
+    assert shard == list(range(me, 10, n)), shard
+    return len(first) + len(second)
+
+
 def suite_worker(modes: list[str], parts: list[str]) -> dict[str, Any]:
     """One TensorFlow start for several checks (TensorFlow and Keras cost seconds to import in every rank): the op
     checks in ``modes``, then each of ``parts`` ("gradients" in ``modes``, "errors", "process_sets", "fit",
@@ -189,6 +218,8 @@ def suite_worker(modes: list[str], parts: list[str]) -> dict[str, Any]:
             out[part] = errors_worker()
         elif part == "process_sets":
             out[part] = process_set_worker()
+        elif part == "data":
+            out[part] = data_worker()
         else:
             out[part] = fit_worker(with_callbacks=part == "fit_callbacks")
     return out

@@ -43,12 +43,13 @@ def _same_training(fits: list[dict], one: dict) -> None:
 
 @pytest.fixture(scope="module")
 def one_rank():
-    return run_ranks(suite_worker, 1, ["eager"], ["fit"], timeout=300)[0]
+    return run_ranks(suite_worker, 1, ["eager"], ["data", "fit"], timeout=300)[0]
 
 
 def test_one_rank(one_rank):
     assert one_rank["ops"] >= OPS_PER_MODE, one_rank
     assert one_rank["fit"]["accuracy"] > 0.85, one_rank
+    assert one_rank["data"] == 10, one_rank  # PipeModeDataset: two epochs of five records
 
 
 def test_two_ranks_every_mode_gradients_errors_fit_and_callbacks(one_rank):
