@@ -154,3 +154,26 @@ def test_tensorflow_has_horovods_names():
     assert json.loads(_fresh(code).splitlines()[-1]) == {
         "missing": [], "sorted": True, "extra_ok": True, "eager": True, "ops": [0, 1, 2, 3, 4, 5],
     }  # fmt: skip
+
+
+# horovod/tensorflow/keras/__init__.py's public names (0.28) that hora.keras and hora.tensorflow.keras provide
+HOROVOD_KERAS_NAMES = ["init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "DistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_object", "allgather_object", "load_model", "callbacks"]
+HOROVOD_KERAS_CALLBACKS = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint"]
+
+
+def test_keras_has_horovods_names():
+    """hora.keras and hora.tensorflow.keras, in a fresh interpreter (TensorFlow is slow to import)."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("keras") is None:
+        pytest.skip("tensorflow or keras is not installed")
+    code = (
+        "import json, hora.keras as k, hora.tensorflow.keras as tk\n"
+        f"names, cbs = {HOROVOD_KERAS_NAMES!r}, {HOROVOD_KERAS_CALLBACKS!r}\n"
+        "print(json.dumps([[n for n in names if not hasattr(m, n)] + [c for c in cbs if not hasattr(m.callbacks, c)]"
+        " + ([] if sorted(m.__all__) == m.__all__ and set(names) <= set(m.__all__) else ['__all__'])"
+        " for m in (k, tk)]))"
+    )
+    assert json.loads(_fresh(code).splitlines()[-1]) == [[], []]
