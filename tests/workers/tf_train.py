@@ -203,6 +203,22 @@ def data_worker() -> int:
     return len(first) + len(second)
 
 
+def sync_batch_norm_worker() -> float:
+    """SyncBatchNormalization in training normalises each rank's rows with the moments of every rank's batch: the
+    same as BatchNormalization over the concatenated batch. Returns the largest difference."""
+    import keras
+
+    hvd.init()
+    me, n = hvd.rank(), hvd.size()
+    full = np.random.default_rng(0).standard_normal((4 * n, 3)).astype(np.float32)
+    layer = hvd.SyncBatchNormalization(momentum=0.0)
+    out = layer(tf.constant(full[me * 4 : (me + 1) * 4]), training=True).numpy()
+    ref = keras.layers.BatchNormalization(momentum=0.0)
+    expected = ref(tf.constant(full), training=True).numpy()[me * 4 : (me + 1) * 4]
+    assert np.allclose(layer.moving_mean.numpy(), ref.moving_mean.numpy(), atol=1e-6)
+    return float(np.abs(out - expected).max())
+
+
 def suite_worker(modes: list[str], parts: list[str]) -> dict[str, Any]:
     """One TensorFlow start for several checks (TensorFlow and Keras cost seconds to import in every rank): the op
     checks in ``modes``, then each of ``parts`` ("gradients" in ``modes``, "errors", "process_sets", "fit",
@@ -220,6 +236,8 @@ def suite_worker(modes: list[str], parts: list[str]) -> dict[str, Any]:
             out[part] = process_set_worker()
         elif part == "data":
             out[part] = data_worker()
+        elif part == "syncbn":
+            out[part] = sync_batch_norm_worker()
         else:
             out[part] = fit_worker(with_callbacks=part == "fit_callbacks")
     return out

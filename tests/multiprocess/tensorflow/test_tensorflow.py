@@ -53,11 +53,12 @@ def test_one_rank(one_rank):
 
 
 def test_two_ranks_every_mode_gradients_errors_fit_and_callbacks(one_rank):
-    results = run_ranks(suite_worker, 2, MODES, ["gradients", "errors", "fit_callbacks"], timeout=400)
+    results = run_ranks(suite_worker, 2, MODES, ["gradients", "errors", "syncbn", "fit_callbacks"], timeout=400)
     assert results[0]["ops"] >= OPS_PER_MODE * 3 and len({r["ops"] for r in results}) == 1, results
     assert [r["gradients"] for r in results] == [3 * 12 + 1] * 2, results
     for r in results:
         _check_errors(r["errors"])
+        assert r["syncbn"] < 1e-5, r["syncbn"]
     fits = [r["fit_callbacks"] for r in results]
     _same_training(fits, one_rank["fit"])
     cbs = [f["callbacks"] for f in fits]
