@@ -120,8 +120,16 @@ def callbacks_worker() -> dict[str, Any]:
         )  # fmt: skip
         wrote = os.path.exists(path)
     del per_epoch
+    # backward_passes_per_step=2 is Keras 3's gradient accumulation, reduced once per update: ranks stay equal
+    acc = _model(keras, seed=11 + me)
+    acc_opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+    assert acc_opt.gradient_accumulation_steps == 2
+    acc.compile(acc_opt, "sparse_categorical_crossentropy")
+    acc.fit(_shard(xt, me, n)[: 4 * (GLOBAL_BATCH // n)], _shard(yt, me, n)[: 4 * (GLOBAL_BATCH // n)],
+            batch_size=GLOBAL_BATCH // n, epochs=1, shuffle=False, verbose=0,
+            callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])  # fmt: skip
     return {"lr": [float(x) for x in history.history["lr"]], "val_loss": seen, "wrote": wrote,
-            "val_logged": [float(x) for x in history.history["val_loss"]]}  # fmt: skip
+            "val_logged": [float(x) for x in history.history["val_loss"]], "accumulated": _digest(acc)}  # fmt: skip
 
 
 def flavour_fit_worker() -> dict[str, Any]:

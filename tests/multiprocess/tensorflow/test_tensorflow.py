@@ -69,6 +69,7 @@ def test_two_ranks_every_mode_gradients_errors_fit_and_callbacks(one_rank):
         assert r["lr"] == pytest.approx([*warm, 0.1 * 0.25, 0.1 * 0.125], rel=1e-5), r["lr"]
     assert cbs[0]["val_logged"] == cbs[1]["val_logged"], "metrics were not averaged over the ranks"
     assert cbs[0]["wrote"] and not cbs[1]["wrote"], "only rank 0 writes the best checkpoint"
+    assert cbs[0]["accumulated"] == cbs[1]["accumulated"], "backward_passes_per_step: weights differ across ranks"
 
 
 def test_three_ranks_gradients_and_process_sets():
