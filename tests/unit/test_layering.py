@@ -20,12 +20,15 @@ LAYERS = [
     ["hora._runtime"],
     ["hora"],
     ["hora._frontend"],
-    ["hora.numpy", "hora.torch"],
+    ["hora.numpy", "hora.torch", "hora.tensorflow"],
+    ["hora.keras", "hora.tensorflow.keras"],
     ["hora.runner"],
     ["hora.jobs", "hora.ray", "hora.spark"],
     ["hora.cli", "hora.__main__"],
 ]
 MAX_LINES = 500
+#: Subpackages that are packages of their own in a higher layer (a façade over a package that uses their parent).
+NESTED = ["hora.tensorflow.keras"]
 
 
 def _modules() -> dict[str, Path]:
@@ -44,6 +47,9 @@ MODULES = _modules()
 def package(module: str) -> str:
     """``hora.jobs.runner`` -> ``hora.jobs``; a top-level module is its own package (``hora.cli``)."""
     parts = module.split(".")
+    for nested in NESTED:
+        if module == nested or module.startswith(nested + "."):
+            return nested
     return "hora" if len(parts) == 1 else ".".join(parts[:2])
 
 

@@ -141,3 +141,50 @@ def test_the_cluster_engines_public_names_are_pinned():
     assert all(hasattr(hora.ray, n) for n in hora.ray.__all__)
     assert hora.spark.__all__ == ["run"]
     assert all(hasattr(hora.spark, n) for n in hora.spark.__all__)
+
+
+# horovod/tensorflow/__init__.py's public names (0.28), which scripts written for Horovod use
+HOROVOD_TENSORFLOW_NAMES = ["allgather", "allreduce", "grouped_allreduce", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier", "size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op", "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object", "broadcast_global_variables", "BroadcastGlobalVariablesHook", "DistributedOptimizer", "DistributedGradientTape", "PartialDistributedGradientTape", "SyncBatchNormalization", "util"]
+
+
+def test_tensorflow_has_horovods_names():
+    """Checked in a fresh interpreter: importing TensorFlow here would slow every later test's import checks."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("tensorflow is not installed")
+    code = (
+        "import json, hora.tensorflow as hvd\n"
+        f"names = {HOROVOD_TENSORFLOW_NAMES!r}\n"
+        "print(json.dumps({'missing': [n for n in names if not hasattr(hvd, n)], 'sorted': sorted(hvd.__all__) == "
+        "hvd.__all__, 'extra_ok': set(names) <= set(hvd.__all__), 'eager': hvd._executing_eagerly(), "
+        "'ops': [hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product]}))"
+    )
+    assert json.loads(_fresh(code).splitlines()[-1]) == {
+        "missing": [], "sorted": True, "extra_ok": True, "eager": True, "ops": [0, 1, 2, 3, 4, 5],
+    }  # fmt: skip
+
+
+# horovod/tensorflow/keras/__init__.py's public names (0.28) that hora.keras and hora.tensorflow.keras provide
+HOROVOD_KERAS_NAMES = ["init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "DistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_object", "allgather_object", "load_model", "callbacks"]
+HOROVOD_KERAS_CALLBACKS = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint"]
+
+
+def test_keras_has_horovods_names():
+    """hora.keras and hora.tensorflow.keras, in a fresh interpreter (TensorFlow is slow to import)."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("keras") is None:
+        pytest.skip("tensorflow or keras is not installed")
+    code = (
+        "import json, hora.keras as k, hora.tensorflow.keras as tk\n"
+        f"names, cbs = {HOROVOD_KERAS_NAMES!r}, {HOROVOD_KERAS_CALLBACKS!r}\n"
+        "print(json.dumps([[n for n in names if not hasattr(m, n)] + [c for c in cbs if not hasattr(m.callbacks, c)]"
+        " + ([] if sorted(m.__all__) == m.__all__ and set(names) <= set(m.__all__) else ['__all__'])"
+        " for m in (k, tk)]))"
+    )
+    assert json.loads(_fresh(code).splitlines()[-1]) == [[], []]

@@ -1,0 +1,56 @@
+"""Gradient compression for allreduce, with Horovod's names: ``Compression.none`` and ``Compression.fp16``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+
+class Compressor:
+    """Interface: ``compress`` a tensor before it is communicated, ``decompress`` the result after."""
+
+    @staticmethod
+    def compress(tensor: Any) -> tuple[Any, Any]:
+        """Returns the tensor to communicate and the context ``decompress`` needs."""
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor: Any, ctx: Any) -> Any:
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Communicate the tensor as it is."""
+
+    @staticmethod
+    def compress(tensor: Any) -> tuple[Any, Any]:
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: Any, ctx: Any) -> Any:
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Communicate floating-point tensors as float16 (half the bytes); other dtypes pass unchanged."""
+
+    @staticmethod
+    def compress(tensor: Any) -> tuple[Any, Any]:
+        dtype = tensor.dtype
+        if dtype.is_floating and dtype != tf.float16:
+            tensor = tf.cast(tensor, tf.float16)
+        return tensor, dtype
+
+    @staticmethod
+    def decompress(tensor: Any, ctx: Any) -> Any:
+        if ctx.is_floating and tensor.dtype != ctx:
+            tensor = tf.cast(tensor, ctx)
+        return tensor
+
+
+class Compression:
+    """The compressors: ``Compression.none`` and ``Compression.fp16``."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor

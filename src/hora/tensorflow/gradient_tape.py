@@ -1,0 +1,102 @@
+"""``DistributedGradientTape`` and ``PartialDistributedGradientTape``: a ``tf.GradientTape`` whose ``gradient()``
+returns gradients reduced across ranks, in one grouped op (Horovod's ``horovod/tensorflow/__init__.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from hora._dtypes import ReduceOp
+from hora._frontend import ProcessSet, global_process_set
+from hora.tensorflow.compression import Compression
+from hora.tensorflow.gradients import GradientReducer
+from hora.tensorflow.reductions import set_size
+
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
+
+
+class _DistributedGradientTape(tf.GradientTape):
+    """Mixed into the wrapped tape's own class (so ``isinstance`` and everything else keep working)."""
+
+    _hora_reducer: GradientReducer
+    _hora_local: list[Any]
+    _hora_scale_local: bool
+
+    def register_local_source(self, source: Any) -> None:
+        """Gradients of ``source`` stay local to this rank (not reduced); e.g. a rank's own embedding shard."""
+        self._hora_local.append(source)
+
+    def register_local_sources(self, sources: Any) -> None:
+        for s in tf.nest.flatten(sources):
+            self.register_local_source(s)
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any) -> Any:
+        grads = super().gradient(target, sources, output_gradients, **kwargs)
+        flat_sources, flat_grads = tf.nest.flatten(sources), tf.nest.flatten(grads, expand_composites=False)
+        local = {id(s) for s in self._hora_local}
+        shared = [i for i, s in enumerate(flat_sources) if id(s) not in local]
+        reduced = self._hora_reducer.reduce([flat_grads[i] for i in shared], [flat_sources[i] for i in shared])
+        out = list(flat_grads)
+        for i, r in zip(shared, reduced):
+            out[i] = r
+        if local and self._hora_scale_local and self._hora_reducer.op is ReduceOp.AVERAGE:
+            scale = 1.0 / set_size(self._hora_reducer.process_set)
+            for i, s in enumerate(flat_sources):
+                if id(s) in local and out[i] is not None:
+                    out[i] = out[i] * tf.cast(scale, out[i].dtype)
+        return tf.nest.pack_sequence_as(grads, out)
+
+
+def DistributedGradientTape(
+    gradtape: tf.GradientTape,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    op: int = ReduceOp.AVERAGE,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: ProcessSet = global_process_set,
+    scale_local_gradients: bool = True,
+) -> tf.GradientTape:
+    """Wrap ``gradtape`` so that ``gradient()`` averages (``op``) the gradients over every rank, as one grouped op
+    (``groups``/``num_groups``: several). The wrapper shares the tape's recording, so it can wrap a tape after its
+    ``with`` block, as in Horovod's examples."""
+    cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
+    tape: Any = object.__new__(cls)
+    tape.__dict__.update(gradtape.__dict__)
+    tape._hora_reducer = GradientReducer(
+        op, compression, sparse_as_dense, gradient_predivide_factor, groups if groups is not None else num_groups,
+        process_set,
+    )  # fmt: skip
+    tape._hora_local = []
+    tape._hora_scale_local = scale_local_gradients
+    return tape
+
+
+def PartialDistributedGradientTape(
+    gradtape: tf.GradientTape,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    op: int = ReduceOp.AVERAGE,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: ProcessSet = global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+) -> tf.GradientTape:
+    """:func:`DistributedGradientTape` whose ``local_layers``' variables (and any ``register_local_source``) keep
+    their local gradients (scaled by 1/size with ``scale_local_gradients``, as Horovod does)."""
+    tape: Any = DistributedGradientTape(
+        gradtape, device_dense, device_sparse, compression, sparse_as_dense, op, gradient_predivide_factor,
+        num_groups, groups, process_set, scale_local_gradients,
+    )  # fmt: skip
+    layers = [] if local_layers is None else local_layers if isinstance(local_layers, (list, tuple)) else [local_layers]
+    for layer in layers:
+        tape.register_local_sources(layer.trainable_weights)
+    return tape

@@ -1,0 +1,103 @@
+"""hora.tensorflow and hora.keras on real ranks: every op and dtype eagerly, in tf.function and in v1 Sessions;
+Horovod's gradients; errors on every rank; process sets; Keras 3 fit with DistributedOptimizer and the callbacks.
+
+TensorFlow and Keras cost seconds to import in every rank, so one run per number of ranks does everything that
+number needs (``suite_worker``). The graph modes are the same adapter code at any number of ranks, so they run at
+N=2; N=1, 3 and 4 run the op matrix eagerly (uneven splits, every root).
+
+Keras: with a fixed global batch split over N ranks in order and no shuffling, N-rank fit computes what 1-rank fit
+computes up to float rounding, so the test accuracy must match the 1-rank run's within 0.5 points, with weights and
+optimizer state bitwise equal across ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("keras")
+pytest.importorskip("sklearn")
+
+from support.harness import run_ranks
+from workers.keras_fit import flavour_fit_worker
+from workers.tf_ops import MODES
+from workers.tf_train import suite_worker
+
+ERRORS = ["eager shape", "function shape", "function dtype", "graph shape", "dtype", "adasum", "jit", "bool average"]
+OPS_PER_MODE = 180
+
+
+def _check_errors(notes: list[str]) -> None:
+    assert [n.split(":")[0] for n in notes] == ERRORS, notes
+    assert all(" FailedPreconditionError: " in n for n in notes[:4]), notes
+    assert "shape" in notes[0] and "eager.shape" in notes[0], notes
+    assert "complex64" in notes[4] and "Adasum" in notes[5], notes
+    assert "jit_compile=True" in notes[6], notes
+
+
+def _same_training(fits: list[dict], one: dict) -> None:
+    assert len({r["weights"] for r in fits}) == 1, "weights differ across ranks"
+    assert len({r["optimizer"] for r in fits}) == 1, "optimizer state differs across ranks"
+    assert abs(fits[0]["accuracy"] - one["accuracy"]) <= 0.005, (fits[0], one)
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    return run_ranks(suite_worker, 1, ["eager"], ["data", "fit"], timeout=300)[0]
+
+
+def test_one_rank(one_rank):
+    assert one_rank["ops"] >= OPS_PER_MODE, one_rank
+    assert one_rank["fit"]["accuracy"] > 0.85, one_rank
+    assert one_rank["data"] == 10, one_rank  # PipeModeDataset: two epochs of five records
+
+
+def test_two_ranks_every_mode_gradients_errors_fit_and_callbacks(one_rank):
+    results = run_ranks(suite_worker, 2, MODES, ["gradients", "errors", "syncbn", "fit_callbacks"], timeout=400)
+    assert results[0]["ops"] >= OPS_PER_MODE * 3 and len({r["ops"] for r in results}) == 1, results
+    assert [r["gradients"] for r in results] == [3 * 12 + 1] * 2, results
+    for r in results:
+        _check_errors(r["errors"])
+        assert r["syncbn"] < 1e-5, r["syncbn"]
+    fits = [r["fit_callbacks"] for r in results]
+    _same_training(fits, one_rank["fit"])
+    cbs = [f["callbacks"] for f in fits]
+    n = 2
+    # warm-up over epochs 0 and 1, per batch (the value logged is the last batch's, of 4), then 0.1 * 0.5 ** epoch
+    warm = [0.1 / n * ((e + 3 / 4 + 1 / 4) * (n - 1) / 2 + 1) for e in range(2)]
+    for r in cbs:
+        assert r["lr"] == pytest.approx([*warm, 0.1 * 0.25, 0.1 * 0.125], rel=1e-5), r["lr"]
+    assert cbs[0]["val_logged"] == cbs[1]["val_logged"], "metrics were not averaged over the ranks"
+    assert cbs[0]["wrote"] and not cbs[1]["wrote"], "only rank 0 writes the best checkpoint"
+    assert cbs[0]["accumulated"] == cbs[1]["accumulated"], "backward_passes_per_step: weights differ across ranks"
+
+
+def test_three_ranks_gradients_and_process_sets():
+    results = run_ranks(suite_worker, 3, ["eager"], ["gradients", "process_sets"], timeout=300)
+    assert results[0]["ops"] >= OPS_PER_MODE and len({r["ops"] for r in results}) == 1, results
+    assert [r["gradients"] for r in results] == [12 + 1] * 3, results
+    notes = [r["process_sets"] for r in results]
+    assert notes[0] == notes[2] == [] and len(notes[1]) == 1 and "not a member" in notes[1][0], notes
+
+
+def test_four_ranks_ops_and_fit(one_rank):
+    results = run_ranks(suite_worker, 4, ["eager"], ["fit"], timeout=400)
+    assert results[0]["ops"] >= OPS_PER_MODE and len({r["ops"] for r in results}) == 1, results
+    _same_training([r["fit"] for r in results], one_rank["fit"])
+
+
+@pytest.mark.parametrize(
+    ("env", "module", "backend"),
+    [({"TF_USE_LEGACY_KERAS": "1"}, "tf_keras.", "tensorflow"), ({"KERAS_BACKEND": "torch"}, "keras.", "torch")],
+    ids=["tf_keras", "keras3-torch"],
+)
+def test_fit_with_tf_keras_and_with_the_torch_backend(env, module, backend):
+    if backend == "torch":
+        pytest.importorskip("torch")
+    else:
+        pytest.importorskip("tf_keras")
+    results = run_ranks(flavour_fit_worker, 2, timeout=300, env=env)
+    assert results[0]["module"].startswith(module) and results[0]["class"] == "Adam", results[0]
+    assert results[0]["backend"] == backend, results[0]
+    assert len({r["weights"] for r in results}) == 1, "weights differ across ranks"
+    assert results[0]["accuracy"] > 0.6, results[0]

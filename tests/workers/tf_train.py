@@ -1,0 +1,243 @@
+"""Worker functions for the hora.tensorflow tests of gradients, tapes, optimizers, errors and process sets; each
+check runs eagerly, inside a tf.function and in a v1 Session graph (``run_checks``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+import hora.tensorflow as hvd
+from workers.tf_ops import MODES, Check, run_checks
+
+
+def _grad(f: Any, x: tf.Tensor) -> tf.Tensor:
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = f(x)
+    return tape.gradient(loss, x)
+
+
+def _gradient_checks(me: int, n: int) -> list[Check]:
+    f32 = np.float32
+    x = tf.constant(np.arange(3, dtype=f32) + me)
+    w_np = np.array([1.0, 2.0, 3.0], f32)
+    w = tf.constant(w_np)
+    checks: list[Check] = [
+        ("allreduce Sum grad", _grad(lambda t: tf.reduce_sum(hvd.allreduce(t, op=hvd.Sum) * w), x), n * w_np),
+        ("allreduce Average grad", _grad(lambda t: tf.reduce_sum(hvd.allreduce(t) * w), x), w_np),
+    ]
+    rows = tf.constant(np.ones((me + 1, 2), f32))
+    weights = np.arange(n * (n + 1) // 2 * 2, dtype=f32).reshape(-1, 2)
+    start = me * (me + 1) // 2
+    checks.append((
+        "allgather grad",
+        _grad(lambda t: tf.reduce_sum(hvd.allgather(t * (me + 1)) * weights), rows),
+        n * weights[start : start + me + 1] * (me + 1),
+    ))  # fmt: skip
+    root = n - 1
+    checks.append((
+        "broadcast grad",
+        _grad(lambda t: tf.reduce_sum(hvd.broadcast(t, root) * w), x),
+        (n * w_np) if me == root else np.zeros(3, f32),
+    ))  # fmt: skip
+    sends = [1] * n
+    data = tf.constant(np.ones((n, 2), f32))
+    checks.append((
+        "alltoall grad",
+        _grad(lambda t: tf.reduce_sum(hvd.alltoall(t, splits=sends)[0] * (me + 1)), data),
+        np.repeat(np.arange(1, n + 1, dtype=f32), 2).reshape(n, 2),
+    ))  # fmt: skip
+    scatter = tf.constant(np.ones((2 * n, 2), f32))
+    checks.append((
+        "reducescatter grad",
+        _grad(lambda t: tf.reduce_sum(hvd.reducescatter(t, op=hvd.Sum) * (me + 1)), scatter),
+        np.repeat(np.arange(1, n + 1, dtype=f32), 4).reshape(2 * n, 2),
+    ))  # fmt: skip
+    # DistributedGradientTape: d(v.v/2)/dv = v, averaged over ranks; one grouped op for both variables
+    v1, v2 = tf.constant(np.full(2, me + 1.0, f32)), tf.constant(np.full((2, 2), 2.0 * me, f32))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([v1, v2])
+        loss = tf.reduce_sum(v1 * v1) / 2 + tf.reduce_sum(v2 * v2) / 2
+    g1, g2 = hvd.DistributedGradientTape(tape).gradient(loss, [v1, v2])
+    checks.append(("tape grad 1", g1, np.full(2, (n + 1) / 2, f32)))
+    checks.append(("tape grad 2", g2, np.full((2, 2), float(n - 1), f32)))
+    partial = hvd.PartialDistributedGradientTape(tape)
+    partial.register_local_source(v2)
+    p1, p2 = partial.gradient(loss, [v1, v2])
+    checks.append(("partial tape shared", p1, np.full(2, (n + 1) / 2, f32)))
+    checks.append(("partial tape local (scaled by 1/size)", p2, np.full((2, 2), 2.0 * me / n, f32)))
+    s1, _ = hvd.DistributedGradientTape(tape, op=hvd.Sum, num_groups=2).gradient(loss, [v1, v2])
+    checks.append(("tape Sum in two groups", s1, np.full(2, n * (n + 1) / 2, f32)))
+    d1, _ = hvd.DistributedGradientTape(tape, gradient_predivide_factor=2.0).gradient(loss, [v1, v2])
+    checks.append(("tape predivide", d1, np.full(2, (n + 1) / 2, f32)))
+    return checks
+
+
+def _optimizer_checks_v1(me: int, n: int) -> int:
+    """TF1: DistributedOptimizer + BroadcastGlobalVariablesHook in a MonitoredTrainingSession."""
+    graph = tf.Graph()
+    with graph.as_default():
+        v = tf.compat.v1.get_variable("v", initializer=np.full(3, float(me), np.float32))
+        x = tf.constant(np.full(3, me + 1.0, np.float32))
+        loss = tf.reduce_sum(v * x)  # gradient x, averaged: (n + 1) / 2
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.5))
+        step = opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+        hooks = [hvd.BroadcastGlobalVariablesHook(0)]
+        with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks) as sess:
+            assert np.array_equal(sess.run(v), np.zeros(3, np.float32)), "the hook did not broadcast"
+            sess.run(step)
+            got = sess.run(v)
+    assert np.allclose(got, -0.5 * (n + 1) / 2), got
+    return 1
+
+
+def gradients_worker(modes: list[str] = MODES) -> int:
+    """Horovod's gradients of every op, the tapes and the TF1 optimizer, in ``modes``; broadcast_variables."""
+    hvd.init()
+    me, n = hvd.rank(), hvd.size()
+    checked = sum(run_checks(lambda: _gradient_checks(me, n), mode) for mode in modes)
+    checked += _optimizer_checks_v1(me, n)
+    v = tf.Variable(np.full(4, float(me), np.float32))
+    hvd.broadcast_variables([v], root_rank=n - 1)
+    assert np.array_equal(v.numpy(), np.full(4, n - 1.0, np.float32))
+    return checked
+
+
+def _expect(error: type[BaseException], fn: Any, notes: list[str], what: str) -> None:
+    try:
+        fn()
+    except error as exc:
+        lines = [x for x in str(exc).strip().splitlines() if x.strip()]
+        line = lines[-1] if what == "jit" else lines[0]  # tf.function puts "in user code:" first
+        notes.append(f"{what}: {type(exc).__name__}: {line[:200]}")
+        return
+    raise AssertionError(f"{what}: no {error.__name__}")
+
+
+def errors_worker() -> list[str]:
+    """A mismatch fails every rank with FailedPreconditionError in every mode, and hora keeps working after it;
+    bad arguments fail at build time."""
+    hvd.init()
+    me = hvd.rank()
+    notes: list[str] = []
+    shape = tf.ones([me + 1])
+    _expect(tf.errors.FailedPreconditionError, lambda: hvd.allreduce(shape, name="eager.shape"), notes, "eager shape")
+    fn = tf.function(lambda: hvd.allreduce(tf.ones([me + 1]), name="fn.shape"))
+    _expect(tf.errors.FailedPreconditionError, fn, notes, "function shape")
+    dtype = tf.function(lambda: hvd.allgather(tf.ones([2], tf.float32 if me == 0 else tf.float64), name="fn.dtype"))
+    _expect(tf.errors.FailedPreconditionError, dtype, notes, "function dtype")
+    graph = tf.Graph()
+    with graph.as_default():
+        bad = hvd.broadcast(tf.ones([2, me + 1]), 0, name="graph.shape")
+        with tf.compat.v1.Session(graph=graph) as sess:
+            _expect(tf.errors.FailedPreconditionError, lambda: sess.run(bad), notes, "graph shape")
+    assert float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum)) == hvd.size()  # still working
+    _expect(ValueError, lambda: hvd.allreduce(tf.ones([2], tf.complex64)), notes, "dtype")
+    _expect(NotImplementedError, lambda: hvd.allreduce(tf.ones([2]), op=hvd.Adasum), notes, "adasum")
+    jit = tf.function(lambda: hvd.allreduce(tf.ones([2])), jit_compile=True)
+    _expect(ValueError, jit, notes, "jit")
+    _expect(ValueError, lambda: hvd.allreduce(tf.ones([2], tf.bool)), notes, "bool average")
+    return notes
+
+
+def process_set_worker() -> list[str]:
+    """Ranks 0 and 2 as a set at N=3: collectives within it in every mode; rank 1 is refused."""
+    hvd.init()
+    me = hvd.rank()
+    ps = hvd.add_process_set([0, 2])
+    notes = []
+    if me in (0, 2):
+
+        def build() -> list[Check]:
+            x = tf.constant([float(me)])
+            return [
+                ("set allreduce", hvd.allreduce(x, op=hvd.Sum, process_set=ps), np.array([2.0], np.float32)),
+                ("set allgather", hvd.allgather(x, process_set=ps), np.array([0.0, 2.0], np.float32)),
+                ("set broadcast", hvd.broadcast(x, 2, process_set=ps), np.array([2.0], np.float32)),
+                ("set size_op", hvd.size_op(ps.process_set_id), np.int32(2)),
+                ("set included", hvd.process_set_included_op(ps.process_set_id), np.int32(1)),
+            ]
+
+        for mode in MODES:
+            run_checks(build, mode)
+    else:
+        assert int(hvd.process_set_included_op(ps.process_set_id)) == 0
+        try:
+            hvd.allreduce(tf.ones([1]), process_set=ps)
+        except Exception as exc:
+            notes.append(str(exc))
+    assert float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum)) == 3.0
+    hvd.barrier()
+    return notes
+
+
+
+def data_worker() -> int:
+    """PipeModeDataset reads one epoch file per iteration of the dataset (SageMaker's <channel>_<epoch> naming);
+    shard() gives each rank its part."""
+    import tempfile
+    from pathlib import Path
+
+    from hora.data import encode_tfrecord
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for epoch in range(2):
+            records = b"".join(encode_tfrecord(f"e{epoch}r{i}".encode()) for i in range(5))
+            (Path(tmp) / f"train_{epoch}").write_bytes(records)
+        ds = hvd.PipeModeDataset(str(Path(tmp) / "train"), record_format="TFRecord")
+        first = [bytes(r.numpy()) for r in ds]
+        second = [bytes(r.numpy()) for r in ds]
+        assert first == [f"e0r{i}".encode() for i in range(5)], first
+        assert second == [f"e1r{i}".encode() for i in range(5)], second
+    try:
+        hvd.PipeModeDataset("train", record_format="RecordIO")
+    except NotImplementedError as exc:
+        assert "RecordIO" in str(exc), exc
+    else:
+        raise AssertionError("RecordIO was accepted")
+    me, n = hvd.rank(), hvd.size()
+    shard = [int(x) for x in hvd.shard(tf.data.Dataset.range(10), by="rank")]
+    assert shard == list(range(me, 10, n)), shard
+    return len(first) + len(second)
+
+
+def sync_batch_norm_worker() -> float:
+    """SyncBatchNormalization in training normalises each rank's rows with the moments of every rank's batch: the
+    same as BatchNormalization over the concatenated batch. Returns the largest difference."""
+    import keras
+
+    hvd.init()
+    me, n = hvd.rank(), hvd.size()
+    full = np.random.default_rng(0).standard_normal((4 * n, 3)).astype(np.float32)
+    layer = hvd.SyncBatchNormalization(momentum=0.0)
+    out = layer(tf.constant(full[me * 4 : (me + 1) * 4]), training=True).numpy()
+    ref = keras.layers.BatchNormalization(momentum=0.0)
+    expected = ref(tf.constant(full), training=True).numpy()[me * 4 : (me + 1) * 4]
+    assert np.allclose(layer.moving_mean.numpy(), ref.moving_mean.numpy(), atol=1e-6)
+    return float(np.abs(out - expected).max())
+
+
+def suite_worker(modes: list[str], parts: list[str]) -> dict[str, Any]:
+    """One TensorFlow start for several checks (TensorFlow and Keras cost seconds to import in every rank): the op
+    checks in ``modes``, then each of ``parts`` ("gradients" in ``modes``, "errors", "process_sets", "fit",
+    "fit_callbacks"); returns each part's result by name."""
+    from workers.keras_fit import fit_worker
+    from workers.tf_ops import ops_worker
+
+    out: dict[str, Any] = {"ops": ops_worker(modes)}
+    for part in parts:
+        if part == "gradients":
+            out[part] = gradients_worker(modes)
+        elif part == "errors":
+            out[part] = errors_worker()
+        elif part == "process_sets":
+            out[part] = process_set_worker()
+        elif part == "data":
+            out[part] = data_worker()
+        elif part == "syncbn":
+            out[part] = sync_batch_norm_worker()
+        else:
+            out[part] = fit_worker(with_callbacks=part == "fit_callbacks")
+    return out
