@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 import hora.numpy as hvd
 from hora._dtypes import DTYPES, even_counts
-from hora.errors import ConfigError
+from hora.errors import ConfigError, MismatchError
 
 ALL_DTYPES = list(DTYPES)
 FLOATS = {"float16", "bfloat16", "float32", "float64"}
@@ -290,5 +292,56 @@ def process_set_worker() -> bool:
     else:
         raise AssertionError("a non-member ran a collective on a process set")
     assert hvd.remove_process_set(evens) and hvd.remove_process_set(odds)
+    hvd.shutdown()
+    return True
+
+
+def grouped_worker() -> bool:
+    """A grouped allreduce of same-dtype tensors travels as one request: results per tensor (cached rounds too),
+    never aliasing the inputs or each other; mixed dtypes still work; tensors whose sizes differ across ranks raise
+    a mismatch on every rank naming the sizes, and the engine goes on; a joined rank contributes zeros."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    shapes = [(3, 4), (1,), (70_001,), (2, 2, 2), (5,)] * 6
+    for op in (hvd.Sum, hvd.Average):
+        for round_ in range(3):  # the second and third rounds are answered by the response cache
+            tensors = [data(r, "float32", s, salt=k) for k, s in enumerate(shapes)]
+            copies = [t.copy() for t in tensors]
+            expected = [
+                reference(op, [data(q, "float32", s, salt=k) for q in range(n)], "float32", prescale=2.0)
+                for k, s in enumerate(shapes)
+            ]
+            outs = hvd.grouped_allreduce(tensors, op=op, prescale_factor=2.0, name=f"g{int(op)}")
+            for k, (got, exp) in enumerate(zip(outs, expected)):
+                check(got, exp, f"grouped_allreduce op={op} round {round_} tensor {k}")
+                assert got.shape == shapes[k]
+                assert not np.shares_memory(got, tensors[k]), "a result aliases its input"
+                np.testing.assert_array_equal(tensors[k], copies[k], err_msg="the input changed")
+            assert all(not np.shares_memory(a, b) for a, b in itertools.pairwise(outs)), "results share memory"
+            inplace = [t.copy() for t in tensors]
+            back = hvd.grouped_allreduce_(inplace, op=op, prescale_factor=2.0, name=f"gi{int(op)}")
+            assert all(b is t for b, t in zip(back, inplace)), "in-place results are not the tensors themselves"
+            for got, exp in zip(inplace, expected):
+                check(got, exp, "grouped_allreduce_")
+    mixed = [data(r, "float32", (4,)), data(r, "int32", (3,)), data(r, "float64", (2, 2))]
+    for k, got in enumerate(hvd.grouped_allreduce(mixed, op=hvd.Sum, name="mixed")):
+        dt = str(mixed[k].dtype)
+        check(got, reference(hvd.Sum, [data(q, dt, mixed[k].shape) for q in range(n)], dt), f"mixed dtypes {k}")
+    if n > 1:
+        sizes = [2, 3] if r == 0 else [3, 2]
+        try:
+            hvd.grouped_allreduce([np.ones(s, np.float32) for s in sizes], name="bad")
+        except MismatchError as exc:
+            assert "grouped tensor sizes" in str(exc) and "[2, 3] on rank 0" in str(exc), str(exc)
+        else:
+            raise AssertionError("tensors of other sizes on other ranks did not raise")
+    after = hvd.allreduce(np.full(3, r + 1.0), op=hvd.Sum, name="after")
+    np.testing.assert_array_equal(after, np.full(3, n * (n + 1) / 2))
+    for step in range(r + 1):  # rank r has r + 1 steps; joined ranks contribute zeros
+        outs = hvd.grouped_allreduce([np.ones(4, np.float32), np.ones((2, 3), np.float32)], op=hvd.Sum, name="j")
+        active = n - step
+        np.testing.assert_array_equal(outs[0], np.full(4, active, np.float32))
+        np.testing.assert_array_equal(outs[1], np.full((2, 3), active, np.float32))
+    hvd.join()
     hvd.shutdown()
     return True

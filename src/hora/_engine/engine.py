@@ -44,7 +44,7 @@ from hora._engine.messages import Kind, Request, Response
 from hora._engine.negotiation import Coordinator
 from hora._engine.settings import EngineSettings
 from hora._engine.stall import StallInspector
-from hora._engine.timeline import Timeline
+from hora._engine.timeline import Timeline, tensor_names
 from hora._engine.wakeup import WakePipe
 from hora._transport.base import Transport
 from hora.errors import HoraError, HoraInternalError, MismatchError, PeerLostError, ShutdownError, StallError
@@ -402,7 +402,8 @@ class Engine:
             self._control.send_all("resp", [[r.to_wire() for r in responses], fatal, self.autotune.outgoing()])
             if timeline is not None:
                 for r in responses:
-                    timeline.negotiate_end(r.request.name)
+                    for n in tensor_names(r.request):
+                        timeline.negotiate_end(n)
         else:
             self._control.send(0, "req", [[*r.to_wire(), round(w, 3)] for r, w in zip(requests, waited)])
             kind, payload = self._control.recv(0, "the negotiated responses")
@@ -432,9 +433,10 @@ class Engine:
         assert self._coordinator is not None
         if timeline is not None:
             for r in requests:
-                if r.kind is not Kind.JOIN:  # opens the phase unless open (the timeline may start mid-negotiation)
-                    timeline.negotiate_start(r.name, r.kind.value)
-                timeline.negotiate_rank_ready(r.name, peer)
+                for n in tensor_names(r):
+                    if r.kind is not Kind.JOIN:  # opens the phase unless open (it may start mid-negotiation)
+                        timeline.negotiate_start(n, r.kind.value)
+                    timeline.negotiate_rank_ready(n, peer)
         self._coordinator.submit(peer, requests, waited)
 
     # -- execution -------------------------------------------------------------------------------------------

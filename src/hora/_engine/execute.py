@@ -15,7 +15,7 @@ from hora._engine.fusion import plan
 from hora._engine.handle import Entry
 from hora._engine.messages import Kind, Request, Response
 from hora._engine.outputs import new_array
-from hora._engine.timeline import request_args
+from hora._engine.timeline import tensor_args, tensor_names
 from hora._transport.base import Transport
 from hora.errors import (
     CollectiveError,
@@ -84,6 +84,8 @@ def execute(plane: Transport, resp: Response, entry: Entry | None) -> Any:
         zeros = np.zeros(prod(req.shape), dtype)
         _scaled_reduce(plane, req, zeros, zeros, None)
         return None
+    if entry.pieces is not None:  # a grouped allreduce sent as one request
+        return execute_fused(plane, [resp], [entry], None, "")[0]
     assert entry.input is not None
     src = entry.input
     size, me = plane.size, plane.rank
@@ -131,8 +133,9 @@ def execute(plane: Transport, resp: Response, entry: Entry | None) -> Any:
 
 def execute_fused(
     plane: Transport, responses: list[Response], entries: list[Entry], timeline: Any, activity: str
-) -> list[np.ndarray]:
-    """Run allreduces that agree on dtype, op and scale factors as one reduction; return each output.
+) -> list[Any]:
+    """Run allreduces that agree on dtype, op and scale factors as one reduction; return each output (the list
+    of outputs for a grouped request).
 
     The data plane reduces the virtual concatenation of the inputs: the shared-memory plane stages the pieces
     straight into its segment (its slot *is* the fusion buffer), other planes pack into one buffer first."""
@@ -140,13 +143,21 @@ def execute_fused(
     op, pre, post = req.op, req.prescale, req.postscale
     if op == ReduceOp.AVERAGE:
         op, post = ReduceOp.SUM, post / plane.size
-    outs = [e.output if e.output is not None else _like(e.input) for e in entries]
-    dsts = [_flat(o) for o in outs]
-    srcs = []
+    outs: list[Any] = []
+    srcs: list[np.ndarray] = []
+    dsts: list[np.ndarray] = []
     for e in entries:
+        if e.pieces is not None:  # a grouped request: its tensors join the concatenation one by one
+            outs.append(list(e.pieces.outs))
+            srcs.extend(e.pieces.srcs)
+            dsts.extend(e.pieces.dsts)
+            continue
         assert e.input is not None  # fused groups hold allreduces submitted by this rank, never a joined rank's
+        out = e.output if e.output is not None else _like(e.input)
+        outs.append(out)
         srcs.append(_flat(e.input))
-    names = [r.request.name for r in responses]
+        dsts.append(_flat(out))
+    names = [n for r in responses for n in tensor_names(r.request)]
     plane.what = f"fused allreduce of {len(names)} tensors ('{names[0]}', ...)"
     if pre != 1.0:
         for s, d in zip(srcs, dsts):
@@ -205,7 +216,8 @@ def run_responses(
         started(names)
         if timeline is not None:
             for r, _ in items:
-                timeline.start(r.request.name, r.request.kind.value, request_args(r.request))
+                for n, args in zip(tensor_names(r.request), tensor_args(r.request)):
+                    timeline.start(n, r.request.kind.value, args)
         try:
             if len(items) == 1:
                 _run_one(transport, rank, *items[0], timeline)
@@ -213,8 +225,9 @@ def run_responses(
                 _run_group(transport, rank, items, timeline)
         finally:
             if timeline is not None:
-                for n in names:
-                    timeline.end(n)
+                for r, _ in items:
+                    for n in tensor_names(r.request):
+                        timeline.end(n)
 
 
 def _run_one(transport: Transport, rank: int, resp: Response, entry: Entry | None, timeline: Any) -> None:
@@ -226,8 +239,12 @@ def _run_one(transport: Transport, rank: int, resp: Response, entry: Entry | Non
     if entry is None and rank not in resp.joined and resp.request.kind is not Kind.JOIN:
         raise HoraInternalError(f"rank {rank} got a response for '{name}', which it never submitted")
     try:
-        with phase(timeline, [name], transport_activity(transport, resp.request.kind)):
-            result = execute(transport, resp, entry)
+        activity = transport_activity(transport, resp.request.kind)
+        if entry is not None and entry.pieces is not None:  # a grouped request: timed per tensor, as fused ones
+            result = execute_fused(transport, [resp], [entry], timeline, activity)[0]
+        else:
+            with phase(timeline, [name], activity):
+                result = execute(transport, resp, entry)
     except HoraError as exc:
         if entry is not None:
             entry.handle._set_error(exc)

@@ -13,7 +13,7 @@ import numpy as np
 from hora._engine.messages import Request
 from hora.errors import TimeoutError
 
-__all__ = ["Entry", "Handle"]
+__all__ = ["Entry", "Handle", "Pieces"]
 
 
 class Handle:
@@ -74,13 +74,25 @@ class Handle:
 
 
 @dataclass
+class Pieces:
+    """The tensors of a grouped allreduce submitted as one request: reduced as the virtual concatenation of
+    ``srcs`` into ``dsts`` (flat views, same sizes), with no packing copy beyond the transport's own."""
+
+    srcs: list[np.ndarray]
+    dsts: list[np.ndarray]
+    outs: list[np.ndarray]  # the results as the caller gets them (``dsts`` in their shapes)
+
+
+@dataclass
 class Entry:
     """A request of this rank together with its buffers. ``input`` is C-contiguous; ``output`` is preallocated
-    for allreduce and broadcast (it may be ``input`` itself for in-place calls) and made at execution otherwise."""
+    for allreduce and broadcast (it may be ``input`` itself for in-place calls) and made at execution otherwise.
+    A grouped allreduce sent as one request has ``pieces`` instead (and no ``input``/``output``)."""
 
     request: Request
     input: np.ndarray | None = None
     output: np.ndarray | None = None
+    pieces: Pieces | None = None
     handle: Handle = field(init=False)
     queued_at: float = field(init=False, default=0.0)  # time.monotonic() when enqueued (stall inspection)
 

@@ -39,6 +39,12 @@ _SHAPE: _Field = ("shape", lambda r: r.shape, _shape)
 _TRAILING: _Field = ("trailing dimensions (all but the first)", lambda r: r.shape[1:], _shape)
 _NDIM: _Field = ("number of dimensions", lambda r: max(len(r.shape), 1), str)
 _REDUCE: list[_Field] = [
+    # A grouped allreduce travels as one request of the concatenated size; ``splits`` holds its tensors' sizes.
+    (
+        "grouped tensor sizes (elements per tensor)",
+        lambda r: r.splits,
+        lambda v: "none (not a grouped call)" if v is None else "[" + ", ".join(map(str, v)) + "]",
+    ),
     _SHAPE,
     ("op", lambda r: r.op, _op_name),
     ("prescale_factor", lambda r: r.prescale, repr),

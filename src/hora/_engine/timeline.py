@@ -55,7 +55,7 @@ from typing import Any
 
 from hora.errors import ConfigError
 
-__all__ = ["FLUSH_INTERVAL", "Timeline", "request_args"]
+__all__ = ["FLUSH_INTERVAL", "Timeline", "request_args", "tensor_args", "tensor_names"]
 
 log = logging.getLogger(__name__)
 
@@ -439,3 +439,20 @@ class Timeline:
 def request_args(req: Any) -> dict[str, str]:
     """A request's (:class:`~hora._engine.messages.Request`) arguments as the timeline shows them."""
     return {"dtype": req.dtype, "shape": str(req.shape)}
+
+
+def tensor_names(req: Any) -> list[str]:
+    """The tensors a request stands for, as the timeline shows them: its name, or for a grouped allreduce sent as
+    one request (named after its first tensor, ``base.0``, with the tensors' sizes in ``splits``) every tensor's
+    own name ``base.i``, so the timeline keeps a track per tensor as Horovod's does."""
+    if req.splits is None or req.kind.value != "allreduce":
+        return [req.name]
+    base = req.name.removesuffix(".0")
+    return [f"{base}.{i}" for i in range(len(req.splits))]
+
+
+def tensor_args(req: Any) -> list[dict[str, str]]:
+    """:func:`request_args` for each of :func:`tensor_names`."""
+    if req.splits is None or req.kind.value != "allreduce":
+        return [request_args(req)]
+    return [{"dtype": req.dtype, "shape": f"({n},)"} for n in req.splits]

@@ -45,13 +45,16 @@ Product = ReduceOp.PRODUCT
 class GroupHandle:
     """The handle of a grouped collective: completes when every member does; its result is the list of results."""
 
-    def __init__(self, handles: list[Handle]) -> None:
+    def __init__(self, handles: list[Handle], packed: bool = False) -> None:
         self.handles = handles
+        self._packed = packed  # one handle whose result is already the list (a grouped request)
 
     def done(self) -> bool:
         return all(h.done() for h in self.handles)
 
     def wait(self, timeout: float | None = None) -> list[Any]:
+        if self._packed:
+            return list(self.handles[0].wait(timeout))
         return [h.wait(timeout) for h in self.handles]
 
 

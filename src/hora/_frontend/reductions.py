@@ -7,12 +7,13 @@ result is written once, straight into the tensor the adapter returns.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from hora._engine.handle import Entry, Handle
+from hora._engine.handle import Entry, Handle, Pieces
 from hora._engine.messages import Kind
 from hora._engine.outputs import new_array
 from hora._frontend.core import (
@@ -151,12 +152,27 @@ def start_grouped_allreduce(
     group = group_of(process_set)
     resolved = resolve_op(average, op)
     base = name if name is not None else group.auto_name("grouped_allreduce")
+    what = "grouped_allreduce_" if inplace else "grouped_allreduce"
+    arrs = [as_inplace_array(t, what) if inplace else as_array(t, what) for t in tensors]
+    results = list(outs) if outs is not None else arrs if inplace else [new_array(a.shape, a.dtype) for a in arrs]
+    if len(arrs) > 1 and all(a.dtype == arrs[0].dtype and a.size for a in arrs):
+        # One request for the whole group: negotiated, cached and completed once, reduced as the concatenation
+        # of the tensors (the engine cost per tensor is then a list item, not a request). Its name is the first
+        # tensor's, so a rank that had to split the group (mixed dtypes) still meets it by name and gets a clear
+        # mismatch instead of a stall.
+        req = reduce_request(
+            Kind.ALLREDUCE, group, arrs[0], f"{base}.0", resolved, prescale_factor, postscale_factor
+        )
+        sizes = tuple(a.size for a in arrs)
+        req = dataclasses.replace(req, shape=(sum(sizes),), splits=sizes)
+        pieces = Pieces([a.reshape(-1) for a in arrs], [o.reshape(-1) for o in results], results)
+        entry = Entry(req, pieces=pieces)
+        submit(group, entry)
+        return GroupHandle([entry.handle], packed=True)
     entries = []
-    for i, t in enumerate(tensors):
-        arr = as_inplace_array(t, "grouped_allreduce_") if inplace else as_array(t, "grouped_allreduce")
+    for i, arr in enumerate(arrs):
         req = reduce_request(Kind.ALLREDUCE, group, arr, f"{base}.{i}", resolved, prescale_factor, postscale_factor)
-        out = outs[i] if outs is not None else arr if inplace else new_array(arr.shape, arr.dtype)
-        entries.append(Entry(req, arr, out))
+        entries.append(Entry(req, arr, results[i]))
     submit(group, *entries)
     return GroupHandle([e.handle for e in entries])
 

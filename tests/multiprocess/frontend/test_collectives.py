@@ -12,6 +12,7 @@ from workers.collectives import (
     alltoall_worker,
     async_order_worker,
     broadcast_worker,
+    grouped_worker,
     join_worker,
     object_worker,
     reducescatter_worker,
@@ -34,7 +35,7 @@ LAYOUTS = [
 @pytest.mark.parametrize(
     "worker",
     [allreduce_worker, allgather_worker, broadcast_worker, alltoall_worker, reducescatter_worker, async_order_worker,
-     object_worker],
+     object_worker, grouped_worker],
     ids=lambda f: f.__name__.removesuffix("_worker"),
 )
 def test_collective(worker, np_, settings):
