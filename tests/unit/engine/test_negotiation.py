@@ -120,6 +120,22 @@ def test_shape_mismatch_one_dimensional_and_three_groups():
     )
 
 
+def test_grouped_request_sizes_mismatch_names_the_sizes_before_the_total_shape():
+    """A grouped allreduce travels as one request (its tensors' sizes in ``splits``): equal totals with other
+    sizes, or a grouped request against a plain one, are mismatches that name the sizes."""
+    coord = Coordinator(3)
+    per_rank = {0: ar("g.0", shape=(5,), splits=(2, 3)), 1: ar("g.0", shape=(5,), splits=(3, 2)),
+                2: ar("g.0", shape=(5,), splits=(2, 3))}  # fmt: skip
+    error = only_error(submit_all(coord, per_rank))
+    assert error == (
+        "allreduce 'g.0' has grouped tensor sizes (elements per tensor) [2, 3] on ranks 0, 2 but [3, 2] on rank 1; "
+        "all ranks must submit the same grouped tensor sizes."
+    )
+    error = only_error(submit_all(Coordinator(2), {0: ar("g.0", shape=(5,), splits=(2, 3)), 1: ar("g.0", shape=(2,))}))
+    assert "[2, 3] on rank 0 but none (not a grouped call) on rank 1" in error
+    assert submit_all(Coordinator(2), {r: ar("g.0", shape=(5,), splits=(2, 3)) for r in range(2)})[0].error is None
+
+
 def test_dtype_mismatch_message():
     coord = Coordinator(2)
     error = only_error(submit_all(coord, {0: ar(dtype="float32"), 1: ar(dtype="float64")}))
