@@ -376,12 +376,14 @@ class Client:
             if not self._socks:
                 raise HoraError("this parameter-server client is closed")
             sock = self._socks[server]
+            refused: HoraError | None = None
             try:
                 for header, payload, into in reqs:
                     send_message(sock, header, payload)
                     reply = recv_header(sock, what)
                     if not reply.get("ok"):
-                        raise _error(reply, what)
+                        refused = _error(reply, what)  # the server answered: the connection is fine
+                        break
                     if into is not None:
                         recv_payload_into(sock, into, what)
                     elif reply["nbytes"]:
@@ -390,6 +392,9 @@ class Client:
                         on_reply(server)(reply)
             except (OSError, PeerLostError, ProtocolError) as exc:
                 raise PeerLostError(self._lose(server, what, exc)) from exc
+            else:
+                if refused is not None:
+                    raise refused
 
 
 def _error(reply: dict[str, Any], what: str) -> HoraError:

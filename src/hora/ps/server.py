@@ -246,7 +246,7 @@ class ParameterServer:
         name, index = str(header["name"]), int(header["shard"])
         dtype = str(header["dtype"])
         if dtype not in DTYPES:
-            raise ValueError(f"register '{name}': dtype {np.dtype(dtype).name} is not supported; use float32 or float64")
+            raise ValueError(f"register '{name}': dtype {dtype!r} is not supported; use float32 ('<f4') or float64 ('<f8')")
         shape = tuple(int(d) for d in header["shape"])
         if not shape or min(shape) < 0:
             raise ValueError(f"register '{name}': shape {shape} must have at least one axis")
@@ -254,9 +254,10 @@ class ParameterServer:
         mode, staleness = str(header["consistency"]), int(header["staleness"])
         if mode not in _MODES or staleness < 0:
             raise ValueError(f"register '{name}': consistency {mode!r}/{staleness} is not async, bounded(k>=0) or sync")
+        due = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if header["nbytes"] != due:  # checked before allocating anything of the announced shape
+            raise ProtocolError(f"{what} sent {header['nbytes']} bytes for '{name}' shard {index} of {due}")
         value = np.empty(shape, dtype)
-        if header["nbytes"] != value.nbytes:
-            raise ProtocolError(f"{what} sent {header['nbytes']} bytes for '{name}' shard {index} of {value.nbytes}")
         header["_read"] = True
         recv_payload_into(conn, value, what)
         self.bytes_in += value.nbytes

@@ -74,7 +74,7 @@ class Shard:
             if self.mode == "sync":
                 step = self.clock[rank]
                 waiting = self.pending.setdefault(step, {})
-                waiting[rank] = grad if isinstance(grad, tuple) else grad.copy()
+                waiting[rank] = grad  # the server received it into a buffer of its own
                 self.clock[rank] += 1
                 if len(waiting) == len(self.clock):
                     self._apply_step(self.pending.pop(step))
