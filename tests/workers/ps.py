@@ -73,3 +73,37 @@ def torch_reference(steps: int, workers: int) -> list[float]:
             np.divide(acc, workers, out=acc)
             v -= np.float32(0.1) * acc
     return np.concatenate([v.reshape(-1) for v in params]).tolist()
+
+
+def _server_pid(index: int) -> int:
+    """The pid of this job's parameter server ``index`` (found in /proc by its command line and job id)."""
+    job = os.environ["HORA_JOB_ID"].encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"hora.ps" in argv and argv[argv.index(b"--index") + 1] == str(index).encode() and b"HORA_JOB_ID=" + job in env:
+            return int(entry)
+    raise RuntimeError(f"parameter server {index} not found")
+
+
+def killed_server_worker() -> None:
+    """Rank 0 SIGKILLs server 0 after a few steps; every rank must then raise naming it (the test reads stderr)."""
+    import signal
+
+    import hora.numpy as hvd
+    import hora.ps
+
+    hvd.init()
+    ps = hora.ps.connect(consistency="bounded(1)", partitioner=hora.ps.FixedShardsPartitioner(2))
+    ps.register("emb", np.zeros((64, 8), np.float32), rule="sgd")
+    for step in range(100_000):
+        if hvd.rank() == 0 and step == 3:
+            os.kill(_server_pid(0), signal.SIGKILL)
+        ps.push_pull("emb", np.ones((64, 8), np.float32))

@@ -26,6 +26,7 @@ from hora.ps import checkpoint
 from hora.ps.partition import MinSizePartitioner, Partitioner, ShardKey, place, shard_offsets
 from hora.ps.protocol import recv_header, recv_payload_into, send_message
 from hora.ps.rules import check_rule
+from hora.ps.shm import ShmBuffer
 
 __all__ = ["Client", "parse_consistency"]
 
@@ -71,12 +72,14 @@ class Client:
         partitioner: default partitioner (TensorFlow's contract); default: shards of at least 1 MiB, at most one per
             server.
         timeout: seconds to connect, and beyond the servers' own op timeout, to wait for any reply.
+        shm: move payloads through shared memory (:mod:`hora.ps.shm`); default: for servers on a loopback
+            address (this host).
     """
 
     def __init__(
         self, servers: Sequence[tuple[str, int]], secret: bytes, rank: int, consistency: str = "async",
         staleness: int | None = None, partitioner: Partitioner | None = None, timeout: float = 30.0,
-        op_timeout: float = 300.0,
+        op_timeout: float = 300.0, shm: bool | None = None,
     ) -> None:  # fmt: skip
         if not servers:
             raise ConfigError("a parameter-server client needs at least one server (hora run --num-ps S)")
@@ -91,6 +94,8 @@ class Client:
         self._locks = [threading.Lock() for _ in servers]
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, len(servers) - 1), thread_name_prefix="hora-ps")
         self._socks: list[socket.socket] = []
+        self._use_shm = [bool(shm) if shm is not None else _loopback(h) for h, _ in self.addresses]
+        self._shm: list[ShmBuffer | None] = [None] * len(servers)
         deadline = _deadline(timeout)
         try:
             for i, (host, port) in enumerate(self.addresses):
@@ -112,6 +117,10 @@ class Client:
             except OSError:
                 pass
         self._socks = []
+        for i, buf in enumerate(self._shm):
+            if buf is not None:
+                buf.close()
+                self._shm[i] = None
         self._pool.shutdown(wait=True)
 
     def __enter__(self) -> Client:
@@ -127,9 +136,10 @@ class Client:
     ) -> None:  # fmt: skip
         """Create variables on the servers: ``register("w", array, rule=...)`` or ``register({"w": a, "b": b})``.
 
-        Every worker registers the same variables in the same order; the first registration's values win (later
-        ones are checked for the same shape, dtype, rule and consistency, and raise :class:`MismatchError`
-        otherwise). The shards of one call are placed together, largest first, on the least-loaded servers.
+        Every worker registers the same variables in the same order; worker 0's values are the initial values (the
+        others' registrations wait for worker 0's and are checked against it: another shape, dtype, rule,
+        consistency or partitioning raises :class:`MismatchError`, on worker 0 too at its next request on the
+        variable). The shards of one call are placed together, largest first, on the least-loaded servers.
         """
         values = dict(name) if isinstance(name, Mapping) else {name: value}
         rule = check_rule(rule, "register")
@@ -141,6 +151,8 @@ class Client:
             if n in self._vars:
                 raise ConfigError(f"register '{n}': this worker already registered a variable of that name")
             a = np.ascontiguousarray(v)
+            if a.dtype not in (np.float32, np.float64):
+                raise ConfigError(f"register '{n}': dtype {a.dtype} is not supported; the servers hold float32 or float64")
             if a.ndim == 0:
                 a = a.reshape(1)
             arrays[n] = a
@@ -349,6 +361,38 @@ class Client:
         if first_error is not None:
             raise first_error
 
+    def _stage(
+        self, server: int, sock: socket.socket, what: str, header: dict[str, Any], payload: list[Any],
+        into: np.ndarray | None,
+    ) -> ShmBuffer | None:  # fmt: skip
+        """With shared memory to ``server``: put ``payload`` in the segment (grown first if a payload or reply
+        would not fit) and mark ``header``; returns the segment, or None when the bytes go over the socket."""
+        if not self._use_shm[server] or (not payload and into is None):
+            return None
+        views = [memoryview(p).cast("B") for p in payload]
+        total = sum(v.nbytes for v in views)
+        need = max(total, into.nbytes if into is not None else 0)
+        shm = self._shm[server]
+        if shm is None or shm.size < need:
+            new = ShmBuffer.create(max(need, 1 << 20, 2 * shm.size if shm else 0))
+            try:
+                send_message(sock, {"op": "shm", "name": new.name, "size": new.size})
+                reply = recv_header(sock, what)
+            finally:
+                new.unlink()  # mapped by both (or refused): nothing is left in /dev/shm either way
+            if not reply.get("ok"):
+                new.close()
+                raise _error(reply, what)
+            if shm is not None:
+                shm.close()
+            self._shm[server] = shm = new
+        offset = 0
+        for v in views:
+            shm.u8[offset : offset + v.nbytes] = np.frombuffer(v, np.uint8)
+            offset += v.nbytes
+        header["shm"] = total
+        return shm
+
     def _lose(self, server: int, what: str, exc: BaseException) -> str:
         """The first lost server breaks the client: every connection is shut down, so requests in flight on the
         others end now and those servers count this worker as gone (nobody waits for it under bounded/sync)."""
@@ -379,12 +423,17 @@ class Client:
             refused: HoraError | None = None
             try:
                 for header, payload, into in reqs:
-                    send_message(sock, header, payload)
+                    shm = self._stage(server, sock, what, header, payload, into)
+                    send_message(sock, header, [] if shm is not None else payload)
                     reply = recv_header(sock, what)
                     if not reply.get("ok"):
                         refused = _error(reply, what)  # the server answered: the connection is fine
                         break
-                    if into is not None:
+                    if into is not None and shm is not None:
+                        if reply.get("shm") != into.nbytes or reply["nbytes"]:
+                            raise ProtocolError(f"{what} answered {reply.get('shm')!r} shared bytes, not {into.nbytes}")
+                        memoryview(into).cast("B")[:] = shm.u8[: into.nbytes]
+                    elif into is not None:
                         recv_payload_into(sock, into, what)
                     elif reply["nbytes"]:
                         raise ProtocolError(f"{what} sent an unexpected payload")
@@ -402,6 +451,10 @@ def _error(reply: dict[str, Any], what: str) -> HoraError:
     if not (isinstance(kind, type) and issubclass(kind, HoraError)):
         kind = errors.CollectiveError
     return kind(f"{what}: {reply.get('error')}")
+
+
+def _loopback(host: str) -> bool:
+    return host.startswith("127.") or host in ("localhost", "::1")
 
 
 def _deadline(timeout: float) -> float:

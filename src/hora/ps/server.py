@@ -28,9 +28,10 @@ from hora.errors import (
     TimeoutError,
 )
 from hora.ps import checkpoint
-from hora.ps.protocol import recv_header, recv_payload, recv_payload_into, send_message
+from hora.ps.protocol import recv_header, recv_payload, send_message
 from hora.ps.rules import check_rule
 from hora.ps.shard import Shard
+from hora.ps.shm import ShmBuffer
 
 __all__ = ["DTYPES", "ParameterServer"]
 
@@ -39,6 +40,16 @@ log = logging.getLogger(__name__)
 #: dtypes a variable may have (the update rules compute in the variable's own type).
 DTYPES = ("<f4", "<f8")
 _MODES = ("async", "bounded", "sync")
+
+
+class _Conn:
+    """One worker's connection: its socket, its rank, its shared segment, whether the current payload was read."""
+
+    def __init__(self, sock: socket.socket, rank: int) -> None:
+        self.sock, self.rank = sock, rank
+        self.what = f"worker {rank}"
+        self.shm: ShmBuffer | None = None
+        self.read = False
 
 
 class ParameterServer:
@@ -127,59 +138,61 @@ class ParameterServer:
             if self._pending.admit(conn):
                 threading.Thread(target=self._serve, args=(conn,), name="hora-ps-client", daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
-        rank = -1
+    def _serve(self, sock: socket.socket) -> None:
+        conn: _Conn | None = None
         try:
             try:
-                _, rank = server_handshake(conn, self._secret, self._handshake_timeout, roles=(Role.PS,))
+                _, rank = server_handshake(sock, self._secret, self._handshake_timeout, roles=(Role.PS,))
             finally:
-                self._pending.finish(conn)
+                self._pending.finish(sock)
             if not 0 <= rank < self.workers:
                 raise AuthenticationError(f"a client claimed worker {rank}; this job has workers 0..{self.workers - 1}")
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 if self._closed.is_set():
                     return
-                self._clients.add(conn)
+                self._clients.add(sock)
                 shards = list(self._shards.values())
             for s in shards:
                 s.rejoin(rank)
-            what = f"worker {rank}"
+            conn = _Conn(sock, rank)
             while True:
                 try:
-                    header = recv_header(conn, what)
+                    header = recv_header(sock, conn.what)
                 except PeerLostError:
                     return
-                self._request(conn, rank, header, what)
+                self._request(conn, header)
         except (AuthenticationError, ProtocolError) as exc:
             self._rejects.drop(exc)
         except OSError:
             pass
         finally:
             with self._lock:
-                self._clients.discard(conn)
+                self._clients.discard(sock)
                 shards = list(self._shards.values())
-            if rank >= 0:
+            if conn is not None:
                 for s in shards:
-                    s.leave(rank)
-            _close(conn)
+                    s.leave(conn.rank)
+                if conn.shm is not None:
+                    conn.shm.close()
+            _close(sock)
 
-    def _request(self, conn: socket.socket, rank: int, header: dict[str, Any], what: str) -> None:
-        op = header.get("op")
+    def _request(self, conn: _Conn, header: dict[str, Any]) -> None:
         nbytes = header["nbytes"]
         if nbytes > self._max_bytes:
-            raise ProtocolError(f"{what} announced a payload of {nbytes} bytes, above this server's limit")
+            raise ProtocolError(f"{conn.what} announced a payload of {nbytes} bytes, above this server's limit")
+        conn.read = False  # the payload is still on the wire until a handler reads it
         try:
-            reply, payload = self._dispatch(conn, rank, op, header, what)
+            reply, payload = self._dispatch(conn, header.get("op"), header)
         except (HoraError, ValueError, KeyError, TypeError) as exc:
             if isinstance(exc, ProtocolError):
                 raise
-            if header.get("_read") is False and nbytes:
-                _drain(conn, nbytes, what)
-            send_message(conn, {"ok": False, "type": type(exc).__name__, "error": str(exc)})
+            if not conn.read and nbytes:
+                _drain(conn.sock, nbytes, conn.what)
+            send_message(conn.sock, {"ok": False, "type": type(exc).__name__, "error": str(exc)})
             return
-        self.bytes_out += sum(memoryview(p).nbytes for p in payload)
-        send_message(conn, reply, payload)
+        self.bytes_out += sum(memoryview(p).nbytes for p in payload) + int(reply.get("shm", 0))
+        send_message(conn.sock, reply, payload)
 
     def _shard(self, header: dict[str, Any]) -> Shard:
         key = (str(header["name"]), int(header["shard"]))
@@ -189,17 +202,42 @@ class ParameterServer:
             raise KeyError(f"server {self.index} holds no shard {key[1]} of '{key[0]}': register the variable first")
         return shard
 
-    def _dispatch(
-        self, conn: socket.socket, rank: int, op: Any, header: dict[str, Any], what: str
-    ) -> tuple[dict[str, Any], list[Any]]:
-        header["_read"] = False  # the payload is still on the wire until a handler reads it
-        nbytes = header["nbytes"]
+    def _payload(self, conn: _Conn, header: dict[str, Any], due: int) -> np.ndarray:
+        """The request's ``due`` payload bytes (uint8): a view of the shared segment, or read from the socket."""
+        if "shm" in header:
+            if conn.shm is None or header["shm"] != due or header["nbytes"] or due > conn.shm.size:
+                raise ProtocolError(f"{conn.what} announced {header['shm']!r} shared-memory bytes where {due} were due")
+            conn.read = True
+            self.bytes_in += due
+            return conn.shm.u8[:due]
+        if header["nbytes"] != due:
+            raise ProtocolError(f"{conn.what} sent {header['nbytes']} bytes for '{header.get('name')}' (due: {due})")
+        conn.read = True
+        self.bytes_in += due
+        return recv_payload(conn.sock, due, conn.what)
+
+    def _reply(self, conn: _Conn, header: dict[str, Any], value: np.ndarray) -> tuple[dict[str, Any], list[Any]]:
+        if "shm" in header and conn.shm is not None:
+            if value.nbytes > conn.shm.size:
+                raise ProtocolError(f"{conn.what}'s shared segment cannot hold a reply of {value.nbytes} bytes")
+            conn.shm.u8[: value.nbytes] = value.reshape(-1).view(np.uint8)
+            return {"ok": True, "shm": value.nbytes}, []
+        return {"ok": True}, [value]
+
+    def _dispatch(self, conn: _Conn, op: Any, header: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        rank, what = conn.rank, conn.what
         if op == "register":
-            return self._register(conn, rank, header, what), []
+            return self._register(conn, header), []
         if op == "layout":
             return self._layout(rank, header), []
         if op == "poison":
             return self._poison(header), []
+        if op == "shm":
+            if conn.shm is not None:
+                conn.shm.close()
+                conn.shm = None
+            conn.shm = ShmBuffer.attach(str(header["name"]), int(header["size"]))
+            return {"ok": True}, []
         if op == "stats":
             return {"ok": True, "stats": self.stats()}, []
         if op in ("save", "load"):
@@ -207,42 +245,37 @@ class ParameterServer:
         shard = self._shard(header)
         if shard.poisoned:
             raise MismatchError(shard.poisoned)
+        value = shard.value
         if op in ("push", "push_pull"):
-            if nbytes != shard.value.nbytes:
-                raise ProtocolError(f"{what} pushed {nbytes} bytes to '{shard.name}' shard {shard.index} of {shard.value.nbytes}")
-            grad = np.empty_like(shard.value)
-            header["_read"] = True
-            recv_payload_into(conn, grad, what)
-            self.bytes_in += nbytes
+            grad = self._payload(conn, header, value.nbytes).view(value.dtype).reshape(value.shape)
             shard.push(rank, grad)
             if op == "push":
                 return {"ok": True}, []
         if op in ("pull", "push_pull"):
-            if op == "pull" and nbytes:
+            if op == "pull" and header["nbytes"]:
                 raise ProtocolError(f"{what} sent a payload with a pull")
-            return {"ok": True}, [shard.read(rank, self._op_timeout)]
+            if "shm" in header and conn.shm is not None and value.nbytes <= conn.shm.size:
+                shard.read(rank, self._op_timeout, out=conn.shm.u8[: value.nbytes].view(value.dtype).reshape(value.shape))
+                return {"ok": True, "shm": value.nbytes}, []
+            return self._reply(conn, header, shard.read(rank, self._op_timeout))
         if op in ("push_rows", "pull_rows"):
             n = int(header["n"])
-            row = shard.row_bytes
-            due = n * 8 + (n * row if op == "push_rows" else 0)
-            if n < 0 or nbytes != due:
-                raise ProtocolError(f"{what} sent {nbytes} bytes for {n} rows of '{shard.name}' (due: {due})")
-            header["_read"] = True
-            data = recv_payload(conn, nbytes, what)
-            self.bytes_in += nbytes
-            rows = data[: n * 8].view("<i8")
-            if n and (rows.min() < 0 or rows.max() >= len(shard.value)):
-                raise ValueError(f"{op} '{shard.name}' shard {shard.index}: row ids out of range 0..{len(shard.value) - 1}")
+            if n < 0:
+                raise ProtocolError(f"{what} asked for {n} rows")
+            data = self._payload(conn, header, n * 8 + (n * shard.row_bytes if op == "push_rows" else 0))
+            rows = data[: n * 8].view("<i8").astype(np.intp)
+            if n and (rows.min() < 0 or rows.max() >= len(value)):
+                raise ValueError(f"{op} '{shard.name}' shard {shard.index}: row ids out of range 0..{len(value) - 1}")
             if op == "pull_rows":
-                return {"ok": True}, [shard.read_rows(rank, rows, self._op_timeout)]
+                return self._reply(conn, header, shard.read_rows(rank, rows, self._op_timeout))
             if len(np.unique(rows)) != n:
                 raise ValueError(f"push_rows '{shard.name}': row ids must be unique (the client sums duplicates)")
-            grads = data[n * 8 :].view(shard.value.dtype).reshape((n, *shard.value.shape[1:]))
-            shard.push(rank, (rows.astype(np.intp), grads))
+            shard.push(rank, (rows, data[n * 8 :].view(value.dtype).reshape((n, *value.shape[1:]))))
             return {"ok": True}, []
         raise ProtocolError(f"{what} asked for unknown operation {op!r}")
 
-    def _register(self, conn: socket.socket, rank: int, header: dict[str, Any], what: str) -> dict[str, Any]:
+    def _register(self, conn: _Conn, header: dict[str, Any]) -> dict[str, Any]:
+        rank = conn.rank
         name, index = str(header["name"]), int(header["shard"])
         dtype = str(header["dtype"])
         if dtype not in DTYPES:
@@ -254,13 +287,8 @@ class ParameterServer:
         mode, staleness = str(header["consistency"]), int(header["staleness"])
         if mode not in _MODES or staleness < 0:
             raise ValueError(f"register '{name}': consistency {mode!r}/{staleness} is not async, bounded(k>=0) or sync")
-        due = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        if header["nbytes"] != due:  # checked before allocating anything of the announced shape
-            raise ProtocolError(f"{what} sent {header['nbytes']} bytes for '{name}' shard {index} of {due}")
-        value = np.empty(shape, dtype)
-        header["_read"] = True
-        recv_payload_into(conn, value, what)
-        self.bytes_in += value.nbytes
+        due = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize  # checked before allocating
+        value = self._payload(conn, header, due).view(dtype).reshape(shape).copy()
         shard = Shard(name, index, value, rule, mode, staleness, self.workers)
         with self._registered:
             if rank == 0:  # worker 0's values win, as when Horovod broadcasts the parameters from rank 0

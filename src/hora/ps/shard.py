@@ -26,6 +26,12 @@ from hora.ps.rules import Rule, apply_dense, apply_rows, new_slots
 __all__ = ["Shard"]
 
 
+def _owned(grad: Any) -> Any:
+    if isinstance(grad, tuple):
+        return tuple(_owned(g) for g in grad)
+    return grad if grad.flags.owndata else grad.copy()
+
+
 class Shard:
     """A shard's state; every method takes the shard's lock."""
 
@@ -74,7 +80,7 @@ class Shard:
             if self.mode == "sync":
                 step = self.clock[rank]
                 waiting = self.pending.setdefault(step, {})
-                waiting[rank] = grad  # the server received it into a buffer of its own
+                waiting[rank] = _owned(grad)  # kept past this request: not a view of the shared segment
                 self.clock[rank] += 1
                 if len(waiting) == len(self.clock):
                     self._apply_step(self.pending.pop(step))
@@ -164,11 +170,14 @@ class Shard:
         live = [c for w, c in enumerate(self.clock) if w not in self.gone] or [self.clock[rank]]
         self.max_staleness = max(self.max_staleness, self.clock[rank] - min(live))
 
-    def read(self, rank: int, timeout: float) -> np.ndarray:
-        """A consistent copy of the values (the caller sends it without holding the lock)."""
+    def read(self, rank: int, timeout: float, out: np.ndarray | None = None) -> np.ndarray:
+        """A consistent copy of the values (the caller sends it without holding the lock), into ``out`` if given."""
         self.wait_readable(rank, timeout)
         with self.cond:
-            return self.value.copy()
+            if out is None:
+                return self.value.copy()
+            np.copyto(out, self.value)
+            return out
 
     def read_rows(self, rank: int, rows: np.ndarray, timeout: float) -> np.ndarray:
         self.wait_readable(rank, timeout)

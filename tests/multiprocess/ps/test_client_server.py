@@ -42,50 +42,53 @@ def _threads(targets):
         raise errors[0]
 
 
-def test_dense_rules_over_two_servers_match_a_one_process_reference(two_servers):
+@pytest.mark.parametrize("shm", [False, True], ids=["tcp", "shm"])
+def test_dense_rules_over_two_servers_match_a_one_process_reference(two_servers, shm):
     rng = np.random.default_rng(0)
     w0 = rng.standard_normal((101, 7)).astype(np.float32)
     b0 = rng.standard_normal(5).astype(np.float64)
     rule = check_rule({"rule": "adam", "lr": 0.01})
     part = FixedShardsPartitioner(4)
-    with two_servers.client(0, partitioner=part) as c:
-        c.register({"dense.w": w0, "dense.b": b0}, rule=rule)
-        assert sorted({s for _, _, s in c.placement("dense.w")}) == [0, 1]  # sharded across both servers
+    with two_servers.client(0, partitioner=part, shm=shm) as c:
+        c.register({f"dense.w.{shm}": w0, f"dense.b.{shm}": b0}, rule=rule)
+        assert sorted({s for _, _, s in c.placement(f"dense.w.{shm}")}) == [0, 1]  # sharded across both servers
         ref_w, ref_b = w0.copy(), b0.copy()
         slots_w, slots_b = new_slots(rule, w0.shape, w0.dtype), new_slots(rule, b0.shape, b0.dtype)
         for t in range(1, 4):
             gw, gb = rng.standard_normal(w0.shape).astype(np.float32), rng.standard_normal(5)
-            got = c.push_pull("dense.w", gw)
-            c.push("dense.b", gb)
+            got = c.push_pull(f"dense.w.{shm}", gw)
+            c.push(f"dense.b.{shm}", gb)
             # the reference applies the rule shard by shard, as the servers do (Adam's step counts per shard)
-            for lo, hi, _ in c.placement("dense.w"):
+            for lo, hi, _ in c.placement(f"dense.w.{shm}"):
                 s = {k: v[lo:hi] for k, v in slots_w.items()}
                 apply_dense(rule, ref_w[lo:hi], gw[lo:hi], s, t)
             apply_dense(rule, ref_b, gb, slots_b, t)
             np.testing.assert_array_equal(got, ref_w)
         out = np.empty_like(b0)
-        assert c.pull("dense.b", out=out) is out
+        assert c.pull(f"dense.b.{shm}", out=out) is out
         np.testing.assert_array_equal(out, ref_b)
-        again = c.pull("dense.w")
+        again = c.pull(f"dense.w.{shm}")
         again += 1  # the result is the caller's own array
-        np.testing.assert_array_equal(c.pull("dense.w"), ref_w)
+        np.testing.assert_array_equal(c.pull(f"dense.w.{shm}"), ref_w)
         with pytest.raises(ConfigError, match="shape"):
-            c.push("dense.w", np.zeros((3, 3), np.float32))
+            c.push(f"dense.w.{shm}", np.zeros((3, 3), np.float32))
         with pytest.raises(ConfigError, match="no such variable"):
             c.pull("nope")
 
 
-def test_sparse_rows_sum_duplicates_and_send_only_the_rows(two_servers):
+@pytest.mark.parametrize("shm", [False, True], ids=["tcp", "shm"])
+def test_sparse_rows_sum_duplicates_and_send_only_the_rows(two_servers, shm):
     rows, dim = 10_000, 16
     table = np.arange(rows * dim, dtype=np.float32).reshape(rows, dim)
     rule = check_rule({"rule": "adagrad", "lr": 0.5, "initial_accumulator": 0.1})
-    with two_servers.client(0, partitioner=FixedShardsPartitioner(2)) as c:
-        c.register("emb", table, rule=rule)
+    with two_servers.client(0, partitioner=FixedShardsPartitioner(2), shm=shm) as c:
+        emb = f"emb.{shm}"
+        c.register(emb, table, rule=rule)
         ids = np.array([5, 9_999, 5, 42, 5_000, 42, 42])
-        np.testing.assert_array_equal(c.pull_rows("emb", ids), table[ids])
+        np.testing.assert_array_equal(c.pull_rows(emb, ids), table[ids])
         before = sum(s["bytes_in"] for s in c.stats())
         grads = np.ones((len(ids), dim), np.float32) * np.arange(1, len(ids) + 1, dtype=np.float32)[:, None]
-        c.push_rows("emb", ids, grads)
+        c.push_rows(emb, ids, grads)
         sent = sum(s["bytes_in"] for s in c.stats()) - before
         assert sent == 4 * (8 + dim * 4)  # four distinct rows, each once: ids + values, nothing else
         ref = table.copy()
@@ -93,10 +96,10 @@ def test_sparse_rows_sum_duplicates_and_send_only_the_rows(two_servers):
         summed = np.zeros((len(uniq), dim), np.float32)
         np.add.at(summed, inv, grads)
         apply_rows(rule, ref, uniq, summed, new_slots(rule, ref.shape, ref.dtype), 1)
-        np.testing.assert_array_equal(c.pull("emb"), ref)
+        np.testing.assert_array_equal(c.pull(emb), ref)
         assert not np.array_equal(ref[uniq], table[uniq])
         with pytest.raises(ConfigError, match="ids must lie in"):
-            c.pull_rows("emb", [rows])
+            c.pull_rows(emb, [rows])
 
 
 def test_sync_mode_is_bitwise_a_sequential_reference(two_servers):

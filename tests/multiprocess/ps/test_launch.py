@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from support.harness import run_ranks
-from workers.ps import push_pull_worker, torch_ps_worker, torch_reference
+from support.harness import run_failing, run_ranks, stderr_of
+from workers.ps import killed_server_worker, push_pull_worker, torch_ps_worker, torch_reference
 
 
 def test_servers_start_beside_the_workers_and_are_not_ranks():
@@ -32,3 +32,11 @@ def test_torch_optimizer_on_parameter_servers_matches_the_sync_reference(how):
     assert results[0] == results[1]
     assert results[0][-1] == 1.0
     np.testing.assert_allclose(results[0][:-1], torch_reference(steps, workers), rtol=1e-6, atol=1e-6)
+
+
+def test_a_killed_server_fails_every_worker_naming_it_and_nothing_is_left_running():
+    result = run_failing(killed_server_worker, 2, timeout=120, num_ps=2)
+    for rank in range(2):
+        err = stderr_of(result, rank)
+        assert "PeerLostError" in err and "parameter server 0" in err and "'emb' shard 0" in err, err[-2000:]
+    # the hygiene fixture checks that the surviving server was stopped with the job
