@@ -2,7 +2,7 @@
 
 Measures, for hora (``hora run -np 1 --num-ps 2``, servers as processes, TCP on loopback):
 
-    push+pull     GB/s of push_pull on a ``--size-mb`` float32 variable (default 100 MB) over 2 servers with SGD on the
+    push+pull     (over TCP and over shared memory, each) GB/s of push_pull on a ``--size-mb`` float32 variable (default 100 MB) over 2 servers with SGD on the
                   servers; GB/s counts the bytes pushed plus the bytes pulled per second
     latency       median push_pull round trip of a 4 KB variable (one server)
     balance       max/mean of the bytes per server for a 1M x 64 embedding + dense layers over 2 and 3 servers,
@@ -46,40 +46,42 @@ def _hora_worker(args: argparse.Namespace) -> None:
 
     hvd.init()
     out: dict[str, Any] = {}
-    with hora.ps.connect(partitioner=hora.ps.FixedShardsPartitioner(2)) as ps:
-        n = args.size_mb * (1 << 20) // 4
-        rows = max(2, n // 256)
-        ps.register("big", np.zeros((rows, 256), np.float32), rule={"rule": "sgd", "lr": 1e-3})
-        grad = np.ones((rows, 256), np.float32)
-        res = np.empty_like(grad)
-        times = []
-        for i in range(args.warmup + args.steps):
+    for path in ("tcp", "shm"):
+        with hora.ps.connect(partitioner=hora.ps.FixedShardsPartitioner(2), shm=path == "shm") as ps:
+            n = args.size_mb * (1 << 20) // 4
+            rows = max(2, n // 256)
+            ps.register(f"big.{path}", np.zeros((rows, 256), np.float32), rule={"rule": "sgd", "lr": 1e-3})
+            grad = np.ones((rows, 256), np.float32)
+            res = np.empty_like(grad)
+            times = []
+            for i in range(args.warmup + args.steps):
+                t = time.perf_counter()
+                ps.push_pull(f"big.{path}", grad, out=res)
+                if i >= args.warmup:
+                    times.append(time.perf_counter() - t)
+            out[f"push_pull_gbps_{path}"] = 2 * grad.nbytes / statistics.median(times) / 1e9
+            out["bytes"] = grad.nbytes
+            small = hora.ps.FixedShardsPartitioner(1)
+            ps.register(f"small.{path}", np.zeros(1024, np.float32), rule="sgd", partitioner=small)
+            g = np.ones(1024, np.float32)
+            lat = []
+            for i in range(args.warmup + 20 * args.steps):
+                t = time.perf_counter()
+                ps.push_pull(f"small.{path}", g)
+                if i >= args.warmup:
+                    lat.append(time.perf_counter() - t)
+            out[f"latency_4k_us_{path}"] = statistics.median(lat) * 1e6
+            table_rows = args.table_rows
+            ps.register(f"emb.{path}", np.zeros((table_rows, 64), np.float32), rule={"rule": "adagrad", "lr": 0.1})
+            rng = np.random.default_rng(0)
+            grads = np.ones((args.batch_rows, 64), np.float32)
             t = time.perf_counter()
-            ps.push_pull("big", grad, out=res)
-            if i >= args.warmup:
-                times.append(time.perf_counter() - t)
-        out["push_pull_gbps"] = 2 * grad.nbytes / statistics.median(times) / 1e9
-        out["bytes"] = grad.nbytes
-        out["balance_big"] = ps.balance()
-        ps.register("small", np.zeros(1024, np.float32), rule="sgd", partitioner=hora.ps.FixedShardsPartitioner(1))
-        g = np.ones(1024, np.float32)
-        lat = []
-        for i in range(args.warmup + 20 * args.steps):
-            t = time.perf_counter()
-            ps.push_pull("small", g)
-            if i >= args.warmup:
-                lat.append(time.perf_counter() - t)
-        out["latency_4k_us"] = statistics.median(lat) * 1e6
-        table_rows = args.table_rows
-        ps.register("emb", np.zeros((table_rows, 64), np.float32), rule={"rule": "adagrad", "lr": 0.1})
-        rng = np.random.default_rng(0)
-        grads = np.ones((args.batch_rows, 64), np.float32)
-        t = time.perf_counter()
-        for _ in range(args.steps):
-            ids = rng.integers(0, table_rows, args.batch_rows)
-            ps.pull_rows("emb", ids)
-            ps.push_rows("emb", ids, grads)
-        out["sparse_rows_per_s"] = args.batch_rows * args.steps / (time.perf_counter() - t)
+            for _ in range(args.steps):
+                ids = rng.integers(0, table_rows, args.batch_rows)
+                ps.pull_rows(f"emb.{path}", ids)
+                ps.push_rows(f"emb.{path}", ids, grads)
+            out[f"sparse_rows_per_s_{path}"] = args.batch_rows * args.steps / (time.perf_counter() - t)
+            out["balance_measured"] = ps.balance()
     print(MARKER + json.dumps(out), flush=True)
     hvd.shutdown()
 
@@ -221,13 +223,15 @@ def main() -> None:
     for mode in ("async", "sync"):
         extra = ["--worker", "slow", "--consistency", mode, "--seconds", str(args.seconds), "--step-ms", str(args.step_ms)]
         record["slow"][mode] = _hora_run(2, 1, extra, 600)[0]["samples_per_s"]
-    hora_gbps = statistics.median(x["push_pull_gbps"] for x in record["hora"])
-    print(f"hora push+pull {args.size_mb} MB over 2 servers: {hora_gbps:.2f} GB/s (median of {len(record['hora'])})")
+    def med(key: str) -> float:
+        return statistics.median(x[key] for x in record["hora"])
+
+    for path in ("tcp", "shm"):
+        print(f"hora ({path}) push+pull {args.size_mb} MB over 2 servers: {med(f'push_pull_gbps_{path}'):.2f} GB/s; "
+              f"4 KB push+pull {med(f'latency_4k_us_{path}'):.0f} us; sparse {med(f'sparse_rows_per_s_{path}'):.3g} rows/s")  # fmt: skip
     if record["tf"]:
         tf_gbps = statistics.median(x["push_pull_gbps"] for x in record["tf"])
-        print(f"TF ParameterServerStrategy, same bytes: {tf_gbps:.2f} GB/s; hora/TF = {hora_gbps / tf_gbps:.2f}x")
-    print(f"4 KB push+pull: {statistics.median(x['latency_4k_us'] for x in record['hora']):.0f} us")
-    print(f"sparse rows/s: {statistics.median(x['sparse_rows_per_s'] for x in record['hora']):.3g}")
+        print(f"TF ParameterServerStrategy, same bytes: {tf_gbps:.2f} GB/s; hora tcp/TF = {med('push_pull_gbps_tcp') / tf_gbps:.2f}x")
     for servers, b in record["balance"].items():
         print(f"balance over {servers} servers: hora {b['hora']:.3f}, round-robin {b['round_robin']:.3f} (max/mean)")
     print(f"N=2, one worker 3x slower: async {record['slow']['async']:.1f} vs sync {record['slow']['sync']:.1f} "
