@@ -26,7 +26,8 @@ class PsCluster:
         addr, port = self.store.start()
         job = f"pstest{os.getpid()}{time.monotonic_ns()}"
         env = dict(os.environ)
-        env.update(HORA_SECRET=self.secret.hex(), HORA_RENDEZVOUS_ADDR=addr, HORA_RENDEZVOUS_PORT=str(port), HORA_JOB_ID=job)
+        env.update(HORA_SECRET=self.secret.hex(), HORA_RENDEZVOUS_ADDR=addr, HORA_RENDEZVOUS_PORT=str(port), HORA_JOB_ID=job,
+                   HORA_OP_TIMEOUT_SECONDS=str(LIMIT))  # fmt: skip
         env.update(extra_env or {})
         self.procs = []
         for i in range(num_ps):

@@ -289,7 +289,8 @@ class Client:
 
     # -- reports and checkpoints ----------------------------------------------------------------------------------
     def stats(self) -> list[dict[str, Any]]:
-        """Every server's counters: bytes stored, in and out, the largest staleness seen, rejected connections."""
+        """Every server's counters: bytes stored, in and out, the largest staleness seen (``max_staleness``, and
+        per variable in ``staleness``), rejected connections."""
         replies: dict[int, dict[str, Any]] = {}
 
         def keep(server: int) -> Callable[[dict[str, Any]], None]:

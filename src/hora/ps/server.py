@@ -122,6 +122,7 @@ class ParameterServer:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "max_staleness": max((s.max_staleness for s in shards), default=0),
+            "staleness": _per_variable(shards),
             "rejected_connections": self.rejected,
         }
 
@@ -337,6 +338,14 @@ class ParameterServer:
             return {"ok": True, "files": files}
         checkpoint.load_shards(directory, shards, header["sources"])
         return {"ok": True}
+
+
+def _per_variable(shards: list[Shard]) -> dict[str, int]:
+    """The largest staleness seen per variable (over its shards on this server)."""
+    out: dict[str, int] = {}
+    for s in shards:
+        out[s.name] = max(out.get(s.name, 0), s.max_staleness)
+    return out
 
 
 def _drain(conn: socket.socket, n: int, what: str) -> None:

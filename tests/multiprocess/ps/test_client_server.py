@@ -165,7 +165,7 @@ def test_bounded_staleness_holds_with_one_slow_worker(two_servers):
             return run
 
         _threads([worker(r) for r in range(3)])
-        seen = max(s["max_staleness"] for s in clients[0].stats())
+        seen = max(s["staleness"].get("bounded.w", 0) for s in clients[0].stats())
         np.testing.assert_array_equal(clients[0].pull("bounded.w"), np.full(8, 3 * steps, np.float32))
     finally:
         for c in clients:
@@ -181,7 +181,7 @@ def test_async_mode_lets_the_fast_worker_run_ahead(two_servers):
         clients[1].pull("async.w")
         for _ in range(10):
             clients[0].push_pull("async.w", np.ones(4, np.float32))  # never waits for worker 1
-        assert max(s["max_staleness"] for s in clients[0].stats()) >= 9
+        assert max(s["staleness"].get("async.w", 0) for s in clients[0].stats()) >= 9
     finally:
         for c in clients:
             c.close()
@@ -213,8 +213,9 @@ def test_checkpoint_restores_onto_three_servers(tmp_path, two_servers):
         grad = rng.standard_normal(emb.shape).astype(np.float32)
         c.push("ck.emb", grad)
         expected_next = c.pull("ck.emb")
-    files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == ["ck.emb.shard0.npz", "ck.emb.shard1.npz", "manifest.json"]
+    files = {p.name for p in tmp_path.iterdir()}  # the servers save every variable they hold (other tests' too)
+    assert {"ck.emb.shard0.npz", "ck.emb.shard1.npz", "manifest.json"} <= files
+    assert not [f for f in files if f.startswith(".tmp-")]
     three = PsCluster(3, workers=1)
     try:
         with three.client(0, partitioner=FixedShardsPartitioner(3)) as c:

@@ -48,7 +48,7 @@ def test_wrong_secret_garbage_and_oversized_frames_are_dropped_and_the_server_ke
             assert s.recv(1) == b""
         finally:
             s.close()
-        with cluster.client(1) as c:
+        with cluster.client(0) as c:
             c.register("after.attack", np.ones(3, np.float32), rule="sum")
             np.testing.assert_array_equal(c.push_pull("after.attack", np.ones(3, np.float32)), [2, 2, 2])
             assert c.stats()[0]["rejected_connections"] >= 6
