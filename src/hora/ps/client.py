@@ -160,7 +160,7 @@ class Client:
             offsets = shard_offsets(a.shape[0], shards)
             row = a[0].nbytes if a.shape[0] else 0
             keys += [ShardKey(n, i, (offsets[i + 1] - offsets[i]) * row) for i in range(len(offsets) - 1)]
-            self._vars[n] = _Var(tuple(np.shape(v)) or (1,), a.dtype, offsets, [])
+            self._vars[n] = _Var(a.shape, a.dtype, offsets, [])
         placement = place(keys, self.num_servers, self._loads)
         for key in keys:
             self._vars[key.name].servers.append(placement[key])
@@ -433,7 +433,7 @@ class Client:
                     if into is not None and shm is not None:
                         if reply.get("shm") != into.nbytes or reply["nbytes"]:
                             raise ProtocolError(f"{what} answered {reply.get('shm')!r} shared bytes, not {into.nbytes}")
-                        memoryview(into).cast("B")[:] = shm.u8[: into.nbytes]
+                        np.copyto(into.reshape(-1).view(np.uint8), shm.u8[: into.nbytes])
                     elif into is not None:
                         recv_payload_into(sock, into, what)
                     elif reply["nbytes"]:

@@ -67,7 +67,7 @@ def _expect(sock: socket.socket, n: int, what: str) -> None:
 
 def recv_payload_into(sock: socket.socket, view: memoryview | np.ndarray, what: str) -> None:
     """Read a payload frame of exactly ``len(view)`` bytes straight into ``view`` (a C-contiguous array or buffer)."""
-    mv = memoryview(view).cast("B") if not isinstance(view, memoryview) else view.cast("B")
+    mv = view.cast("B") if isinstance(view, memoryview) else memoryview(view).cast("B")  # type: ignore[arg-type]
     if mv.nbytes == 0:
         return
     _expect(sock, mv.nbytes, what)

@@ -121,4 +121,4 @@ def make_ps_optimizer(
             consistency = f"bounded({staleness})"
     named = [(n, p) for n, p in named if p.requires_grad]
     cls = type(type(optimizer).__name__, (type(optimizer),), dict(_PSOptimizer.__dict__))
-    return cls(optimizer.param_groups, named, rules, client, consistency)  # type: ignore[no-any-return]
+    return cls(optimizer.param_groups, named, rules, client, consistency)
