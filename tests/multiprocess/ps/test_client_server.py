@@ -227,3 +227,21 @@ def test_checkpoint_restores_onto_three_servers(tmp_path, two_servers):
             np.testing.assert_array_equal(c.pull("ck.emb"), expected_next)
     finally:
         three.close()
+
+
+def test_a_departed_worker_stops_nobody_under_bounded_and_fails_sync_clearly(two_servers):
+    from hora.errors import PeerLostError
+
+    clients = [two_servers.client(r) for r in range(3)]
+    try:
+        for c in clients:
+            c.register("leave.bounded", np.zeros(4, np.float32), rule="sum", consistency="bounded(1)")
+            c.register("leave.sync", np.zeros(4, np.float32), rule="sum", consistency="sync")
+        clients[1].close()
+        clients[2].close()
+        for _ in range(5):  # would wait for ever on workers 1 and 2 if they still counted
+            clients[0].push_pull("leave.bounded", np.ones(4, np.float32))
+        with pytest.raises(PeerLostError, match=r"worker\(s\) \[1, 2\], which disconnected"):
+            clients[0].push_pull("leave.sync", np.ones(4, np.float32))
+    finally:
+        clients[0].close()
