@@ -64,7 +64,7 @@ class OutputPump:
             self._shown[(rank, stream)] = 0
             self._decoders[(rank, stream)] = codecs.getincrementaldecoder("utf-8")(errors="replace")
             if self._dir is not None:
-                d = self._dir / f"rank.{rank}"
+                d = self._dir / self.labels.get(rank, f"rank.{rank}")  # a server's output goes to DIR/ps<i>
                 d.mkdir(parents=True, exist_ok=True)
                 self._files[(rank, stream)] = open(d / stream, "wb")  # noqa: SIM115 - closed in _close
 

@@ -25,3 +25,12 @@ def test_settings():
     assert (config.ps_consistency, config.num_ps, config.strategy) == ("bounded(3)", 2, "parameter_server")
     with pytest.raises(ConfigError, match="HORA_PS_CONSISTENCY"):
         Config.resolve(env={"HORA_PS_CONSISTENCY": "eventually"})
+
+
+def test_hora_run_flags():
+    from hora.runner.flags import parse_run_options, settings_from_args
+
+    args = parse_run_options(["-np", "2", "--num-ps", "2", "--strategy", "parameter_server", "--ps-consistency", "bounded(2)"])
+    assert settings_from_args(args) == {"strategy": "parameter_server", "num_ps": 2, "ps_consistency": "bounded(2)"}
+    with pytest.raises(ConfigError, match="--ps-consistency"):
+        parse_run_options(["--ps-consistency", "often"])
