@@ -9,6 +9,7 @@ which is always a fresh array (or the caller's ``out``): nothing returned aliase
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import re
 import socket
 import threading
@@ -29,6 +30,8 @@ from hora.ps.rules import check_rule
 from hora.ps.shm import ShmBuffer
 
 __all__ = ["Client", "parse_consistency"]
+
+log = logging.getLogger(__name__)
 
 _Request = tuple[dict[str, Any], list[Any], "np.ndarray | None"]
 
@@ -375,7 +378,15 @@ class Client:
         need = max(total, into.nbytes if into is not None else 0)
         shm = self._shm[server]
         if shm is None or shm.size < need:
-            new = ShmBuffer.create(max(need, 1 << 20, 2 * shm.size if shm else 0))
+            try:
+                new = ShmBuffer.create(max(need, 1 << 20, 2 * shm.size if shm else 0))
+            except OSError as exc:  # /dev/shm full or missing: the socket carries the bytes from now on
+                log.warning("parameter server %d: no shared memory for %d bytes (%s); using TCP", server, need, exc)
+                self._use_shm[server] = False
+                if shm is not None:
+                    shm.close()
+                    self._shm[server] = None
+                return None
             try:
                 send_message(sock, {"op": "shm", "name": new.name, "size": new.size})
                 reply = recv_header(sock, what)

@@ -39,6 +39,7 @@ class ShmBuffer:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
+            os.posix_fallocate(fd, 0, size)  # a full /dev/shm fails here (ENOSPC), not later with SIGBUS
             mm = mmap.mmap(fd, size)
         except BaseException:
             os.unlink(path)

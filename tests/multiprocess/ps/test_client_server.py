@@ -245,3 +245,17 @@ def test_a_departed_worker_stops_nobody_under_bounded_and_fails_sync_clearly(two
             clients[0].push_pull("leave.sync", np.ones(4, np.float32))
     finally:
         clients[0].close()
+
+
+def test_no_room_in_dev_shm_falls_back_to_tcp(two_servers, monkeypatch):
+    import errno
+
+    from hora.ps import client as client_module
+
+    def full(size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(client_module.ShmBuffer, "create", staticmethod(full))
+    with two_servers.client(0, shm=True) as c:
+        c.register("fallback.w", np.arange(6, dtype=np.float32), rule="sum")
+        np.testing.assert_array_equal(c.push_pull("fallback.w", np.ones(6, np.float32)), np.arange(1, 7))
