@@ -19,7 +19,7 @@ LAYERS = [
     ["hora._engine"],
     ["hora._runtime"],
     ["hora"],
-    ["hora._frontend"],
+    ["hora._frontend", "hora.ps"],
     ["hora.numpy", "hora.torch", "hora.tensorflow"],
     ["hora.keras", "hora.tensorflow.keras"],
     ["hora.runner"],

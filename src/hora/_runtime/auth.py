@@ -48,6 +48,7 @@ class Role(enum.IntEnum):
     CONTROL = 2
     DATA = 3
     AGENT = 4  # hora job: a host's agent, asked to run a command for the master host (hora.jobs._host)
+    PS = 5  # a worker's connection to a parameter server (hora.ps)
 
 
 def new_secret() -> bytes:

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 __all__ = [
     "choice",
+    "consistency",
     "log_level",
     "megabytes",
     "non_negative_float",
@@ -67,6 +69,17 @@ def choice(*choices: str) -> Callable[[str], str]:
         return value
 
     return parse
+
+
+def consistency(text: str) -> str:
+    """A parameter-server consistency: ``async``, ``sync`` or ``bounded(k)`` (normalised to that spelling)."""
+    value = text.strip().lower().replace(" ", "")
+    m = re.fullmatch(r"bounded(?:\((\d+)\)|:(\d+))", value)
+    if m:
+        return f"bounded({int(m.group(1) or m.group(2))})"
+    if value in ("async", "sync"):
+        return value
+    raise ValueError("expected async, sync or bounded(k) with a whole k >= 0")
 
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")

@@ -277,6 +277,20 @@ class Config:
             metavar="ALPHA",
         ),
     )
+    strategy: str = setting(
+        "allreduce", parsers.choice("allreduce", "parameter_server"), "HORA_STRATEGY",
+        help="How DistributedOptimizer shares gradients: 'allreduce', or 'parameter_server' (needs hora run --num-ps).",
+        flag=Flag("--strategy", "allreduce, or parameter servers", group="run", choices=("allreduce", "parameter_server")),
+    )  # fmt: skip
+    num_ps: int = setting(
+        0, parsers.non_negative_int, "HORA_NUM_PS", help="Parameter servers hora run starts beside the workers.",
+        flag=Flag("--num-ps", "start S parameter servers beside the workers", metavar="S", group="run"),
+    )  # fmt: skip
+    ps_consistency: str = setting(
+        "async", parsers.consistency, "HORA_PS_CONSISTENCY",
+        help="Parameter servers' consistency: async, bounded(k) (no worker more than k steps ahead), or sync.",
+        flag=Flag("--ps-consistency", "async, bounded(k) or sync", metavar="MODE", group="run"),
+    )  # fmt: skip
     log_level: str = setting(
         "WARNING",
         parsers.log_level,

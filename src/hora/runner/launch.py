@@ -33,11 +33,13 @@ from hora._proc import die_with_parent, handle_signals, usable_cpus
 from hora._runtime.auth import new_secret
 from hora._runtime.rendezvous import RendezvousServer
 from hora._transport.shm import sweep
+from hora.config import Config
 from hora.config.variables import environment
 from hora.config.worker_env import worker_env
 from hora.errors import ConfigError
 from hora.runner.hosts import HostSlots, RankSlot, assign_ranks, is_local_host
 from hora.runner.output import OutputPump
+from hora.runner.ps_servers import PsServers
 from hora.runner.reaper import GroupReaper
 from hora.runner.remote_host import RemoteHost, RemoteRank
 from hora.runner.result import Failure, RunResult, root_cause
@@ -205,6 +207,11 @@ def launch(spec: LaunchSpec) -> RunResult:
 
     timed_out = False
     exits: ExitWatcher | None = None
+    try:
+        servers = _parameter_servers(spec, plan, base_env, rdv, secret, job_id, master, job)
+    except BaseException:
+        server.shutdown()
+        raise
     reaper = GroupReaper()  # ends the ranks' process groups should this process be killed
     with handle_signals(on_signal, signal.SIGINT, signal.SIGTERM):
         try:
@@ -222,14 +229,19 @@ def launch(spec: LaunchSpec) -> RunResult:
                 hosts.append(host)
                 handles.update(host.ranks)
             job.procs = [handles[r] for r in range(spec.np)]
+            if servers is not None:
+                for pid in servers.start(spec.cwd):
+                    reaper.add(pid)
             server.start()
             job.pump.start()
             for host in hosts:
                 host.start_threads()
             exits = ExitWatcher({r: h.pid for r, h in handles.items() if isinstance(h, LocalRank)})
-            timed_out = _supervise(spec, job, hosts, exits)
+            timed_out = _supervise(spec, job, hosts, exits, servers)
         except BaseException:
             job.signal_all(signal.SIGKILL)
+            if servers is not None:
+                servers.stop(0.0)
             for p in job.procs:
                 if isinstance(p, LocalRank):
                     p.proc.wait()
@@ -239,6 +251,8 @@ def launch(spec: LaunchSpec) -> RunResult:
                 exits.close()
             for host in hosts:  # the agents stop whatever still runs there, then end their sessions
                 host.close(timeout=spec.grace + 5.0)
+            if servers is not None:  # the workers are done: the servers go too
+                servers.stop(spec.grace)
             reaper.close()
             server.shutdown()
             for name in sweep(job_id):
@@ -317,12 +331,38 @@ def _start_remote(
     return host
 
 
-def _supervise(spec: LaunchSpec, job: JobProcesses, hosts: list[RemoteHost], exits: ExitWatcher) -> bool:
+def _parameter_servers(
+    spec: LaunchSpec, plan: _Plan, base_env: Mapping[str, str], rdv: tuple[str, int], secret: bytes, job_id: str,
+    master: tuple[str, int], job: JobProcesses,
+) -> PsServers | None:  # fmt: skip
+    """The job's parameter servers (``--num-ps``), not started yet; None when it has none."""
+    try:
+        count = Config.resolve(env=base_env, overrides=spec.settings).num_ps
+    except ConfigError:
+        return None  # the workers report the bad setting themselves
+    if not count:
+        return None
+    if plan.remote_hosts:
+        raise ConfigError(
+            f"--num-ps with remote hosts ({', '.join(plan.remote_hosts)}) is not supported yet: hora run starts the "
+            "parameter servers on this machine only; run them on one host, or use hora job's parameter_server "
+            "distribution"
+        )
+    first = plan.slots[0]
+    env = _worker_env(spec, first, rdv, secret, job_id, master, plan.bind[first.host], base_env, usable_cpus())
+    return PsServers(count, spec.np, env, job.pump, job.log)
+
+
+def _supervise(
+    spec: LaunchSpec, job: JobProcesses, hosts: list[RemoteHost], exits: ExitWatcher, servers: PsServers | None = None
+) -> bool:
     """Wait for every rank, stopping the others after the first failure and at the time limit; True when the
     time limit was reached."""
     timed_out = False
     deadline = None if spec.timeout is None else time.monotonic() + spec.timeout
     while not job.reap(exits.wait(0.05)):
+        if servers is not None:
+            servers.check()
         now = time.monotonic()
         for host in hosts:
             host.check(now)

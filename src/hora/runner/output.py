@@ -50,6 +50,7 @@ class OutputPump:
         self._decoders: dict[tuple[int, str], codecs.IncrementalDecoder] = {}
         self._open_line: dict[str, tuple[int, str] | None] = {"stdout": None, "stderr": None}
         self.tails: dict[int, deque[str]] = {}
+        self.labels: dict[int, str] = {}  # keys that are not ranks (parameter servers: -1 -> "ps0")
         self.lines: dict[int, dict[str, list[str]]] = {}
         self._open = 0
         self._lock = threading.RLock()
@@ -63,7 +64,7 @@ class OutputPump:
             self._shown[(rank, stream)] = 0
             self._decoders[(rank, stream)] = codecs.getincrementaldecoder("utf-8")(errors="replace")
             if self._dir is not None:
-                d = self._dir / f"rank.{rank}"
+                d = self._dir / self.labels.get(rank, f"rank.{rank}")  # a server's output goes to DIR/ps<i>
                 d.mkdir(parents=True, exist_ok=True)
                 self._files[(rank, stream)] = open(d / stream, "wb")  # noqa: SIM115 - closed in _close
 
@@ -180,7 +181,7 @@ class OutputPump:
 
     def _write(self, key: tuple[int, str], text: str, end: bool) -> None:
         rank, stream = key
-        prefix = f"[{rank}]<{stream}>: " if self._prefix else ""
+        prefix = f"[{self.labels.get(rank, rank)}]<{stream}>: " if self._prefix else ""
         sink = _sink(stream)
         other = self._open_line[sink]
         if other != key:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from hora._runtime.context import current, is_initialized
 from hora.errors import UnsupportedError
 from hora.torch.compression import Compression
 from hora.torch.mpi_ops import (
@@ -346,6 +347,9 @@ def DistributedOptimizer(
     groups: Any = None,
     sparse_as_dense: bool = False,
     process_set: ProcessSet = global_process_set,
+    strategy: str | None = None,
+    staleness: int | None = None,
+    consistency: str | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged (``op``) over every rank.
 
@@ -354,7 +358,21 @@ def DistributedOptimizer(
     that many backward passes locally before communicating; ``gradient_predivide_factor`` splits the averaging
     into a division before and after the sum; ``groups`` (an int, or lists of parameters) allreduces parameters
     in fixed groups; ``sparse_as_dense`` densifies sparse gradients instead of allgathering them.
+
+    hora's own: ``strategy="parameter_server"`` (default: ``HORA_STRATEGY``, ``allreduce``) runs the update on the
+    job's parameter servers (``hora run --num-ps S``) instead, with ``staleness=k`` for ``bounded(k)`` or
+    ``consistency`` (``async``, ``sync``, ``bounded(k)``; default ``HORA_PS_CONSISTENCY``); see docs/ps.md.
     """
+    if strategy is None:
+        strategy = current().config.strategy if is_initialized() else "allreduce"
+    if strategy not in ("allreduce", "parameter_server"):
+        raise ValueError(f"strategy must be 'allreduce' or 'parameter_server', got {strategy!r}")
+    if strategy == "parameter_server":
+        from hora.torch.ps_optimizer import make_ps_optimizer
+
+        return make_ps_optimizer(optimizer, named_parameters, staleness, consistency)
+    if staleness is not None or consistency is not None:
+        raise ValueError("staleness and consistency apply to strategy='parameter_server' only")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum:

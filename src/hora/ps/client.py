@@ -1,0 +1,475 @@
+"""The worker's side: :class:`Client` registers variables, pushes gradients and pulls values from the servers.
+
+A variable is split into shards along axis 0 by a partitioner (:mod:`hora.ps.partition`), its shards placed on
+the servers by bytes, and each operation talks to the servers holding its shards at the same time (one thread per
+server beyond the first). Arrays go on the wire from the caller's memory and come back straight into the result,
+which is always a fresh array (or the caller's ``out``): nothing returned aliases the client's buffers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import re
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hora import errors
+from hora._runtime.auth import Role
+from hora._runtime.rendezvous import connect_with_retry
+from hora.errors import ConfigError, HoraError, MismatchError, PeerLostError, ProtocolError
+from hora.ps import checkpoint
+from hora.ps.partition import MinSizePartitioner, Partitioner, ShardKey, place, shard_offsets
+from hora.ps.protocol import recv_header, recv_payload_into, send_message
+from hora.ps.rules import check_rule
+from hora.ps.shm import ShmBuffer
+
+__all__ = ["Client", "parse_consistency"]
+
+log = logging.getLogger(__name__)
+
+_Request = tuple[dict[str, Any], list[Any], "np.ndarray | None"]
+
+
+def parse_consistency(text: str, staleness: int | None = None) -> tuple[str, int]:
+    """``"async"``, ``"sync"`` or ``"bounded(k)"`` (also ``"bounded:k"``, or ``"bounded"`` with ``staleness``)
+    -> (mode, k)."""
+    value = text.strip().lower()
+    m = re.fullmatch(r"bounded(?:\((\d+)\)|:(\d+))?", value)
+    if m:
+        k = m.group(1) or m.group(2)
+        if k is None and staleness is None:
+            raise ConfigError("consistency 'bounded' needs a staleness: write bounded(k) or pass staleness=k")
+        return "bounded", int(k) if k is not None else int(staleness or 0)
+    if value in ("async", "sync"):
+        if staleness is not None and value == "sync" and staleness:
+            raise ConfigError(f"consistency 'sync' has no staleness (got staleness={staleness}); use bounded({staleness})")
+        return value, 0
+    raise ConfigError(f"consistency {text!r} is not one of async, sync, bounded(k)")
+
+
+@dataclass
+class _Var:
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    offsets: list[int]
+    servers: list[int]
+
+    def layout(self, rule: dict[str, Any], mode: str, k: int) -> dict[str, Any]:
+        return {"shape": list(self.shape), "dtype": self.dtype.str, "offsets": self.offsets, "servers": self.servers,
+                "rule": rule, "consistency": mode, "staleness": k}  # fmt: skip
+
+
+class Client:
+    """A worker's connections to every parameter server of the job.
+
+    Args:
+        servers: ``(host, port)`` of each server, in server order.
+        secret: the job secret; rank: this worker's rank (``0 <= rank < workers``).
+        consistency: default of :meth:`register` (``async``, ``sync``, ``bounded(k)``).
+        partitioner: default partitioner (TensorFlow's contract); default: shards of at least 1 MiB, at most one per
+            server.
+        timeout: seconds to connect, and beyond the servers' own op timeout, to wait for any reply.
+        shm: move payloads through shared memory (:mod:`hora.ps.shm`); default: for servers on a loopback
+            address (this host).
+    """
+
+    def __init__(
+        self, servers: Sequence[tuple[str, int]], secret: bytes, rank: int, consistency: str = "async",
+        staleness: int | None = None, partitioner: Partitioner | None = None, timeout: float = 30.0,
+        op_timeout: float = 300.0, shm: bool | None = None,
+    ) -> None:  # fmt: skip
+        if not servers:
+            raise ConfigError("a parameter-server client needs at least one server (hora run --num-ps S)")
+        self.rank = rank
+        self.addresses = [(str(h), int(p)) for h, p in servers]
+        self.mode, self.staleness = parse_consistency(consistency, staleness)
+        self.partitioner = partitioner or MinSizePartitioner(1 << 20, max_shards=len(servers))
+        self._vars: dict[str, _Var] = {}
+        self._loads = [0] * len(servers)
+        self._lost: str | None = None
+        self._lost_lock = threading.Lock()
+        self._locks = [threading.Lock() for _ in servers]
+        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, len(servers) - 1), thread_name_prefix="hora-ps")
+        self._socks: list[socket.socket] = []
+        self._use_shm = [bool(shm) if shm is not None else _loopback(h) for h, _ in self.addresses]
+        self._shm: list[ShmBuffer | None] = [None] * len(servers)
+        deadline = _deadline(timeout)
+        try:
+            for i, (host, port) in enumerate(self.addresses):
+                sock = connect_with_retry(host, port, secret, Role.PS, rank, deadline, f"parameter server {i}")
+                sock.settimeout(op_timeout + timeout)
+                self._socks.append(sock)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.addresses)
+
+    def close(self) -> None:
+        for s in self._socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+        self._socks = []
+        for i, buf in enumerate(self._shm):
+            if buf is not None:
+                buf.close()
+                self._shm[i] = None
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- registration ---------------------------------------------------------------------------------------------
+    def register(
+        self, name: str | Mapping[str, np.ndarray], value: np.ndarray | None = None, rule: Any = "sgd",
+        partitioner: Partitioner | None = None, consistency: str | None = None, staleness: int | None = None,
+    ) -> None:  # fmt: skip
+        """Create variables on the servers: ``register("w", array, rule=...)`` or ``register({"w": a, "b": b})``.
+
+        Every worker registers the same variables in the same order; worker 0's values are the initial values (the
+        others' registrations wait for worker 0's and are checked against it: another shape, dtype, rule,
+        consistency or partitioning raises :class:`MismatchError`, on worker 0 too at its next request on the
+        variable). The shards of one call are placed together, largest first, on the least-loaded servers.
+        """
+        values = dict(name) if isinstance(name, Mapping) else {name: value}
+        rule = check_rule(rule, "register")
+        mode, k = (self.mode, self.staleness) if consistency is None else parse_consistency(consistency, staleness)
+        part = partitioner or self.partitioner
+        arrays: dict[str, np.ndarray] = {}
+        keys: list[ShardKey] = []
+        for n, v in values.items():
+            if n in self._vars:
+                raise ConfigError(f"register '{n}': this worker already registered a variable of that name")
+            a = np.ascontiguousarray(v)
+            if a.dtype not in (np.float32, np.float64):
+                raise ConfigError(f"register '{n}': dtype {a.dtype} is not supported; the servers hold float32 or float64")
+            if a.ndim == 0:
+                a = a.reshape(1)
+            arrays[n] = a
+            shards = part(a.shape, a.dtype)[0] if a.shape[0] else 1
+            offsets = shard_offsets(a.shape[0], shards)
+            row = a[0].nbytes if a.shape[0] else 0
+            keys += [ShardKey(n, i, (offsets[i + 1] - offsets[i]) * row) for i in range(len(offsets) - 1)]
+            self._vars[n] = _Var(a.shape, a.dtype, offsets, [])
+        placement = place(keys, self.num_servers, self._loads)
+        for key in keys:
+            self._vars[key.name].servers.append(placement[key])
+            self._loads[placement[key]] += key.nbytes
+        layout_reqs: list[_Request] = []
+        per: dict[int, list[_Request]] = {}
+        for n, a in arrays.items():
+            var = self._vars[n]
+            layout_reqs.append(({"op": "layout", "name": n, "layout": var.layout(rule, mode, k)}, [], None))
+            for i, server in enumerate(var.servers):
+                part_value = a[var.offsets[i] : var.offsets[i + 1]]
+                header = {"op": "register", "name": n, "shard": i, "shape": list(part_value.shape),
+                          "dtype": a.dtype.str, "rule": rule, "consistency": mode, "staleness": k}  # fmt: skip
+                per.setdefault(server, []).append((header, [part_value], None))
+        mismatch: list[dict[str, Any]] = []
+        try:
+            self._run({0: layout_reqs}, lambda s: lambda reply: mismatch.append(reply) if "mismatch" in reply else None)
+            if mismatch:  # stop worker 0's shards too, so it raises at its next request on the variable
+                bad = mismatch[0]
+                poison = {"op": "poison", "name": bad["name"], "message": bad["mismatch"]}
+                self._run({s: [(dict(poison), [], None)] for s in bad["servers"]})
+                raise MismatchError(bad["mismatch"])
+            self._run(per)
+        except BaseException:
+            for n in arrays:
+                self._vars.pop(n, None)
+            raise
+
+    # -- dense ----------------------------------------------------------------------------------------------------
+    def push(self, name: str, grad: np.ndarray) -> None:
+        """Send ``grad`` (the variable's shape and dtype) to the servers, which apply the update rule."""
+        self._run(self._dense(name, "push", grad, None))
+
+    def pull(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        """The variable's values (waiting as its consistency says); a fresh array, or ``out`` filled."""
+        out = self._out(name, out)
+        self._run(self._dense(name, "pull", None, out))
+        return out
+
+    def push_pull(self, name: str, grad: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`push` then :meth:`pull` in one round trip per server."""
+        out = self._out(name, out)
+        self._run(self._dense(name, "push_pull", grad, out))
+        return out
+
+    def _var(self, name: str, op: str) -> _Var:
+        var = self._vars.get(name)
+        if var is None:
+            raise ConfigError(f"{op} '{name}': no such variable; register it first (known: {sorted(self._vars)[:10]})")
+        return var
+
+    def _out(self, name: str, out: np.ndarray | None) -> np.ndarray:
+        var = self._var(name, "pull")
+        if out is None:
+            return np.empty(var.shape, var.dtype)
+        if out.shape != var.shape or out.dtype != var.dtype or not out.flags.c_contiguous:
+            raise ConfigError(
+                f"pull '{name}': out has shape {out.shape} and dtype {out.dtype}; it must be a C-contiguous "
+                f"{var.dtype} array of shape {var.shape}"
+            )
+        return out
+
+    def _dense(self, name: str, op: str, grad: np.ndarray | None, out: np.ndarray | None) -> dict[int, list[_Request]]:
+        var = self._var(name, op)
+        g = None
+        if grad is not None:
+            g = np.asarray(grad)
+            if g.shape != var.shape and g.size == int(np.prod(var.shape)):
+                g = g.reshape(var.shape)
+            if g.shape != var.shape:
+                raise ConfigError(f"{op} '{name}': the gradient has shape {g.shape}, the variable {var.shape}")
+            g = np.ascontiguousarray(g, var.dtype).reshape(-1, *var.shape[1:]) if var.shape else g
+        flat_out = out.reshape(-1, *var.shape[1:]) if out is not None else None
+        per: dict[int, list[_Request]] = {}
+        for i, server in enumerate(var.servers):
+            lo, hi = var.offsets[i], var.offsets[i + 1]
+            payload = [g[lo:hi]] if g is not None else []
+            into = flat_out[lo:hi] if flat_out is not None else None
+            per.setdefault(server, []).append(({"op": op, "name": name, "shard": i}, payload, into))
+        return per
+
+    # -- sparse ---------------------------------------------------------------------------------------------------
+    def _rows(self, name: str, op: str, ids: Any) -> tuple[_Var, np.ndarray, np.ndarray, list[int]]:
+        var = self._var(name, op)
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise ConfigError(f"{op} '{name}': ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}")
+        uniq, inverse = np.unique(ids.astype(np.int64), return_inverse=True)
+        if len(uniq) and (uniq[0] < 0 or uniq[-1] >= var.shape[0]):
+            raise ConfigError(f"{op} '{name}': ids must lie in 0..{var.shape[0] - 1}, got {uniq[0]}..{uniq[-1]}")
+        cuts = np.searchsorted(uniq, var.offsets).tolist()
+        return var, uniq, inverse.reshape(-1), cuts
+
+    def pull_rows(self, name: str, ids: Any) -> np.ndarray:
+        """Rows ``ids`` of the variable (duplicates allowed, fetched once), shape ``(len(ids), *row_shape)``."""
+        var, uniq, inverse, cuts = self._rows(name, "pull_rows", ids)
+        fetched = np.empty((len(uniq), *var.shape[1:]), var.dtype)
+        per: dict[int, list[_Request]] = {}
+        for i, server in enumerate(var.servers):
+            a, b = cuts[i], cuts[i + 1]
+            if a < b:
+                local = (uniq[a:b] - var.offsets[i]).astype("<i8")
+                per.setdefault(server, []).append(
+                    ({"op": "pull_rows", "name": name, "shard": i, "n": b - a}, [local], fetched[a:b])
+                )
+        self._run(per)
+        return fetched[inverse]
+
+    def push_rows(self, name: str, ids: Any, grads: np.ndarray) -> None:
+        """Gradients of rows ``ids`` (duplicates are summed here, so each row crosses the wire once)."""
+        var, uniq, inverse, cuts = self._rows(name, "push_rows", ids)
+        g = np.asarray(grads, var.dtype)
+        if g.shape != (len(inverse), *var.shape[1:]):
+            raise ConfigError(f"push_rows '{name}': grads have shape {g.shape}, expected {(len(inverse), *var.shape[1:])}")
+        summed = np.zeros((len(uniq), *var.shape[1:]), var.dtype)
+        np.add.at(summed, inverse, g)
+        per: dict[int, list[_Request]] = {}
+        for i, server in enumerate(var.servers):
+            a, b = cuts[i], cuts[i + 1]
+            if a < b:
+                local = (uniq[a:b] - var.offsets[i]).astype("<i8")
+                per.setdefault(server, []).append(
+                    ({"op": "push_rows", "name": name, "shard": i, "n": b - a}, [local, summed[a:b]], None)
+                )
+        self._run(per)
+
+    # -- reports and checkpoints ----------------------------------------------------------------------------------
+    def stats(self) -> list[dict[str, Any]]:
+        """Every server's counters: bytes stored, in and out, the largest staleness seen (``max_staleness``, and
+        per variable in ``staleness``), rejected connections."""
+        replies: dict[int, dict[str, Any]] = {}
+
+        def keep(server: int) -> Callable[[dict[str, Any]], None]:
+            return lambda reply: replies.__setitem__(server, reply["stats"])
+
+        self._run({s: [({"op": "stats"}, [], None)] for s in range(self.num_servers)}, keep)
+        return [replies[s] for s in range(self.num_servers)]
+
+    def balance(self) -> dict[str, Any]:
+        """Bytes stored per server and max/mean, as the servers count them."""
+        per = [s["bytes_stored"] for s in self.stats()]
+        mean = sum(per) / len(per)
+        return {"bytes": per, "max_over_mean": max(per) / mean if mean else 1.0}
+
+    def placement(self, name: str) -> list[tuple[int, int, int]]:
+        """(first row, end row, server) of each shard of ``name``."""
+        var = self._var(name, "placement")
+        return [(var.offsets[i], var.offsets[i + 1], s) for i, s in enumerate(var.servers)]
+
+    def save(self, directory: str, step: int = 0) -> None:
+        """Checkpoint every variable: each server writes its shards, then this worker writes the manifest."""
+        files: dict[tuple[str, int], str] = {}
+
+        def keep(reply: dict[str, Any]) -> None:
+            for f in reply["files"]:
+                files[(f["name"], f["shard"])] = f["file"]
+
+        self._run({s: [({"op": "save", "dir": directory}, [], None)] for s in range(self.num_servers)}, lambda s: keep)
+        variables = {
+            n: {"shape": list(v.shape), "dtype": v.dtype.str, "offsets": v.offsets,
+                "files": [files[(n, i)] for i in range(len(v.servers))]}
+            for n, v in self._vars.items()
+        }  # fmt: skip
+        checkpoint.write_manifest(directory, {"format": 1, "step": step, "variables": variables})
+
+    def restore(self, directory: str) -> int:
+        """Load a checkpoint into the registered variables (any number of servers and shards); returns its step."""
+        manifest = checkpoint.read_manifest(directory)
+        per: dict[int, list[dict[str, Any]]] = {}
+        for n, v in self._vars.items():
+            old = manifest["variables"].get(n)
+            if old is None or tuple(old["shape"]) != v.shape:
+                raise ConfigError(f"restore: the checkpoint in {directory} has no variable '{n}' of shape {v.shape}")
+            for i, pieces in enumerate(checkpoint.reshard_sources(old, v.offsets)):
+                per.setdefault(v.servers[i], []).append({"name": n, "shard": i, "pieces": pieces})
+        self._run({s: [({"op": "load", "dir": directory, "sources": src}, [], None)] for s, src in per.items()})
+        return int(manifest.get("step", 0))
+
+    # -- the wire -------------------------------------------------------------------------------------------------
+    def _run(
+        self, per: Mapping[int, list[_Request]],
+        on_reply: Callable[[int], Callable[[dict[str, Any]], None]] | None = None,
+    ) -> None:  # fmt: skip
+        """Run each server's requests in order on its connection, the servers concurrently."""
+        items = [(s, reqs) for s, reqs in per.items() if reqs]
+        if not items:
+            return
+        futures = [self._pool.submit(self._exchange, s, reqs, on_reply) for s, reqs in items[1:]]
+        first_error: BaseException | None = None
+        try:
+            self._exchange(items[0][0], items[0][1], on_reply)
+        except BaseException as exc:
+            first_error = exc
+        for f in futures:
+            try:
+                f.result()
+            except BaseException as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+
+    def _stage(
+        self, server: int, sock: socket.socket, what: str, header: dict[str, Any], payload: list[Any],
+        into: np.ndarray | None,
+    ) -> ShmBuffer | None:  # fmt: skip
+        """With shared memory to ``server``: put ``payload`` in the segment (grown first if a payload or reply
+        would not fit) and mark ``header``; returns the segment, or None when the bytes go over the socket."""
+        if not self._use_shm[server] or (not payload and into is None):
+            return None
+        views = [memoryview(p).cast("B") for p in payload]
+        total = sum(v.nbytes for v in views)
+        need = max(total, into.nbytes if into is not None else 0)
+        shm = self._shm[server]
+        if shm is None or shm.size < need:
+            try:
+                new = ShmBuffer.create(max(need, 1 << 20, 2 * shm.size if shm else 0))
+            except OSError as exc:  # /dev/shm full or missing: the socket carries the bytes from now on
+                log.warning("parameter server %d: no shared memory for %d bytes (%s); using TCP", server, need, exc)
+                self._use_shm[server] = False
+                if shm is not None:
+                    shm.close()
+                    self._shm[server] = None
+                return None
+            try:
+                send_message(sock, {"op": "shm", "name": new.name, "size": new.size})
+                reply = recv_header(sock, what)
+            finally:
+                new.unlink()  # mapped by both (or refused): nothing is left in /dev/shm either way
+            if not reply.get("ok"):
+                new.close()
+                raise _error(reply, what)
+            if shm is not None:
+                shm.close()
+            self._shm[server] = shm = new
+        offset = 0
+        for v in views:
+            shm.u8[offset : offset + v.nbytes] = np.frombuffer(v, np.uint8)
+            offset += v.nbytes
+        header["shm"] = total
+        return shm
+
+    def _lose(self, server: int, what: str, exc: BaseException) -> str:
+        """The first lost server breaks the client: every connection is shut down, so requests in flight on the
+        others end now and those servers count this worker as gone (nobody waits for it under bounded/sync)."""
+        with self._lost_lock:
+            if self._lost is None:
+                held = [f"'{n}' shard {i}" for n, v in self._vars.items() for i, s in enumerate(v.servers) if s == server]
+                self._lost = (
+                    f"{what} was lost ({exc}); it held {', '.join(held[:20]) or 'no shards'}"
+                    f"{' ...' if len(held) > 20 else ''}. Training cannot go on without it: restart the job"
+                )
+                for sock in self._socks:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+            return self._lost
+
+    def _exchange(
+        self, server: int, reqs: list[_Request], on_reply: Callable[[int], Callable[[dict[str, Any]], None]] | None
+    ) -> None:
+        what = f"parameter server {server} at {self.addresses[server][0]}:{self.addresses[server][1]}"
+        with self._locks[server]:
+            if self._lost is not None:
+                raise PeerLostError(self._lost)
+            if not self._socks:
+                raise HoraError("this parameter-server client is closed")
+            sock = self._socks[server]
+            refused: HoraError | None = None
+            try:
+                for header, payload, into in reqs:
+                    shm = self._stage(server, sock, what, header, payload, into)
+                    send_message(sock, header, [] if shm is not None else payload)
+                    reply = recv_header(sock, what)
+                    if not reply.get("ok"):
+                        refused = _error(reply, what)  # the server answered: the connection is fine
+                        break
+                    if into is not None and shm is not None:
+                        if reply.get("shm") != into.nbytes or reply["nbytes"]:
+                            raise ProtocolError(f"{what} answered {reply.get('shm')!r} shared bytes, not {into.nbytes}")
+                        np.copyto(into.reshape(-1).view(np.uint8), shm.u8[: into.nbytes])
+                    elif into is not None:
+                        recv_payload_into(sock, into, what)
+                    elif reply["nbytes"]:
+                        raise ProtocolError(f"{what} sent an unexpected payload")
+                    if on_reply is not None:
+                        on_reply(server)(reply)
+            except (OSError, PeerLostError, ProtocolError) as exc:
+                raise PeerLostError(self._lose(server, what, exc)) from exc
+            else:
+                if refused is not None:
+                    raise refused
+
+
+def _error(reply: dict[str, Any], what: str) -> HoraError:
+    kind = getattr(errors, str(reply.get("type")), None)
+    if not (isinstance(kind, type) and issubclass(kind, HoraError)):
+        kind = errors.CollectiveError
+    return kind(f"{what}: {reply.get('error')}")
+
+
+def _loopback(host: str) -> bool:
+    return host.startswith("127.") or host in ("localhost", "::1")
+
+
+def _deadline(timeout: float) -> float:
+    import time
+
+    return time.monotonic() + timeout

@@ -1,0 +1,46 @@
+"""The parameter servers of the running job, as a worker reaches them after ``init()``."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from hora._runtime import context
+from hora.errors import ConfigError
+from hora.ps.client import Client
+from hora.ps.directory import open_store, server_addresses
+
+__all__ = ["connect", "shared_client"]
+
+_lock = threading.Lock()
+_shared: Client | None = None
+
+
+def connect(**kwargs: Any) -> Client:
+    """A new :class:`Client` to this job's servers (``hora run --num-ps S``); needs ``init()`` first.
+
+    Keyword arguments go to :class:`Client` (``consistency`` defaults to ``HORA_PS_CONSISTENCY``).
+    """
+    ctx = context.current()
+    config = ctx.config
+    if config.num_ps < 1:
+        raise ConfigError(
+            "this job has no parameter servers: start it with 'hora run -np N --num-ps S ...' (HORA_NUM_PS)"
+        )
+    store, secret = open_store(config, ctx.rank)
+    try:
+        addresses = server_addresses(store, config.num_ps, config.start_timeout)
+    finally:
+        store.close()
+    kwargs.setdefault("consistency", config.ps_consistency)
+    kwargs.setdefault("op_timeout", config.op_timeout)
+    return Client(addresses, secret, ctx.rank, **kwargs)
+
+
+def shared_client() -> Client:
+    """One client per process, shared by every optimizer that uses the parameter-server strategy."""
+    global _shared
+    with _lock:
+        if _shared is None:
+            _shared = connect()
+        return _shared

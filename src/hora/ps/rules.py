@@ -1,0 +1,129 @@
+"""Server-side update rules, configured as data (a JSON object), never as code.
+
+A rule is ``{"rule": NAME, ...hyperparameters}``: it crosses the wire as JSON inside an authenticated frame and is
+checked here (known name, known keys, finite numbers) before a server keeps it. Each rule updates a shard in place
+from a gradient, dense (the whole shard) or sparse (some rows, and only those rows' optimizer slots):
+
+- ``sum``: ``p += g`` (a BytePS-style summation server).
+- ``sgd``: ``p -= lr * g``.
+- ``momentum``: PyTorch's form, ``buf = momentum * buf + g``; ``p -= lr * buf`` (``nesterov``: ``p -= lr * (g +
+  momentum * buf)``). Keras' velocity form is the same update for a constant learning rate.
+- ``adagrad``: ``acc += g * g``; ``p -= lr * g / (sqrt(acc) + epsilon)``, ``acc`` starting at
+  ``initial_accumulator`` (PyTorch: 0, epsilon 1e-10; Keras: 0.1, epsilon 1e-7).
+- ``adam``: PyTorch's form with bias correction, ``t`` counted per shard (sparse pushes count too: a "lazy" Adam
+  whose untouched rows keep their moments, as TensorFlow's LazyAdam).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from hora.errors import ConfigError
+
+__all__ = ["RULES", "Rule", "apply_dense", "apply_rows", "check_rule", "new_slots"]
+
+Rule = dict[str, Any]
+
+#: rule name -> its hyperparameters and their defaults (PyTorch's).
+RULES: dict[str, dict[str, float | bool]] = {
+    "sum": {},
+    "sgd": {"lr": 0.01},
+    "momentum": {"lr": 0.01, "momentum": 0.9, "nesterov": False},
+    "adagrad": {"lr": 0.01, "initial_accumulator": 0.0, "epsilon": 1e-10},
+    "adam": {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8},
+}
+_SLOTS = {"sum": (), "sgd": (), "momentum": ("buf",), "adagrad": ("acc",), "adam": ("m", "v")}
+
+
+def check_rule(rule: Any, what: str = "the update rule") -> Rule:
+    """``rule`` validated and completed with its defaults; ``ConfigError`` naming the problem otherwise.
+
+    Accepts a name (``"sgd"``) or a mapping (``{"rule": "adam", "lr": 1e-3}``).
+    """
+    if isinstance(rule, str):
+        rule = {"rule": rule}
+    if not isinstance(rule, dict) or not isinstance(rule.get("rule"), str):
+        raise ConfigError(f"{what} must be a rule name or a dict with a 'rule' key, one of {sorted(RULES)}; got {rule!r}")
+    name = rule["rule"].lower()
+    if name not in RULES:
+        raise ConfigError(f"{what}: unknown rule {rule['rule']!r}; the rules are {', '.join(sorted(RULES))}")
+    params = RULES[name]
+    unknown = sorted(set(rule) - set(params) - {"rule"})
+    if unknown:
+        raise ConfigError(f"{what}: rule {name!r} has no parameter {', '.join(unknown)}; it takes {sorted(params) or 'none'}")
+    out: Rule = {"rule": name}
+    for key, default in params.items():
+        value = rule.get(key, default)
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{what}: {name}.{key} must be true or false, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{what}: {name}.{key} must be a finite number, got {value!r}")
+        elif value < 0:
+            raise ConfigError(f"{what}: {name}.{key} must be >= 0, got {value!r}")
+        out[key] = value if isinstance(default, bool) else float(value)
+    return out
+
+
+def new_slots(rule: Rule, shape: tuple[int, ...], dtype: np.dtype[Any]) -> dict[str, np.ndarray]:
+    """The optimizer slots a shard keeps for ``rule`` (zeros, Adagrad's accumulator at its initial value)."""
+    slots = {name: np.zeros(shape, dtype) for name in _SLOTS[rule["rule"]]}
+    if rule["rule"] == "adagrad" and rule["initial_accumulator"]:
+        slots["acc"].fill(rule["initial_accumulator"])
+    return slots
+
+
+def apply_dense(rule: Rule, param: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray], t: int) -> None:
+    """Update ``param`` in place from ``grad``; ``t`` is the 1-based count of updates of this shard (Adam)."""
+    _apply(rule, param, grad, slots, t)
+
+
+def apply_rows(
+    rule: Rule, param: np.ndarray, rows: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray], t: int
+) -> None:
+    """Update the rows ``rows`` (unique, in range) of ``param`` from ``grad`` (one row each); only those rows of
+    the slots change."""
+    p = param[rows]
+    s = {k: v[rows] for k, v in slots.items()}
+    _apply(rule, p, grad, s, t)
+    param[rows] = p
+    for k, v in s.items():
+        slots[k][rows] = v
+
+
+def _apply(rule: Rule, p: np.ndarray, g: np.ndarray, slots: dict[str, np.ndarray], t: int) -> None:
+    name = rule["rule"]
+    dt = p.dtype.type
+    if name == "sum":
+        np.add(p, g, out=p)
+    elif name == "sgd":
+        p -= dt(rule["lr"]) * g
+    elif name == "momentum":
+        buf = slots["buf"]
+        buf *= dt(rule["momentum"])
+        buf += g
+        if rule["nesterov"]:
+            p -= dt(rule["lr"]) * (g + dt(rule["momentum"]) * buf)
+        else:
+            p -= dt(rule["lr"]) * buf
+    elif name == "adagrad":
+        acc = slots["acc"]
+        acc += g * g
+        p -= dt(rule["lr"]) * g / (np.sqrt(acc) + dt(rule["epsilon"]))
+    elif name == "adam":
+        m, v = slots["m"], slots["v"]
+        b1, b2 = dt(rule["beta1"]), dt(rule["beta2"])
+        m *= b1
+        m += (dt(1) - b1) * g
+        v *= b2
+        v += (dt(1) - b2) * (g * g)
+        bc1 = 1.0 - rule["beta1"] ** t
+        bc2 = 1.0 - rule["beta2"] ** t
+        step = dt(rule["lr"] / bc1)
+        denom = np.sqrt(v) / dt(math.sqrt(bc2)) + dt(rule["epsilon"])
+        p -= step * m / denom
+    else:  # check_rule keeps anything else out
+        raise ConfigError(f"unknown rule {name!r}")

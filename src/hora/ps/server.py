@@ -1,0 +1,364 @@
+"""The parameter server: a process that owns shards of variables and applies the workers' gradients to them.
+
+Every connection is authenticated with the job secret (role ``PS``) before a byte of it is parsed, each in a
+thread of its own with its own deadline (:mod:`hora._runtime.gate`), so silent or garbage clients cost the workers
+nothing and the server keeps serving. Then each worker's requests are served in order on its connection
+(:mod:`hora.ps.protocol`): ``register``, ``layout``, ``push``, ``pull``, ``push_pull``, ``push_rows``,
+``pull_rows``, ``stats``, ``save``, ``load``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import Any
+
+import numpy as np
+
+from hora._runtime.auth import Role, server_handshake
+from hora._runtime.gate import PendingHandshakes, RejectLog
+from hora._wire import recv_exact
+from hora.errors import (
+    AuthenticationError,
+    HoraError,
+    MismatchError,
+    PeerLostError,
+    ProtocolError,
+    TimeoutError,
+)
+from hora.ps import checkpoint
+from hora.ps.protocol import recv_header, recv_payload, send_message
+from hora.ps.rules import check_rule
+from hora.ps.shard import Shard
+from hora.ps.shm import ShmBuffer
+
+__all__ = ["DTYPES", "ParameterServer"]
+
+log = logging.getLogger(__name__)
+
+#: dtypes a variable may have (the update rules compute in the variable's own type).
+DTYPES = ("<f4", "<f8")
+_MODES = ("async", "bounded", "sync")
+
+
+class _Conn:
+    """One worker's connection: its socket, its rank, its shared segment, whether the current payload was read."""
+
+    def __init__(self, sock: socket.socket, rank: int) -> None:
+        self.sock, self.rank = sock, rank
+        self.what = f"worker {rank}"
+        self.shm: ShmBuffer | None = None
+        self.read = False
+
+
+class ParameterServer:
+    """Server ``index`` of a job whose ``workers`` workers connect with ``secret``. ``start()`` binds and serves;
+    ``shutdown(timeout)`` stops it and closes every connection."""
+
+    def __init__(
+        self, secret: bytes, index: int, workers: int, host: str = "127.0.0.1", port: int = 0,
+        op_timeout: float = 300.0, handshake_timeout: float = 10.0, max_bytes: int = 16 << 30,
+    ) -> None:  # fmt: skip
+        self.index = index
+        self.workers = workers
+        self._secret = secret
+        self._op_timeout = op_timeout
+        self._handshake_timeout = handshake_timeout
+        self._max_bytes = max_bytes  # largest payload a request may announce
+        self._listener = socket.create_server((host, port), backlog=128)
+        self._lock = threading.Lock()
+        self._registered = threading.Condition(self._lock)
+        self._shards: dict[tuple[str, int], Shard] = {}
+        self._layouts: dict[str, dict[str, Any]] = {}
+        self._clients: set[socket.socket] = set()
+        self._closed = threading.Event()
+        self._pending = PendingHandshakes()
+        self._rejects = RejectLog(log, f"parameter server {index}")
+        self._thread: threading.Thread | None = None
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._listener.getsockname()[:2]
+        return host, port
+
+    @property
+    def rejected(self) -> int:
+        return self._rejects.count
+
+    def start(self) -> tuple[str, int]:
+        self._thread = threading.Thread(target=self._accept_loop, name=f"hora-ps-{self.index}", daemon=True)
+        self._thread.start()
+        return self.address
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`shutdown`; True when it happened."""
+        return self._closed.wait(timeout)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._closed.set()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        self._pending.close()
+        with self._lock:
+            clients = list(self._clients)
+        for c in clients:
+            _close(c)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            shards = list(self._shards.values())
+        return {
+            "server": self.index,
+            "shards": len(shards),
+            "bytes_stored": sum(s.value.nbytes for s in shards),
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "max_staleness": max((s.max_staleness for s in shards), default=0),
+            "staleness": _per_variable(shards),
+            "rejected_connections": self.rejected,
+        }
+
+    # -- connections ----------------------------------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                if self._closed.is_set():
+                    return
+                self._closed.wait(0.05)  # out of descriptors and the like: the clients retry
+                continue
+            if self._pending.admit(conn):
+                threading.Thread(target=self._serve, args=(conn,), name="hora-ps-client", daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        conn: _Conn | None = None
+        try:
+            try:
+                _, rank = server_handshake(sock, self._secret, self._handshake_timeout, roles=(Role.PS,))
+            finally:
+                self._pending.finish(sock)
+            if not 0 <= rank < self.workers:
+                raise AuthenticationError(f"a client claimed worker {rank}; this job has workers 0..{self.workers - 1}")
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                if self._closed.is_set():
+                    return
+                self._clients.add(sock)
+                shards = list(self._shards.values())
+            for s in shards:
+                s.rejoin(rank)
+            conn = _Conn(sock, rank)
+            while True:
+                try:
+                    header = recv_header(sock, conn.what)
+                except PeerLostError:
+                    return
+                self._request(conn, header)
+        except (AuthenticationError, ProtocolError) as exc:
+            self._rejects.drop(exc)
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._clients.discard(sock)
+                shards = list(self._shards.values())
+            if conn is not None:
+                for s in shards:
+                    s.leave(conn.rank)
+                if conn.shm is not None:
+                    conn.shm.close()
+            _close(sock)
+
+    def _request(self, conn: _Conn, header: dict[str, Any]) -> None:
+        nbytes = header["nbytes"]
+        if nbytes > self._max_bytes:
+            raise ProtocolError(f"{conn.what} announced a payload of {nbytes} bytes, above this server's limit")
+        conn.read = False  # the payload is still on the wire until a handler reads it
+        try:
+            reply, payload = self._dispatch(conn, header.get("op"), header)
+        except (HoraError, ValueError, KeyError, TypeError) as exc:
+            if isinstance(exc, ProtocolError):
+                raise
+            if not conn.read and nbytes:
+                _drain(conn.sock, nbytes, conn.what)
+            send_message(conn.sock, {"ok": False, "type": type(exc).__name__, "error": str(exc)})
+            return
+        self.bytes_out += sum(memoryview(p).nbytes for p in payload) + int(reply.get("shm", 0))
+        send_message(conn.sock, reply, payload)
+
+    def _shard(self, header: dict[str, Any]) -> Shard:
+        key = (str(header["name"]), int(header["shard"]))
+        with self._lock:
+            shard = self._shards.get(key)
+        if shard is None:
+            raise KeyError(f"server {self.index} holds no shard {key[1]} of '{key[0]}': register the variable first")
+        return shard
+
+    def _payload(self, conn: _Conn, header: dict[str, Any], due: int) -> np.ndarray:
+        """The request's ``due`` payload bytes (uint8): a view of the shared segment, or read from the socket."""
+        if "shm" in header:
+            if conn.shm is None or header["shm"] != due or header["nbytes"] or due > conn.shm.size:
+                raise ProtocolError(f"{conn.what} announced {header['shm']!r} shared-memory bytes where {due} were due")
+            conn.read = True
+            self.bytes_in += due
+            return conn.shm.u8[:due]
+        if header["nbytes"] != due:
+            raise ProtocolError(f"{conn.what} sent {header['nbytes']} bytes for '{header.get('name')}' (due: {due})")
+        conn.read = True
+        self.bytes_in += due
+        return recv_payload(conn.sock, due, conn.what)
+
+    def _reply(self, conn: _Conn, header: dict[str, Any], value: np.ndarray) -> tuple[dict[str, Any], list[Any]]:
+        if "shm" in header and conn.shm is not None:
+            if value.nbytes > conn.shm.size:
+                raise ProtocolError(f"{conn.what}'s shared segment cannot hold a reply of {value.nbytes} bytes")
+            conn.shm.u8[: value.nbytes] = value.reshape(-1).view(np.uint8)
+            return {"ok": True, "shm": value.nbytes}, []
+        return {"ok": True}, [value]
+
+    def _dispatch(self, conn: _Conn, op: Any, header: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        rank, what = conn.rank, conn.what
+        if op == "register":
+            return self._register(conn, header), []
+        if op == "layout":
+            return self._layout(rank, header), []
+        if op == "poison":
+            return self._poison(header), []
+        if op == "shm":
+            if conn.shm is not None:
+                conn.shm.close()
+                conn.shm = None
+            conn.shm = ShmBuffer.attach(str(header["name"]), int(header["size"]))
+            return {"ok": True}, []
+        if op == "stats":
+            return {"ok": True, "stats": self.stats()}, []
+        if op in ("save", "load"):
+            return self._checkpoint(op, header), []
+        shard = self._shard(header)
+        if shard.poisoned:
+            raise MismatchError(shard.poisoned)
+        value = shard.value
+        if op in ("push", "push_pull"):
+            grad = self._payload(conn, header, value.nbytes).view(value.dtype).reshape(value.shape)
+            shard.push(rank, grad)
+            if op == "push":
+                return {"ok": True}, []
+        if op in ("pull", "push_pull"):
+            if op == "pull" and header["nbytes"]:
+                raise ProtocolError(f"{what} sent a payload with a pull")
+            if "shm" in header and conn.shm is not None and value.nbytes <= conn.shm.size:
+                shard.read(rank, self._op_timeout, out=conn.shm.u8[: value.nbytes].view(value.dtype).reshape(value.shape))
+                return {"ok": True, "shm": value.nbytes}, []
+            return self._reply(conn, header, shard.read(rank, self._op_timeout))
+        if op in ("push_rows", "pull_rows"):
+            n = int(header["n"])
+            if n < 0:
+                raise ProtocolError(f"{what} asked for {n} rows")
+            data = self._payload(conn, header, n * 8 + (n * shard.row_bytes if op == "push_rows" else 0))
+            rows = data[: n * 8].view("<i8").astype(np.intp)
+            if n and (rows.min() < 0 or rows.max() >= len(value)):
+                raise ValueError(f"{op} '{shard.name}' shard {shard.index}: row ids out of range 0..{len(value) - 1}")
+            if op == "pull_rows":
+                return self._reply(conn, header, shard.read_rows(rank, rows, self._op_timeout))
+            if len(np.unique(rows)) != n:
+                raise ValueError(f"push_rows '{shard.name}': row ids must be unique (the client sums duplicates)")
+            shard.push(rank, (rows, data[n * 8 :].view(value.dtype).reshape((n, *value.shape[1:]))))
+            return {"ok": True}, []
+        raise ProtocolError(f"{what} asked for unknown operation {op!r}")
+
+    def _register(self, conn: _Conn, header: dict[str, Any]) -> dict[str, Any]:
+        rank = conn.rank
+        name, index = str(header["name"]), int(header["shard"])
+        dtype = str(header["dtype"])
+        if dtype not in DTYPES:
+            raise ValueError(f"register '{name}': dtype {dtype!r} is not supported; use float32 ('<f4') or float64 ('<f8')")
+        shape = tuple(int(d) for d in header["shape"])
+        if not shape or min(shape) < 0:
+            raise ValueError(f"register '{name}': shape {shape} must have at least one axis")
+        rule = check_rule(header["rule"], f"register '{name}'")
+        mode, staleness = str(header["consistency"]), int(header["staleness"])
+        if mode not in _MODES or staleness < 0:
+            raise ValueError(f"register '{name}': consistency {mode!r}/{staleness} is not async, bounded(k>=0) or sync")
+        due = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize  # checked before allocating
+        value = self._payload(conn, header, due).view(dtype).reshape(shape).copy()
+        shard = Shard(name, index, value, rule, mode, staleness, self.workers)
+        with self._registered:
+            if rank == 0:  # worker 0's values win, as when Horovod broadcasts the parameters from rank 0
+                existing = self._shards.setdefault((name, index), shard)
+                self._registered.notify_all()
+            elif not self._registered.wait_for(lambda: (name, index) in self._shards, self._op_timeout):
+                raise TimeoutError(
+                    f"register '{name}' shard {index}: worker {rank} waited {self._op_timeout:g}s for worker 0 to "
+                    "register it; every worker must register the same variables"
+                )
+            else:
+                existing = self._shards[(name, index)]
+        if existing is not shard:
+            existing.check_same(shard.describe(), rank)
+        return {"ok": True}
+
+    def _layout(self, rank: int, header: dict[str, Any]) -> dict[str, Any]:
+        """Server 0 keeps every variable's layout (shape, dtype, rule, consistency, shards and their servers): a
+        worker whose layout differs gets the first one's servers back, to stop them serving the variable."""
+        name, layout = str(header["name"]), header["layout"]
+        with self._lock:
+            first = self._layouts.setdefault(name, layout)
+        if first == layout:
+            return {"ok": True}
+        diff = [f"{k} {layout.get(k)!r} (worker 0: {first.get(k)!r})" for k in first if first.get(k) != layout.get(k)]
+        message = (
+            f"register '{name}': worker {rank} registered it with {'; '.join(diff)}; every worker must register the "
+            "same variables (shape, dtype, rule, consistency) in the same order with the same partitioner"
+        )
+        return {"ok": True, "mismatch": message, "name": name, "servers": sorted(set(first["servers"]))}
+
+    def _poison(self, header: dict[str, Any]) -> dict[str, Any]:
+        """A registration mismatch found elsewhere: every later request on this variable's shards raises it."""
+        with self._lock:
+            shards = [s for (n, _), s in self._shards.items() if n == str(header["name"])]
+        for s in shards:
+            s.poisoned = str(header["message"])
+        return {"ok": True}
+
+    def _checkpoint(self, op: str, header: dict[str, Any]) -> dict[str, Any]:
+        directory = str(header["dir"])
+        with self._lock:
+            shards = dict(self._shards)
+        if op == "save":
+            files = checkpoint.save_shards(directory, self.index, shards)
+            return {"ok": True, "files": files}
+        checkpoint.load_shards(directory, shards, header["sources"])
+        return {"ok": True}
+
+
+def _per_variable(shards: list[Shard]) -> dict[str, int]:
+    """The largest staleness seen per variable (over its shards on this server)."""
+    out: dict[str, int] = {}
+    for s in shards:
+        out[s.name] = max(out.get(s.name, 0), s.max_staleness)
+    return out
+
+
+def _drain(conn: socket.socket, n: int, what: str) -> None:
+    """Read and drop a payload frame of ``n`` bytes (after a request failed before its payload was read)."""
+    if int.from_bytes(recv_exact(conn, 8, what), "big") != n:
+        raise ProtocolError(f"{what} sent a payload frame whose length differs from its header's")
+    while n:
+        n -= len(recv_exact(conn, min(n, 1 << 20), what))
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()

@@ -1,0 +1,261 @@
+"""Clients in this process against real server processes (``python -m hora.ps``) over authenticated TCP: dense and
+sparse updates against a one-process reference, sync mode bitwise, the staleness bound, registration mismatches,
+checkpoints restored onto another number of servers."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from hora.errors import ConfigError, MismatchError
+from hora.ps import FixedShardsPartitioner
+from hora.ps.rules import apply_dense, apply_rows, check_rule, new_slots
+from support.ps_cluster import LIMIT, PsCluster
+
+
+@pytest.fixture(scope="module")
+def two_servers():
+    cluster = PsCluster(2, workers=3)
+    yield cluster
+    errs = cluster.close()
+    assert all(p.returncode == 0 for p in cluster.procs), errs
+
+
+def _threads(targets):
+    errors = []
+
+    def wrap(fn):
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrap, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(LIMIT)
+    assert not any(t.is_alive() for t in threads), "a worker thread hung"
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("shm", [False, True], ids=["tcp", "shm"])
+def test_dense_rules_over_two_servers_match_a_one_process_reference(two_servers, shm):
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((101, 7)).astype(np.float32)
+    b0 = rng.standard_normal(5).astype(np.float64)
+    rule = check_rule({"rule": "adam", "lr": 0.01})
+    part = FixedShardsPartitioner(4)
+    with two_servers.client(0, partitioner=part, shm=shm) as c:
+        c.register({f"dense.w.{shm}": w0, f"dense.b.{shm}": b0}, rule=rule)
+        assert sorted({s for _, _, s in c.placement(f"dense.w.{shm}")}) == [0, 1]  # sharded across both servers
+        ref_w, ref_b = w0.copy(), b0.copy()
+        slots_w, slots_b = new_slots(rule, w0.shape, w0.dtype), new_slots(rule, b0.shape, b0.dtype)
+        for t in range(1, 4):
+            gw, gb = rng.standard_normal(w0.shape).astype(np.float32), rng.standard_normal(5)
+            got = c.push_pull(f"dense.w.{shm}", gw)
+            c.push(f"dense.b.{shm}", gb)
+            # the reference applies the rule shard by shard, as the servers do (Adam's step counts per shard)
+            for lo, hi, _ in c.placement(f"dense.w.{shm}"):
+                s = {k: v[lo:hi] for k, v in slots_w.items()}
+                apply_dense(rule, ref_w[lo:hi], gw[lo:hi], s, t)
+            apply_dense(rule, ref_b, gb, slots_b, t)
+            np.testing.assert_array_equal(got, ref_w)
+        out = np.empty_like(b0)
+        assert c.pull(f"dense.b.{shm}", out=out) is out
+        np.testing.assert_array_equal(out, ref_b)
+        again = c.pull(f"dense.w.{shm}")
+        again += 1  # the result is the caller's own array
+        np.testing.assert_array_equal(c.pull(f"dense.w.{shm}"), ref_w)
+        with pytest.raises(ConfigError, match="shape"):
+            c.push(f"dense.w.{shm}", np.zeros((3, 3), np.float32))
+        with pytest.raises(ConfigError, match="no such variable"):
+            c.pull("nope")
+
+
+@pytest.mark.parametrize("shm", [False, True], ids=["tcp", "shm"])
+def test_sparse_rows_sum_duplicates_and_send_only_the_rows(two_servers, shm):
+    rows, dim = 10_000, 16
+    table = np.arange(rows * dim, dtype=np.float32).reshape(rows, dim)
+    rule = check_rule({"rule": "adagrad", "lr": 0.5, "initial_accumulator": 0.1})
+    with two_servers.client(0, partitioner=FixedShardsPartitioner(2), shm=shm) as c:
+        emb = f"emb.{shm}"
+        c.register(emb, table, rule=rule)
+        ids = np.array([5, 9_999, 5, 42, 5_000, 42, 42])
+        np.testing.assert_array_equal(c.pull_rows(emb, ids), table[ids])
+        before = sum(s["bytes_in"] for s in c.stats())
+        grads = np.ones((len(ids), dim), np.float32) * np.arange(1, len(ids) + 1, dtype=np.float32)[:, None]
+        c.push_rows(emb, ids, grads)
+        sent = sum(s["bytes_in"] for s in c.stats()) - before
+        assert sent == 4 * (8 + dim * 4)  # four distinct rows, each once: ids + values, nothing else
+        ref = table.copy()
+        uniq, inv = np.unique(ids, return_inverse=True)
+        summed = np.zeros((len(uniq), dim), np.float32)
+        np.add.at(summed, inv, grads)
+        apply_rows(rule, ref, uniq, summed, new_slots(rule, ref.shape, ref.dtype), 1)
+        np.testing.assert_array_equal(c.pull(emb), ref)
+        assert not np.array_equal(ref[uniq], table[uniq])
+        with pytest.raises(ConfigError, match="ids must lie in"):
+            c.pull_rows(emb, [rows])
+
+
+def test_sync_mode_is_bitwise_a_sequential_reference(two_servers):
+    workers, steps = two_servers.workers, 4
+    rng = np.random.default_rng(7)
+    w0 = rng.standard_normal((64, 33)).astype(np.float32)
+    grads = rng.standard_normal((steps, workers, 64, 33)).astype(np.float32) * 1e3
+    rule = check_rule({"rule": "momentum", "lr": 0.01, "momentum": 0.9})
+    clients = [two_servers.client(r, partitioner=FixedShardsPartitioner(2), consistency="sync") for r in range(workers)]
+    results = {}
+    try:
+        for c in clients:
+            c.register("sync.w", w0, rule=rule)
+
+        def worker(r):
+            def run():
+                order = np.random.default_rng(r)
+                for s in range(steps):
+                    if order.random() < 0.5:
+                        threading.Event().wait(0.01)  # arrive in a different order every step
+                    results[(r, s)] = clients[r].push_pull("sync.w", grads[s, r])
+            return run
+
+        _threads([worker(r) for r in range(workers)])
+    finally:
+        for c in clients:
+            c.close()
+    ref = w0.copy()
+    slots = new_slots(rule, ref.shape, ref.dtype)
+    for s in range(steps):
+        acc = grads[s, 0].copy()
+        for r in range(1, workers):
+            acc += grads[s, r]
+        np.divide(acc, workers, out=acc)
+        parts = [(0, 32), (32, 64)]
+        for lo, hi in parts:
+            apply_dense(rule, ref[lo:hi], acc[lo:hi], {k: v[lo:hi] for k, v in slots.items()}, s + 1)
+        for r in range(workers):
+            assert results[(r, s)].tobytes() == ref.tobytes(), (r, s)
+
+
+def test_bounded_staleness_holds_with_one_slow_worker(two_servers):
+    k, steps = 2, 12
+    clients = [two_servers.client(r, consistency=f"bounded({k})") for r in range(3)]
+    clocks = [0, 0, 0]
+    worst = [0]
+    lock = threading.Lock()
+    try:
+        for c in clients:
+            c.register("bounded.w", np.zeros(8, np.float32), rule="sum")
+
+        def worker(r):
+            def run():
+                for _ in range(steps):
+                    clients[r].pull("bounded.w")
+                    with lock:
+                        worst[0] = max(worst[0], clocks[r] - min(clocks))
+                    if r == 2:
+                        threading.Event().wait(0.02)  # the slow one
+                    with lock:  # counted before the push, so this view is never ahead of the servers'
+                        clocks[r] += 1
+                    clients[r].push("bounded.w", np.ones(8, np.float32))
+            return run
+
+        _threads([worker(r) for r in range(3)])
+        seen = max(s["staleness"].get("bounded.w", 0) for s in clients[0].stats())
+        np.testing.assert_array_equal(clients[0].pull("bounded.w"), np.full(8, 3 * steps, np.float32))
+    finally:
+        for c in clients:
+            c.close()
+    assert worst[0] <= k and 0 < seen <= k
+
+
+def test_async_mode_lets_the_fast_worker_run_ahead(two_servers):
+    clients = [two_servers.client(r, consistency="async") for r in range(2)]
+    try:
+        for c in clients:
+            c.register("async.w", np.zeros(4, np.float32), rule="sum")
+        clients[1].pull("async.w")
+        for _ in range(10):
+            clients[0].push_pull("async.w", np.ones(4, np.float32))  # never waits for worker 1
+        assert max(s["staleness"].get("async.w", 0) for s in clients[0].stats()) >= 9
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_registration_mismatch_raises_on_every_worker(two_servers):
+    a, b = two_servers.client(0), two_servers.client(1)
+    try:
+        a.register("mm.w", np.zeros((4, 2), np.float32), rule="sgd")
+        with pytest.raises(MismatchError, match=r"mm\.w.*shape"):
+            b.register("mm.w", np.zeros((4, 3), np.float32), rule="sgd")
+        with pytest.raises(MismatchError, match=r"mm\.w"):  # the first worker hears of it at its next request
+            a.push("mm.w", np.zeros((4, 2), np.float32))
+    finally:
+        a.close()
+        b.close()
+
+
+def test_checkpoint_restores_onto_three_servers(tmp_path, two_servers):
+    rng = np.random.default_rng(3)
+    emb = rng.standard_normal((1001, 8)).astype(np.float32)
+    rule = {"rule": "adam", "lr": 0.1}
+    with two_servers.client(0, partitioner=FixedShardsPartitioner(2)) as c:
+        c.register("ck.emb", emb, rule=rule)
+        for _ in range(2):
+            c.push("ck.emb", rng.standard_normal(emb.shape).astype(np.float32))
+        c.save(str(tmp_path), step=2)
+        saved = c.pull("ck.emb")
+        grad = rng.standard_normal(emb.shape).astype(np.float32)
+        c.push("ck.emb", grad)
+        expected_next = c.pull("ck.emb")
+    files = {p.name for p in tmp_path.iterdir()}  # the servers save every variable they hold (other tests' too)
+    assert {"ck.emb.shard0.npz", "ck.emb.shard1.npz", "manifest.json"} <= files
+    assert not [f for f in files if f.startswith(".tmp-")]
+    three = PsCluster(3, workers=1)
+    try:
+        with three.client(0, partitioner=FixedShardsPartitioner(3)) as c:
+            c.register("ck.emb", np.zeros_like(emb), rule=rule)
+            assert len(c.placement("ck.emb")) == 3
+            assert c.restore(str(tmp_path)) == 2
+            np.testing.assert_array_equal(c.pull("ck.emb"), saved)
+            c.push("ck.emb", grad)  # the optimizer slots and step came back too (re-sharded)
+            np.testing.assert_array_equal(c.pull("ck.emb"), expected_next)
+    finally:
+        three.close()
+
+
+def test_a_departed_worker_stops_nobody_under_bounded_and_fails_sync_clearly(two_servers):
+    from hora.errors import PeerLostError
+
+    clients = [two_servers.client(r) for r in range(3)]
+    try:
+        for c in clients:
+            c.register("leave.bounded", np.zeros(4, np.float32), rule="sum", consistency="bounded(1)")
+            c.register("leave.sync", np.zeros(4, np.float32), rule="sum", consistency="sync")
+        clients[1].close()
+        clients[2].close()
+        for _ in range(5):  # would wait for ever on workers 1 and 2 if they still counted
+            clients[0].push_pull("leave.bounded", np.ones(4, np.float32))
+        with pytest.raises(PeerLostError, match=r"worker\(s\) \[1, 2\], which disconnected"):
+            clients[0].push_pull("leave.sync", np.ones(4, np.float32))
+    finally:
+        clients[0].close()
+
+
+def test_no_room_in_dev_shm_falls_back_to_tcp(two_servers, monkeypatch):
+    import errno
+
+    from hora.ps import client as client_module
+
+    def full(size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(client_module.ShmBuffer, "create", staticmethod(full))
+    with two_servers.client(0, shm=True) as c:
+        c.register("fallback.w", np.arange(6, dtype=np.float32), rule="sum")
+        np.testing.assert_array_equal(c.push_pull("fallback.w", np.ones(6, np.float32)), np.arange(1, 7))
