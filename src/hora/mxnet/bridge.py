@@ -86,14 +86,15 @@ def write_view(nd: Any) -> np.ndarray:
 
 
 def empty_like(nd: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> Any:
-    """A new CPU NDArray (of ``nd``'s kind: ``mx.nd`` or ``mx.np``), for an output."""
-    out = mx.nd.empty(nd.shape if shape is None else shape, ctx=mx.cpu(), dtype=nd.dtype if dtype is None else dtype)
+    """A new CPU NDArray (of ``nd``'s kind: ``mx.nd`` or ``mx.np``; on ``nd``'s CPU context), for an output."""
+    ctx = nd.context if nd.context.device_type in _CPU else mx.cpu()
+    out = mx.nd.empty(nd.shape if shape is None else shape, ctx=ctx, dtype=nd.dtype if dtype is None else dtype)
     return out.as_np_ndarray() if isinstance(nd, mx.np.ndarray) else out
 
 
 def to_device_of(nd: Any, result: Any) -> Any:
-    """``result`` (on the CPU) on ``nd``'s device."""
-    return result if nd.context.device_type in _CPU else result.copyto(nd.context)
+    """``result`` (on the CPU) on ``nd``'s context (a copy only when it is another one)."""
+    return result if result.context == nd.context else result.copyto(nd.context)
 
 
 def copy_back(nd: Any, host_nd: Any) -> Any:
