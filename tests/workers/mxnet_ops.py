@@ -11,6 +11,7 @@ import mxnet as mx
 import numpy as np
 
 import hora.mxnet as hvd
+from hora.mxnet import bridge
 from hora.errors import MismatchError, UnsupportedError
 
 DTYPES = ["float16", "float32", "float64", "uint8", "int8", "int32", "int64", "bool"]
@@ -161,6 +162,11 @@ def _other_kinds(me: int, n: int) -> int:
     np.testing.assert_array_equal(out.asnumpy(), np.full((2, 2), n * (n + 1) / 2))
     lazy = mx.nd.dot(mx.nd.ones((64, 64)), mx.nd.ones((64, 64))) * (me + 1)  # pushed to MXNet's engine
     same(hvd.allreduce(lazy, op=hvd.Sum), np.full((64, 64), 64.0 * n * (n + 1) / 2, np.float32), "lazy input")
+    bf16 = mx.nd.array(np.arange(4) + me).astype(bridge.MX_BFLOAT16)  # MXNet's bfloat16 NDArray
+    got = hvd.allreduce(bf16, op=hvd.Sum)
+    assert got.dtype == bridge.MX_BFLOAT16, got.dtype
+    expected = sum(np.arange(4) + r for r in range(n)).astype(np.float32)
+    np.testing.assert_array_equal(got.astype("float32").asnumpy(), expected)
     assert hvd.broadcast_object({"rank": me}, root_rank=n - 1) == {"rank": n - 1}
     assert hvd.allgather_object(me * 2) == [r * 2 for r in range(n)]
     # join: the last rank joins late; the others' allreduces meanwhile count its contribution as zeros
@@ -168,7 +174,7 @@ def _other_kinds(me: int, n: int) -> int:
         same(hvd.allreduce(mx.nd.ones((3,)), op=hvd.Sum, name="after-join"), np.ones(3, np.float32), "joined zeros")
     last = hvd.join()
     assert last == n - 1, last
-    return 4
+    return 5
 
 
 def _expect(error: type[BaseException], fn: Any, notes: list[str], what: str) -> None:
@@ -189,7 +195,7 @@ def errors_worker() -> list[str]:
     dtype = "float32" if me == 0 else "float64"
     _expect(MismatchError, lambda: hvd.allreduce(mx.nd.ones((2,), dtype=dtype), name="grad.b"), notes, "dtype")
     _expect(MismatchError, lambda: hvd.broadcast(mx.nd.ones((2,)), root_rank=me, name="bc"), notes, "root")
-    _expect(UnsupportedError, lambda: hvd.allreduce(mx.nd.ones((2,), dtype="uint16")), notes, "unsupported dtype")
+    _expect(ValueError, lambda: hvd.reducescatter(mx.nd.ones((2,)), op=hvd.Max), notes, "reducescatter op")
     sparse = mx.nd.ones((4, 2)).tostype("row_sparse")
     _expect(UnsupportedError, lambda: hvd.allreduce(sparse), notes, "sparse")
     _expect(TypeError, lambda: hvd.allreduce(np.ones(2)), notes, "numpy input")

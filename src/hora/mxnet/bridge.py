@@ -21,19 +21,20 @@ from mxnet.base import _LIB, check_call
 
 from hora.errors import UnsupportedError
 
-__all__ = ["copy_back", "empty_like", "host", "numpy_dtype", "read_view", "to_device_of", "write_view"]
+__all__ = ["MX_BFLOAT16", "copy_back", "empty_like", "host", "numpy_dtype", "read_view", "to_device_of", "write_view"]
 
 #: MXNet's bfloat16 is a structured dtype over uint16 (``mxnet.ndarray.ndarray.bfloat16``).
-_MX_BFLOAT16 = np.dtype([("bfloat16", np.uint16)])
+MX_BFLOAT16 = np.dtype([("bfloat16", np.uint16)])
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-_SUPPORTED = [np.dtype(t) for t in (np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64, np.bool_)]
+#: Every dtype MXNet 1.9's NDArrays have (bfloat16 aside); hora carries them all.
+_SUPPORTED = [np.dtype(t) for t in (np.uint8, np.int8, np.int32, np.int64, np.float16, np.float32, np.float64, np.bool_)]
 _CPU = ("cpu", "cpu_pinned", "cpu_shared")
 
 
 def numpy_dtype(nd: Any, what: str) -> np.dtype:
     """The numpy dtype the engine carries ``nd``'s elements as; UnsupportedError for other dtypes."""
     dt = np.dtype(nd.dtype)
-    if dt == _MX_BFLOAT16:
+    if dt == MX_BFLOAT16:
         return _BFLOAT16
     if dt not in _SUPPORTED:
         names = ", ".join([d.name for d in _SUPPORTED] + ["bfloat16"])

@@ -15,7 +15,7 @@ import mxnet as mx
 import numpy as np
 
 from hora import _frontend as _f
-from hora._frontend import Average, ProcessSet, global_process_set
+from hora._frontend import Average, ProcessSet, Sum, global_process_set
 from hora._frontend.core import blocking
 from hora.mxnet import bridge
 
@@ -106,6 +106,8 @@ def grouped_allreduce(
     op: int | None = None,
 ) -> list[Any]:
     """Reduce every NDArray of the list as one group (negotiated and fused together); returns new NDArrays."""
+    if not tensors:
+        return tensors  # type: ignore[return-value]
     hosts = [bridge.host(t, "grouped_allreduce") for t in tensors]
     outs = [bridge.empty_like(h) for h in hosts]
     blocking(
@@ -129,6 +131,8 @@ def grouped_allreduce_(
     op: int | None = None,
 ) -> list[Any]:
     """In-place grouped allreduce: every NDArray of the list holds its result when this returns."""
+    if not tensors:
+        return tensors  # type: ignore[return-value]
     tensors = list(tensors)
     hosts = [bridge.host(t, "grouped_allreduce_") for t in tensors]
     blocking(
@@ -215,7 +219,7 @@ def alltoall(
     out = _nd_of(tensor, output)
     if splits is None:
         return out
-    return out, mx.nd.array(np.asarray(received, np.int32), ctx=tensor.context, dtype=np.int32)
+    return out, mx.nd.array(np.asarray(received, np.int32), ctx=mx.cpu(), dtype=np.int32)
 
 
 def reducescatter(
@@ -229,6 +233,7 @@ def reducescatter(
 ) -> Any:
     """Reduce ``tensor`` over ranks and return this rank's share of the first dimension (lower ranks take the
     remainder), a new NDArray."""
+    _scatter_op(op, "reducescatter")
     host = bridge.host(tensor, "reducescatter")
     result = blocking(
         lambda: _f.reducescatter_async(
@@ -248,6 +253,7 @@ def grouped_reducescatter(
     postscale_factor: float = 1.0,
 ) -> list[Any]:
     """``reducescatter`` of every NDArray of the list, negotiated together."""
+    _scatter_op(op, "grouped_reducescatter")
     hosts = [bridge.host(t, "grouped_reducescatter") for t in tensors]
     results = blocking(
         lambda: _f.grouped_reducescatter_async(
@@ -255,6 +261,11 @@ def grouped_reducescatter(
         )
     )
     return [_nd_of(t, r) for t, r in zip(tensors, results)]
+
+
+def _scatter_op(op: int, what: str) -> None:
+    if op not in (Average, Sum):
+        raise ValueError(f"{what} takes op=Average or op=Sum (as Horovod's MXNet API), got op={op}")
 
 
 # -- control -------------------------------------------------------------------------------------------------------

@@ -89,6 +89,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             raise AttributeError(item)
         return getattr(self._optimizer, item)
 
+    def create_state(self, index: Any, weight: Any) -> Any:
+        return self._optimizer.create_state(index, weight)
+
     def create_state_multi_precision(self, index: Any, weight: Any) -> Any:
         return self._optimizer.create_state_multi_precision(index, weight)
 
@@ -102,11 +105,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             _sum_into([grad], [str(index)], 0, self._gradient_predivide_factor, self._process_set)
 
     def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
-        self._do_allreduce(index, grad)
+        if self._process_set.included():
+            self._do_allreduce(index, grad)
         self._optimizer.update(index, weight, grad, state)
 
     def update_multi_precision(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
-        self._do_allreduce(index, grad)
+        if self._process_set.included():
+            self._do_allreduce(index, grad)
         self._optimizer.update_multi_precision(index, weight, grad, state)
 
     def set_learning_rate(self, lr: float) -> None:
@@ -147,9 +152,10 @@ class DistributedTrainer(mx.gluon.Trainer):
             )
         if prefix is not None and not isinstance(prefix, str):
             raise TypeError(f"DistributedTrainer: prefix must be a str or None, got {type(prefix).__name__}")
-        # The same parameter order on every rank: gluon.Trainer sorts a ParameterDict by key; a plain dict too.
+        # The same parameter order on every rank: gluon.Trainer sorts a dict or ParameterDict by key. (Horovod also
+        # sorts a list of Parameters, which MXNet 1.x Parameters cannot be: hora keeps the list's order.)
         if isinstance(params, dict):
-            params = OrderedDict(sorted(params.items()))
+            params = OrderedDict(params)
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         # Trainer.step sets the optimizer's rescale_grad to _scale / batch_size: dividing _scale by the number of
         # ranks makes the summed gradient an average.
@@ -159,7 +165,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._num_groups = num_groups
 
     def _allreduce_grads(self) -> None:
-        if self._process_set.size() == 1:
+        if self._process_set.size() == 1 or not self._process_set.included():
             return
         grads, names, pairs = [], [], []
         for i, param in enumerate(self._params):
