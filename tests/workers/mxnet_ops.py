@@ -11,8 +11,8 @@ import mxnet as mx
 import numpy as np
 
 import hora.mxnet as hvd
-from hora.mxnet import bridge
 from hora.errors import MismatchError, UnsupportedError
+from hora.mxnet import bridge
 
 DTYPES = ["float16", "float32", "float64", "uint8", "int8", "int32", "int64", "bool"]
 OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]

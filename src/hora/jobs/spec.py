@@ -13,7 +13,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import shlex
 import time
 import uuid
 from collections.abc import Mapping
@@ -21,9 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hora.config.variables import environment as process_environment
 from hora.errors import ConfigError, SpecError
-from hora.runner.flags import LAUNCHER_OPTIONS, parse_run_options, settings_from_args
+from hora.jobs.mpi_options import parse_custom_mpi_options
 
 __all__ = ["ChannelSpec", "JobSpec", "MetricDefinition", "SpecError", "load_spec", "parse_spec", "spec_from_dict"]
 
@@ -314,7 +312,9 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
     run_settings: dict[str, Any] = {}
     mpi_exports: dict[str, str] = {}
     if mpi_options:
-        run_settings, mpi_exports = _run_settings(mpi_options, c)
+        run_settings, mpi_exports, found = parse_custom_mpi_options(mpi_options)
+        for problem in found:
+            c.add(problem)
     pph = pph or 1
 
     # Channels.
@@ -469,58 +469,6 @@ def _channel(name: str, value: Any, job_mode: str, base: Path, c: _Checker) -> C
     if wrapping not in (None, "None", "RecordIO"):
         c.add(f"channel {name!r}: record_wrapping {wrapping!r} must be None or RecordIO")
     return ChannelSpec(name, uri, mode, dist, c.str_(opts, "content_type", f" of channel {name!r}"), wrapping)
-
-
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _run_settings(options: str, c: _Checker) -> tuple[dict[str, Any], dict[str, str]]:
-    """``custom_mpi_options`` are ``hora run`` flags (``--fusion-threshold-mb 32 --transport tcp``), checked with
-    hora run's own parser so a typo is a spec error instead of a failed launch, plus mpirun's ``-x NAME=VALUE`` /
-    ``-x NAME`` (export a variable to every rank; a bare name takes its value from this environment, as mpirun
-    does). Returns (settings, exported variables)."""
-    try:
-        words = shlex.split(options)
-    except ValueError as exc:
-        c.add(f"custom_mpi_options {options!r} cannot be split into words: {exc}")
-        return {}, {}
-    exports, rest = _exports(words, c)
-    try:
-        args = parse_run_options(rest)
-    except ConfigError as exc:
-        c.add(f"custom_mpi_options {options!r} are not valid hora run options: {exc}")
-        return {}, exports
-    for option in LAUNCHER_OPTIONS:
-        if getattr(args, option, None) is not None:
-            c.add(f"custom_mpi_options may not set {option}: hora job sets the ranks and hosts itself")
-    return settings_from_args(args), exports
-
-
-def _exports(words: list[str], c: _Checker) -> tuple[dict[str, str], list[str]]:
-    """mpirun's ``-x`` options out of ``words``: (NAME -> value, the other words)."""
-    exports: dict[str, str] = {}
-    rest: list[str] = []
-    it = iter(words)
-    for word in it:
-        if word != "-x":
-            rest.append(word)
-            continue
-        item = next(it, None)
-        if item is None:
-            c.add("custom_mpi_options: -x needs NAME=VALUE or NAME after it")
-            break
-        name, eq, value = item.partition("=")
-        if not _ENV_NAME.match(name):
-            c.add(f"custom_mpi_options: -x {item!r} does not start with a variable name (NAME=VALUE or NAME)")
-            continue
-        if not eq:
-            found = process_environment().get(name)
-            if found is None:
-                c.add(f"custom_mpi_options: -x {name} exports {name} from this environment, where it is not set")
-                continue
-            value = found
-        exports[name] = value
-    return exports, rest
 
 
 def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:

@@ -25,8 +25,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = N
     if prefix is not None and not isinstance(prefix, str):
         raise TypeError(f"broadcast_parameters: prefix must be a str or None, got {type(prefix).__name__}")
     prefix = prefix or ""
-    valid: tuple[type, ...] = (dict, mx.gluon.ParameterDict)
-    if not isinstance(params, valid):
+    if not isinstance(params, (dict, mx.gluon.ParameterDict)):
         raise ValueError(
             f"broadcast_parameters: invalid params of type {type(params).__name__}; pass a dict of NDArrays or "
             "Parameters, or a gluon ParameterDict (model.collect_params())"

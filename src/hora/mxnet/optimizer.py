@@ -32,6 +32,13 @@ def _split_list(items: list[Any], parts: int) -> list[list[Any]]:
     return [items[i * d + min(i, r) : (i + 1) * d + min(i + 1, r)] for i in range(parts)]
 
 
+def _set_size(process_set: ProcessSet, what: str) -> int:
+    size = process_set.size()
+    if size is None:
+        raise ValueError(f"{what}: {process_set!r} has not been added: call hvd.add_process_set(...) on every rank first")
+    return size
+
+
 def _sum_into(
     grads: Sequence[Any], names: Sequence[str], groups: int, predivide: float, process_set: ProcessSet
 ) -> None:
@@ -79,7 +86,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     ) -> None:
         # No Optimizer.__init__: every attribute is the wrapped optimizer's (__getattr__), as in Horovod.
         self._optimizer = optimizer
-        self._optimizer.rescale_grad *= gradient_predivide_factor / process_set.size()
+        self._optimizer.rescale_grad *= gradient_predivide_factor / _set_size(process_set, "DistributedOptimizer")
         self._gradient_predivide_factor = gradient_predivide_factor
         self._num_groups = num_groups
         self._process_set = process_set
@@ -159,7 +166,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         # Trainer.step sets the optimizer's rescale_grad to _scale / batch_size: dividing _scale by the number of
         # ranks makes the summed gradient an average.
-        self._scale *= gradient_predivide_factor / process_set.size()
+        self._scale *= gradient_predivide_factor / _set_size(process_set, "DistributedTrainer")
         self._gradient_predivide_factor = gradient_predivide_factor
         self._prefix = prefix or ""
         self._num_groups = num_groups
