@@ -1,7 +1,7 @@
 """A Gluon CNN on scikit-learn's digits with hora's Horovod MXNet API: DistributedTrainer, parameters broadcast
 from rank 0 (deferred initialization), data sharded with num_parts/part_index, and a rank-0 checkpoint.
 
-    hora run -np 2 python examples/mxnet_digits.py
+    hora run -np 2 python examples/mxnet_digits.py     # in the MXNet environment (. .venv-mxnet/bin/activate)
 
 A Horovod MXNet script: ``import horovod.mxnet as hvd`` is the only change the other way. MXNet 1.9.1 needs
 numpy < 1.24 (see docs/mxnet.md for the environment).

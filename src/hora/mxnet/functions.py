@@ -22,6 +22,8 @@ def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = N
     deferred (shape known only after the first forward pass) is broadcast when it is initialized: its
     ``_init_impl`` is wrapped, as Horovod does. Names are ``prefix`` + the dict key, so every rank must pass the
     same keys."""
+    if _f.size() == 1:  # as Horovod: nothing to do (deferred parameters are not wrapped either)
+        return
     if prefix is not None and not isinstance(prefix, str):
         raise TypeError(f"broadcast_parameters: prefix must be a str or None, got {type(prefix).__name__}")
     prefix = prefix or ""
