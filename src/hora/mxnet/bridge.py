@@ -21,7 +21,9 @@ from mxnet.base import _LIB, check_call
 
 from hora.errors import UnsupportedError
 
-__all__ = ["MX_BFLOAT16", "copy_back", "empty_like", "host", "numpy_dtype", "read_view", "to_device_of", "write_view"]
+__all__ = [
+    "MX_BFLOAT16", "copy_back", "empty_like", "host", "numpy_dtype", "on_cpu", "read_view", "to_device_of", "write_view",
+]  # fmt: skip
 
 #: MXNet's bfloat16 is a structured dtype over uint16 (``mxnet.ndarray.ndarray.bfloat16``).
 MX_BFLOAT16 = np.dtype([("bfloat16", np.uint16)])
@@ -29,6 +31,7 @@ _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 #: Every dtype MXNet 1.9's NDArrays have (bfloat16 aside); hora carries them all.
 _SUPPORTED = [np.dtype(t) for t in (np.uint8, np.int8, np.int32, np.int64, np.float16, np.float32, np.float64, np.bool_)]
 _CPU = ("cpu", "cpu_pinned", "cpu_shared")
+_CPU_TYPES = (1, 3, 5)  # mx.Context.devstr2type of the above
 
 
 def numpy_dtype(nd: Any, what: str) -> np.dtype:
@@ -42,6 +45,13 @@ def numpy_dtype(nd: Any, what: str) -> np.dtype:
     return dt
 
 
+def on_cpu(nd: Any) -> bool:
+    """Whether ``nd``'s memory is host memory (``nd.context`` costs several µs more: it builds a Context)."""
+    dev_type, dev_id = ctypes.c_int(), ctypes.c_int()
+    check_call(_LIB.MXNDArrayGetContext(nd.handle, ctypes.byref(dev_type), ctypes.byref(dev_id)))
+    return dev_type.value in _CPU_TYPES
+
+
 def host(nd: Any, what: str) -> Any:
     """``nd`` itself when its memory is on the CPU, else a CPU copy of it; TypeError/UnsupportedError otherwise."""
     if not isinstance(nd, mx.nd.NDArray):
@@ -49,9 +59,7 @@ def host(nd: Any, what: str) -> Any:
     if nd.stype != "default":
         raise UnsupportedError(f"{what} does not take sparse ({nd.stype}) NDArrays; use .tostype('default')")
     numpy_dtype(nd, what)
-    if nd.context.device_type in _CPU:
-        return nd
-    return nd.copyto(mx.cpu())
+    return nd if on_cpu(nd) else nd.copyto(mx.cpu())
 
 
 class _Memory:
@@ -65,7 +73,7 @@ class _Memory:
 def _view(nd: Any) -> np.ndarray:
     dt = numpy_dtype(nd, "view")
     shape = tuple(nd.shape)
-    if nd.size == 0:
+    if 0 in shape:
         return np.empty(shape, dt)
     pointer = ctypes.c_void_p()
     check_call(_LIB.MXNDArrayGetData(nd.handle, ctypes.byref(pointer)))
@@ -88,7 +96,8 @@ def write_view(nd: Any) -> np.ndarray:
 
 def empty_like(nd: Any, shape: tuple[int, ...] | None = None, dtype: Any = None) -> Any:
     """A new CPU NDArray (of ``nd``'s kind: ``mx.nd`` or ``mx.np``; on ``nd``'s CPU context), for an output."""
-    ctx = nd.context if nd.context.device_type in _CPU else mx.cpu()
+    ctx = nd.context
+    ctx = ctx if ctx.device_type in _CPU else mx.cpu()
     out = mx.nd.empty(nd.shape if shape is None else shape, ctx=ctx, dtype=nd.dtype if dtype is None else dtype)
     return out.as_np_ndarray() if isinstance(nd, mx.np.ndarray) else out
 

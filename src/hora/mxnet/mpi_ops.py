@@ -71,7 +71,7 @@ def allreduce(
             prescale_factor=prescale_factor, postscale_factor=postscale_factor, process_set=process_set,
         )
     )  # fmt: skip
-    return bridge.to_device_of(tensor, out)
+    return out if host is tensor else out.copyto(tensor.context)
 
 
 def allreduce_(
@@ -117,7 +117,7 @@ def grouped_allreduce(
             process_set=process_set,
         )
     )  # fmt: skip
-    return [bridge.to_device_of(t, o) for t, o in zip(tensors, outs)]
+    return [o if h is t else o.copyto(t.context) for t, h, o in zip(tensors, hosts, outs)]
 
 
 def grouped_allreduce_(
@@ -182,7 +182,7 @@ def broadcast(
             process_set=process_set,
         )
     )  # fmt: skip
-    return bridge.to_device_of(tensor, out)
+    return out if host is tensor else out.copyto(tensor.context)
 
 
 def broadcast_(
