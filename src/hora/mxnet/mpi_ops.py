@@ -41,7 +41,7 @@ def _nd_of(nd: Any, arr: np.ndarray) -> Any:
     else holds. Zero-copy where MXNet can adopt numpy memory (DLPack), else one copy."""
     try:
         out = mx.nd.from_numpy(arr, zero_copy=True)
-    except Exception:  # dtypes MXNet's DLPack import does not know (bool, bfloat16): one copy
+    except Exception:  # dtypes MXNet's DLPack import refuses (int8, bfloat16; MXNet raises several types): one copy
         out = bridge.empty_like(nd, shape=arr.shape)
         np.copyto(bridge.write_view(out), arr.view(bridge.numpy_dtype(out, "allgather")))
         return bridge.to_device_of(nd, out)
