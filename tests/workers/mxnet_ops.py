@@ -226,6 +226,20 @@ def process_sets_worker() -> list[str]:
         same(gathered, np.arange(0, n, 2).astype(np.float32), "allgather in the set")
     else:
         _expect(Exception, lambda: hvd.allreduce(mx.nd.ones((2,)), process_set=evens), notes, "non-member")
+    # A trainer on the set: its members average their gradients; the other ranks skip the allreduce but keep the
+    # gradient scale divided by the set's size, as Horovod's trainer does.
+    from mxnet import autograd, gluon
+
+    dense = gluon.nn.Dense(1, in_units=2, use_bias=False)
+    dense.initialize(mx.init.Constant(0.0))
+    trainer = hvd.DistributedTrainer(dense.collect_params(), "sgd", {"learning_rate": 1.0}, process_set=evens)
+    with autograd.record():
+        loss = dense(mx.nd.full((1, 2), me + 1.0)).sum()
+    loss.backward()
+    trainer.step(1)
+    got = dense.weight.data().asnumpy().ravel().tolist()
+    mean = float(np.mean([r + 1.0 for r in members]))
+    assert got == ([-mean] * 2 if me in members else [-(me + 1.0) / len(members)] * 2), (me, got)
     hvd.remove_process_set(evens)
     hvd.barrier()
     return notes
