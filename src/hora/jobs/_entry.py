@@ -64,7 +64,19 @@ def rank_env(base: dict[str, str], plan: dict, host_env: dict[str, str], rank: i
         # its Environment() agrees with the SM_* variables on every host, with or without the /opt/ml mount
         SAGEMAKER_BASE_DIR=str(Path(host_env["SM_MODEL_DIR"]).parent),
     )
+    tree = Path(host_env["SM_MODEL_DIR"]).parent
+    for name, value in plan.get("mpi_exports", {}).items():  # custom_mpi_options' -x, as mpirun exports them
+        env[name] = on_host_tree(value, tree)
     return env
+
+
+def on_host_tree(value: str, tree: Path) -> str:
+    """``value`` with a leading ``/opt/ml`` replaced by this host's tree, where the host has no /opt/ml mount
+    (not root): ``-x HOROVOD_TIMELINE=/opt/ml/output/data/timeline.json`` then still lands in the host's
+    output/data."""
+    if str(tree) == "/opt/ml" or not (value == "/opt/ml" or value.startswith("/opt/ml/")):
+        return value
+    return str(tree) + value[len("/opt/ml") :]
 
 
 class _Pump:

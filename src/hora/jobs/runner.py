@@ -315,6 +315,7 @@ class JobRunner:
             "connect_timeout": HOST_START_SECONDS,
             "grace": self.spec.stop_grace,
             "run_settings": unattended_settings(self.spec.run_settings, self._launch_env(1)),
+            "mpi_exports": self.spec.mpi_exports,
             "processes_per_host": self.spec.processes_per_host,
             "command": entry_command(self.spec, to_cmd_args(json.loads(user_hps)), python),
             "metric_definitions": [{"Name": m.name, "Regex": m.regex} for m in self.spec.metric_definitions],

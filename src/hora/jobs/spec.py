@@ -13,7 +13,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import shlex
 import time
 import uuid
 from collections.abc import Mapping
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hora.errors import ConfigError, SpecError
-from hora.runner.flags import LAUNCHER_OPTIONS, parse_run_options, settings_from_args
+from hora.jobs.mpi_options import parse_custom_mpi_options
 
 __all__ = ["ChannelSpec", "JobSpec", "MetricDefinition", "SpecError", "load_spec", "parse_spec", "spec_from_dict"]
 
@@ -94,6 +93,7 @@ class JobSpec:
     strategy: str = "none"  # none | mpi | allreduce
     custom_mpi_options: str = ""
     run_settings: dict[str, Any] = field(default_factory=dict)  # hora run settings from custom_mpi_options
+    mpi_exports: dict[str, str] = field(default_factory=dict)  # custom_mpi_options' -x NAME=VALUE, for every rank
     inputs: tuple[ChannelSpec, ...] = ()
     output_path: str | None = None
     checkpoint_path: str | None = None
@@ -310,8 +310,11 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
     if strategy == "parameter_server":
         c.add("distribution parameter_server is not yet supported by hora job (use mpi / allreduce, or none)")
     run_settings: dict[str, Any] = {}
+    mpi_exports: dict[str, str] = {}
     if mpi_options:
-        run_settings = _run_settings(mpi_options, c)
+        run_settings, mpi_exports, found = parse_custom_mpi_options(mpi_options)
+        for problem in found:
+            c.add(problem)
     pph = pph or 1
 
     # Channels.
@@ -414,6 +417,7 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
         strategy=strategy,
         custom_mpi_options=mpi_options,
         run_settings=run_settings,
+        mpi_exports=mpi_exports,
         inputs=tuple(channels),
         output_path=output_path,
         checkpoint_path=checkpoint_path,
@@ -465,25 +469,6 @@ def _channel(name: str, value: Any, job_mode: str, base: Path, c: _Checker) -> C
     if wrapping not in (None, "None", "RecordIO"):
         c.add(f"channel {name!r}: record_wrapping {wrapping!r} must be None or RecordIO")
     return ChannelSpec(name, uri, mode, dist, c.str_(opts, "content_type", f" of channel {name!r}"), wrapping)
-
-
-def _run_settings(options: str, c: _Checker) -> dict[str, Any]:
-    """``custom_mpi_options`` are ``hora run`` flags (``--fusion-threshold-mb 32 --transport tcp``): check them
-    with hora run's own parser, so a typo is a spec error instead of a failed launch."""
-    try:
-        words = shlex.split(options)
-    except ValueError as exc:
-        c.add(f"custom_mpi_options {options!r} cannot be split into words: {exc}")
-        return {}
-    try:
-        args = parse_run_options(words)
-    except ConfigError as exc:
-        c.add(f"custom_mpi_options {options!r} are not valid hora run options: {exc}")
-        return {}
-    for option in LAUNCHER_OPTIONS:
-        if getattr(args, option, None) is not None:
-            c.add(f"custom_mpi_options may not set {option}: hora job sets the ranks and hosts itself")
-    return settings_from_args(args)
 
 
 def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:

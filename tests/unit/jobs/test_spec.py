@@ -117,6 +117,38 @@ def test_custom_mpi_options_are_checked_with_hora_runs_parser(code):
     assert found == ["custom_mpi_options may not set np: hora job sets the ranks and hosts itself"]
 
 
+def test_custom_mpi_options_export_variables_with_mpiruns_x(code, monkeypatch):
+    monkeypatch.setenv("HORA_TEST_EXPORTED", "from-here")
+    options = ("-x HOROVOD_TIMELINE=/opt/ml/output/data/timeline.json --fusion-threshold-mb 8 -x HOROVOD_AUTOTUNE=1 "
+               "-x HORA_TEST_EXPORTED -x EMPTY=")
+    spec = parse_spec({"entry_point": "train.py", "distribution": {"mpi": {"custom_mpi_options": options}}}, code)
+    assert spec.mpi_exports == {"HOROVOD_TIMELINE": "/opt/ml/output/data/timeline.json", "HOROVOD_AUTOTUNE": "1",
+                                "HORA_TEST_EXPORTED": "from-here", "EMPTY": ""}
+    assert spec.run_settings == {"fusion_threshold": 8 << 20}
+    assert spec_from_dict(spec.to_dict()) == spec
+    monkeypatch.delenv("HORA_TEST_EXPORTED")
+    found = problems({"entry_point": "train.py", "distribution": {"mpi": {
+        "custom_mpi_options": "-x 1BAD=2 -x HORA_TEST_EXPORTED -x"}}}, code)
+    assert found == [
+        "custom_mpi_options: -x '1BAD=2' does not start with a variable name (NAME=VALUE or NAME)",
+        "custom_mpi_options: -x HORA_TEST_EXPORTED exports HORA_TEST_EXPORTED from this environment, where it is not set",
+        "custom_mpi_options: -x needs NAME=VALUE or NAME after it",
+    ]
+
+
+def test_exported_paths_land_in_the_hosts_tree():
+    from pathlib import Path
+
+    from hora.jobs._entry import on_host_tree
+
+    tree = Path("/tmp/job/hosts/algo-1")
+    assert on_host_tree("/opt/ml/output/data/t.json", tree) == "/tmp/job/hosts/algo-1/output/data/t.json"
+    assert on_host_tree("/opt/ml", tree) == "/tmp/job/hosts/algo-1"
+    assert on_host_tree("/opt/mlx/a", tree) == "/opt/mlx/a"
+    assert on_host_tree("1", tree) == "1"
+    assert on_host_tree("/opt/ml/output/x", Path("/opt/ml")) == "/opt/ml/output/x"
+
+
 def test_conflicting_processes_per_host(code):
     found = problems({"entry_point": "train.py", "processes_per_host": 2,
                       "distribution": {"allreduce": {"processes_per_host": 3}}}, code)
