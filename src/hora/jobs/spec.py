@@ -43,6 +43,11 @@ FIELDS = (
 )
 CHANNEL_FIELDS = ("uri", "s3_data", "input_mode", "distribution", "content_type", "record_wrapping")
 DISTRIBUTION_FIELDS = ("enabled", "processes_per_host", "custom_mpi_options")
+#: ``servers`` is hora's addition: whose parameter servers run beside the workers (tensorflow: SageMaker's).
+PS_DISTRIBUTION_FIELDS = ("enabled", "servers")
+PS_SERVERS = ("tensorflow", "hora")
+#: The hyperparameter the SageMaker SDK writes for ``distribution={"parameter_server": {"enabled": True}}``.
+PS_HYPERPARAMETER = "sagemaker_parameter_server_enabled"
 
 
 #: The most bytes hyperparameters (as JSON) or one environment value may take: Linux's MAX_ARG_STRLEN (128 KiB)
@@ -91,7 +96,8 @@ class JobSpec:
     instance_count: int = 1
     instance_type: str = "local"
     processes_per_host: int = 1
-    strategy: str = "none"  # none | mpi | allreduce
+    strategy: str = "none"  # none | mpi | allreduce | parameter_server
+    ps_servers: str = "tensorflow"  # parameter_server: whose servers run beside the workers (PS_SERVERS)
     custom_mpi_options: str = ""
     run_settings: dict[str, Any] = field(default_factory=dict)  # hora run settings from custom_mpi_options
     inputs: tuple[ChannelSpec, ...] = ()
@@ -270,7 +276,8 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
     pph = c.int_(data, "processes_per_host", 0, 1) if data.get("processes_per_host") is not None else 0
 
     # distribution: "mpi" / {"mpi": {"enabled": true, "processes_per_host": 2, "custom_mpi_options": "..."}}
-    strategy, mpi_options = "none", ""
+    #               / "parameter_server" / {"parameter_server": {"enabled": true}}
+    strategy, mpi_options, ps_servers = "none", "", "tensorflow"
     dist = data.get("distribution")
     if dist is None:
         pass
@@ -281,34 +288,53 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
         else:
             strategy = dist
     elif isinstance(dist, Mapping):
-        if len(dist) != 1:
-            c.add(f"distribution must name one strategy ({', '.join(STRATEGIES[1:])}), got {sorted(dist)}")
+        chosen: list[str] = []
         for name, opts in dist.items():
             if name not in STRATEGIES[1:]:
                 close = difflib.get_close_matches(str(name), STRATEGIES, n=1)
                 c.add(f"distribution strategy {name!r} is not one of {', '.join(STRATEGIES[1:])}" + (f"; did you mean {close[0]!r}?" if close else ""))
                 continue
+            known = PS_DISTRIBUTION_FIELDS if name == "parameter_server" else DISTRIBUTION_FIELDS
             opts = {} if opts is None else opts
             if not isinstance(opts, Mapping):
-                c.add(f"distribution.{name} must be a mapping (enabled, processes_per_host, custom_mpi_options), got {_type_name(opts)}")
+                c.add(f"distribution.{name} must be a mapping ({', '.join(known)}), got {_type_name(opts)}")
                 continue
             for k in opts:
-                if k not in DISTRIBUTION_FIELDS:
-                    c.add(_unknown(str(k), DISTRIBUTION_FIELDS, f" in distribution.{name}"))
+                if k not in known:
+                    c.add(_unknown(str(k), known, f" in distribution.{name}"))
             enabled = opts.get("enabled", True)
             if not isinstance(enabled, bool):
                 c.add(f"distribution.{name}.enabled must be true or false, got {enabled!r}")
             elif enabled:
-                strategy = name
+                chosen.append(name)
+            if name == "parameter_server":
+                ps_servers = opts.get("servers", "tensorflow")
+                continue
             inner = c.int_(opts, "processes_per_host", 0, 1, f" (in distribution.{name})") if opts.get("processes_per_host") is not None else 0
             if inner and pph and inner != pph:
                 c.add(f"processes_per_host is {pph} but distribution.{name}.processes_per_host is {inner}; give one")
             pph = pph or inner
             mpi_options = c.str_(opts, "custom_mpi_options", f" (in distribution.{name})") or ""
+        if len(chosen) > 1:
+            c.add(f"distribution enables {' and '.join(chosen)} at once; a job runs one distribution strategy: "
+                  "keep one of them (or set enabled: false on the others)")
+        elif chosen:
+            strategy = chosen[0]
     else:
         c.add(f"distribution must be a strategy name or a mapping, got {_type_name(dist)}")
+    strategy, hps = _ps_hyperparameter(strategy, hps, c)
     if strategy == "parameter_server":
-        c.add("distribution parameter_server is not yet supported by hora job (use mpi / allreduce, or none)")
+        if ps_servers not in PS_SERVERS:
+            c.add(f"distribution.parameter_server.servers must be one of {', '.join(PS_SERVERS)}, got {ps_servers!r}")
+        elif ps_servers == "hora":
+            c.add("distribution.parameter_server.servers: hora (hora's own parameter servers, hora.ps) is not yet "
+                  "supported by hora job; use servers: tensorflow (the default, as SageMaker's TensorFlow container)")
+        if pph > 1:
+            c.add(f"distribution parameter_server runs one worker process per host, as SageMaker does, but "
+                  f"processes_per_host is {pph}; drop processes_per_host (or use mpi / allreduce for several "
+                  "processes per host)")
+        if mpi_options:
+            c.add("custom_mpi_options belong to mpi / allreduce, not to parameter_server")
     run_settings: dict[str, Any] = {}
     if mpi_options:
         run_settings = _run_settings(mpi_options, c)
@@ -412,6 +438,7 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
         instance_type=instance_type,
         processes_per_host=pph,
         strategy=strategy,
+        ps_servers=ps_servers if strategy == "parameter_server" else "tensorflow",
         custom_mpi_options=mpi_options,
         run_settings=run_settings,
         inputs=tuple(channels),
@@ -425,6 +452,28 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
         network=network,
         master_timeout=master_timeout,
     )
+
+
+def _ps_hyperparameter(strategy: str, hps: Mapping[str, Any], c: _Checker) -> tuple[str, Mapping[str, Any]]:
+    """The SDK's own form of the distribution, ``sagemaker_parameter_server_enabled`` among the hyperparameters
+    (what ``TensorFlow(distribution={"parameter_server": {"enabled": True}})`` writes): the same as the
+    ``distribution`` field, which must not say otherwise. It leaves the user's hyperparameters (the toolkit's
+    files get it back from the strategy, as the SDK writes it); false is kept as it is."""
+    if PS_HYPERPARAMETER not in hps:
+        return strategy, hps
+    value = hps[PS_HYPERPARAMETER]
+    rest = {k: v for k, v in hps.items() if k != PS_HYPERPARAMETER}
+    flag = {True: True, False: False, "true": True, "false": False}.get(value) if isinstance(value, (bool, str)) else None
+    if flag is None:
+        c.add(f"hyperparameter {PS_HYPERPARAMETER} must be true or false, got {value!r}")
+    elif flag and strategy not in ("none", "parameter_server"):
+        c.add(f"hyperparameter {PS_HYPERPARAMETER} is true but distribution is {strategy}; a job runs one "
+              "distribution strategy: drop one of them")
+    elif flag:
+        return "parameter_server", rest
+    elif strategy == "parameter_server":
+        c.add(f"hyperparameter {PS_HYPERPARAMETER} is false but distribution is parameter_server; drop one of them")
+    return strategy, hps  # false: kept as given, as the SDK writes a disabled distribution
 
 
 def _channel(name: str, value: Any, job_mode: str, base: Path, c: _Checker) -> ChannelSpec | None:
