@@ -193,7 +193,7 @@ class _PsTask:
         self.proc = subprocess.Popen(
             ps_command(plan, host, plan["python"]), cwd=job_dir / "hosts" / host, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent,
-            process_group=0,  # hora run's SIGTERM to the rank's group is for the script; the wrapper stops this
+            start_new_session=True,  # hora run's SIGTERM to the rank's group is for the script; the wrapper stops this
         )  # fmt: skip
         self.thread = threading.Thread(target=self._watch, name="hora-job-ps", daemon=True)
         self.thread.start()
@@ -226,7 +226,12 @@ def _stop_script(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is not None:
         return
     proc.terminate()
-    timer = threading.Timer(SCRIPT_GRACE, lambda: proc.poll() is None and proc.kill())
+
+    def kill() -> None:
+        if proc.poll() is None:
+            proc.kill()
+
+    timer = threading.Timer(SCRIPT_GRACE, kill)
     timer.daemon = True
     timer.start()
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from hora.jobs.cluster import LOOPBACK_INTERFACE, host_names
-from hora.jobs.spec import PS_HYPERPARAMETER, JobSpec
+from hora.jobs.distribution import PS_HYPERPARAMETER
+from hora.jobs.spec import JobSpec
 from hora.jobs.store import write_private
 
 __all__ = [

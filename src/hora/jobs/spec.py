@@ -10,10 +10,8 @@ like the ``Estimator(...)`` call it replaces.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
-import shlex
 import time
 import uuid
 from collections.abc import Mapping
@@ -22,13 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from hora.errors import ConfigError, SpecError
-from hora.runner.flags import LAUNCHER_OPTIONS, parse_run_options, settings_from_args
+from hora.jobs.checks import Checker as _Checker
+from hora.jobs.checks import type_name as _type_name
+from hora.jobs.checks import unknown_field as _unknown
+from hora.jobs.distribution import parse_distribution
 
 __all__ = ["ChannelSpec", "JobSpec", "MetricDefinition", "SpecError", "load_spec", "parse_spec", "spec_from_dict"]
 
 INPUT_MODES = ("File", "Pipe")
 DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
-STRATEGIES = ("none", "mpi", "allreduce", "parameter_server")
 DEFAULT_MAX_RUN = 24 * 3600  # SageMaker's default MaxRuntimeInSeconds
 DEFAULT_STOP_GRACE = 30.0
 DEFAULT_MASTER_TIMEOUT = 120.0
@@ -42,12 +42,6 @@ FIELDS = (
     "max_retry_attempts", "environment", "job_name", "stop_grace", "network", "master_timeout",
 )
 CHANNEL_FIELDS = ("uri", "s3_data", "input_mode", "distribution", "content_type", "record_wrapping")
-DISTRIBUTION_FIELDS = ("enabled", "processes_per_host", "custom_mpi_options")
-#: ``servers`` is hora's addition: whose parameter servers run beside the workers (tensorflow: SageMaker's).
-PS_DISTRIBUTION_FIELDS = ("enabled", "servers")
-PS_SERVERS = ("tensorflow", "hora")
-#: The hyperparameter the SageMaker SDK writes for ``distribution={"parameter_server": {"enabled": True}}``.
-PS_HYPERPARAMETER = "sagemaker_parameter_server_enabled"
 
 
 #: The most bytes hyperparameters (as JSON) or one environment value may take: Linux's MAX_ARG_STRLEN (128 KiB)
@@ -150,59 +144,6 @@ def load_spec(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None 
     return parse_spec(data, base_dir=p.resolve().parent, source=f"job spec {str(p)!r}")
 
 
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _unknown(key: str, known: tuple[str, ...], where: str) -> str:
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]!r}?" if close else f"; known fields: {', '.join(known)}"
-    return f"unknown field {key!r}{where}{hint}"
-
-
-class _Checker:
-    """Collects problems instead of raising at the first, so the user sees all of them."""
-
-    def __init__(self) -> None:
-        self.problems: list[str] = []
-
-    def add(self, problem: str) -> None:
-        self.problems.append(problem)
-
-    def int_(self, data: Mapping[str, Any], key: str, default: int, minimum: int, where: str = "") -> int:
-        value = data.get(key, default)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.add(f"{key}{where} must be a whole number >= {minimum}, got {value!r} ({_type_name(value)})")
-            return default
-        if value < minimum:
-            self.add(f"{key}{where} must be >= {minimum}, got {value}")
-            return default
-        return value
-
-    def number(self, data: Mapping[str, Any], key: str, default: float) -> float:
-        value = data.get(key, default)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            self.add(f"{key} must be a number of seconds > 0, got {value!r} ({_type_name(value)})")
-            return default
-        if value <= 0:
-            self.add(f"{key} must be > 0 seconds, got {value}")
-            return default
-        return float(value)
-
-    def str_(self, data: Mapping[str, Any], key: str, where: str = "") -> str | None:
-        value = data.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, (str, os.PathLike)):
-            self.add(f"{key}{where} must be a string, got {value!r} ({_type_name(value)})")
-            return None
-        return os.fspath(value)
-
-
 def _local(path: str, base: Path) -> str:
     return str((base / os.path.expanduser(path)).resolve())
 
@@ -275,69 +216,8 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
     instance_type = c.str_(data, "instance_type") or "local"
     pph = c.int_(data, "processes_per_host", 0, 1) if data.get("processes_per_host") is not None else 0
 
-    # distribution: "mpi" / {"mpi": {"enabled": true, "processes_per_host": 2, "custom_mpi_options": "..."}}
-    #               / "parameter_server" / {"parameter_server": {"enabled": true}}
-    strategy, mpi_options, ps_servers = "none", "", "tensorflow"
-    dist = data.get("distribution")
-    if dist is None:
-        pass
-    elif isinstance(dist, str):
-        if dist not in STRATEGIES:
-            close = difflib.get_close_matches(dist, STRATEGIES, n=1)
-            c.add(f"distribution {dist!r} is not one of {', '.join(STRATEGIES)}" + (f"; did you mean {close[0]!r}?" if close else ""))
-        else:
-            strategy = dist
-    elif isinstance(dist, Mapping):
-        chosen: list[str] = []
-        for name, opts in dist.items():
-            if name not in STRATEGIES[1:]:
-                close = difflib.get_close_matches(str(name), STRATEGIES, n=1)
-                c.add(f"distribution strategy {name!r} is not one of {', '.join(STRATEGIES[1:])}" + (f"; did you mean {close[0]!r}?" if close else ""))
-                continue
-            known = PS_DISTRIBUTION_FIELDS if name == "parameter_server" else DISTRIBUTION_FIELDS
-            opts = {} if opts is None else opts
-            if not isinstance(opts, Mapping):
-                c.add(f"distribution.{name} must be a mapping ({', '.join(known)}), got {_type_name(opts)}")
-                continue
-            for k in opts:
-                if k not in known:
-                    c.add(_unknown(str(k), known, f" in distribution.{name}"))
-            enabled = opts.get("enabled", True)
-            if not isinstance(enabled, bool):
-                c.add(f"distribution.{name}.enabled must be true or false, got {enabled!r}")
-            elif enabled:
-                chosen.append(name)
-            if name == "parameter_server":
-                ps_servers = opts.get("servers", "tensorflow")
-                continue
-            inner = c.int_(opts, "processes_per_host", 0, 1, f" (in distribution.{name})") if opts.get("processes_per_host") is not None else 0
-            if inner and pph and inner != pph:
-                c.add(f"processes_per_host is {pph} but distribution.{name}.processes_per_host is {inner}; give one")
-            pph = pph or inner
-            mpi_options = c.str_(opts, "custom_mpi_options", f" (in distribution.{name})") or ""
-        if len(chosen) > 1:
-            c.add(f"distribution enables {' and '.join(chosen)} at once; a job runs one distribution strategy: "
-                  "keep one of them (or set enabled: false on the others)")
-        elif chosen:
-            strategy = chosen[0]
-    else:
-        c.add(f"distribution must be a strategy name or a mapping, got {_type_name(dist)}")
-    strategy, hps = _ps_hyperparameter(strategy, hps, c)
-    if strategy == "parameter_server":
-        if ps_servers not in PS_SERVERS:
-            c.add(f"distribution.parameter_server.servers must be one of {', '.join(PS_SERVERS)}, got {ps_servers!r}")
-        elif ps_servers == "hora":
-            c.add("distribution.parameter_server.servers: hora (hora's own parameter servers, hora.ps) is not yet "
-                  "supported by hora job; use servers: tensorflow (the default, as SageMaker's TensorFlow container)")
-        if pph > 1:
-            c.add(f"distribution parameter_server runs one worker process per host, as SageMaker does, but "
-                  f"processes_per_host is {pph}; drop processes_per_host (or use mpi / allreduce for several "
-                  "processes per host)")
-        if mpi_options:
-            c.add("custom_mpi_options belong to mpi / allreduce, not to parameter_server")
-    run_settings: dict[str, Any] = {}
-    if mpi_options:
-        run_settings = _run_settings(mpi_options, c)
+    dist = parse_distribution(data.get("distribution"), pph, hps, c)
+    strategy, pph, hps = dist.strategy, dist.processes_per_host, dist.hyperparameters
     pph = pph or 1
 
     # Channels.
@@ -438,9 +318,9 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
         instance_type=instance_type,
         processes_per_host=pph,
         strategy=strategy,
-        ps_servers=ps_servers if strategy == "parameter_server" else "tensorflow",
-        custom_mpi_options=mpi_options,
-        run_settings=run_settings,
+        ps_servers=dist.ps_servers,
+        custom_mpi_options=dist.custom_mpi_options,
+        run_settings=dist.run_settings,
         inputs=tuple(channels),
         output_path=output_path,
         checkpoint_path=checkpoint_path,
@@ -452,28 +332,6 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
         network=network,
         master_timeout=master_timeout,
     )
-
-
-def _ps_hyperparameter(strategy: str, hps: Mapping[str, Any], c: _Checker) -> tuple[str, Mapping[str, Any]]:
-    """The SDK's own form of the distribution, ``sagemaker_parameter_server_enabled`` among the hyperparameters
-    (what ``TensorFlow(distribution={"parameter_server": {"enabled": True}})`` writes): the same as the
-    ``distribution`` field, which must not say otherwise. It leaves the user's hyperparameters (the toolkit's
-    files get it back from the strategy, as the SDK writes it); false is kept as it is."""
-    if PS_HYPERPARAMETER not in hps:
-        return strategy, hps
-    value = hps[PS_HYPERPARAMETER]
-    rest = {k: v for k, v in hps.items() if k != PS_HYPERPARAMETER}
-    flag = {True: True, False: False, "true": True, "false": False}.get(value) if isinstance(value, (bool, str)) else None
-    if flag is None:
-        c.add(f"hyperparameter {PS_HYPERPARAMETER} must be true or false, got {value!r}")
-    elif flag and strategy not in ("none", "parameter_server"):
-        c.add(f"hyperparameter {PS_HYPERPARAMETER} is true but distribution is {strategy}; a job runs one "
-              "distribution strategy: drop one of them")
-    elif flag:
-        return "parameter_server", rest
-    elif strategy == "parameter_server":
-        c.add(f"hyperparameter {PS_HYPERPARAMETER} is false but distribution is parameter_server; drop one of them")
-    return strategy, hps  # false: kept as given, as the SDK writes a disabled distribution
 
 
 def _channel(name: str, value: Any, job_mode: str, base: Path, c: _Checker) -> ChannelSpec | None:
@@ -514,25 +372,6 @@ def _channel(name: str, value: Any, job_mode: str, base: Path, c: _Checker) -> C
     if wrapping not in (None, "None", "RecordIO"):
         c.add(f"channel {name!r}: record_wrapping {wrapping!r} must be None or RecordIO")
     return ChannelSpec(name, uri, mode, dist, c.str_(opts, "content_type", f" of channel {name!r}"), wrapping)
-
-
-def _run_settings(options: str, c: _Checker) -> dict[str, Any]:
-    """``custom_mpi_options`` are ``hora run`` flags (``--fusion-threshold-mb 32 --transport tcp``): check them
-    with hora run's own parser, so a typo is a spec error instead of a failed launch."""
-    try:
-        words = shlex.split(options)
-    except ValueError as exc:
-        c.add(f"custom_mpi_options {options!r} cannot be split into words: {exc}")
-        return {}
-    try:
-        args = parse_run_options(words)
-    except ConfigError as exc:
-        c.add(f"custom_mpi_options {options!r} are not valid hora run options: {exc}")
-        return {}
-    for option in LAUNCHER_OPTIONS:
-        if getattr(args, option, None) is not None:
-            c.add(f"custom_mpi_options may not set {option}: hora job sets the ranks and hosts itself")
-    return settings_from_args(args)
 
 
 def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:
