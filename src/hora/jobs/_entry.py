@@ -38,7 +38,7 @@ from hora.config.variables import environment, read
 from hora.errors import HoraError
 from hora.jobs.cluster import host_index_of_rank, record_attempt
 from hora.jobs.outcome import describe_code
-from hora.jobs.parameter_server import master_done, ps_command, tf_config_for
+from hora.jobs.parameter_server import MasterWatch, ps_command, tf_config_for
 from hora.jobs.store import JobStore
 
 TAIL_LINES = 60
@@ -289,7 +289,8 @@ def main() -> None:
     status = {"rank": rank, "host": host, "pid": pid, "returncode": code, "tail": list(pump.tail), "ended": time.time()}
     if ps is not None:
         if code == 0 and host != plan["hosts"][0]:  # a worker host keeps its ps task until the master's script ends
-            while not (master_done(job_dir, attempt) or stop.is_set() or ps.died is not None):
+            master = MasterWatch(job_dir, attempt, plan["parameter_server"]["ps_addresses"][0])
+            while not (stop.is_set() or ps.died is not None or master.ended()):
                 time.sleep(POLL_SECONDS)
         ps.stop()
         if ps.died is not None:  # the job's failure is the parameter server's

@@ -11,7 +11,7 @@
   (:mod:`hora.jobs._entry`), which stops it when the job ends on that host and turns its death into the job's
   failure reason;
 - the other hosts keep their parameter server until the master's script has ended (the container polls the
-  master's port 2222 for that; hora watches the master's end directly: see :func:`master_done`);
+  master's port 2222 for that; hora watches the master's end directly: see :class:`MasterWatch`);
 - with one host there is no parameter server and no ``TF_CONFIG``: the container enables the distribution only
   when ``len(hosts) > 1``.
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,12 @@ from hora.errors import ConfigError
 __all__ = [
     "PS_PORT",
     "WORKER_PORT",
+    "MasterWatch",
     "build_tf_config",
     "hora_ps_run_settings",
-    "master_done",
     "plan_entry",
     "ps_command",
+    "reachable",
     "tf_config_for",
 ]
 
@@ -124,13 +126,44 @@ def ps_command(plan: dict[str, Any], host: str, python: str = sys.executable) ->
     return [python, "-m", "hora.jobs._tf_ps", json.dumps(config["cluster"]), str(config["task"]["index"])]
 
 
-def master_done(job_dir: Path, attempt: int, master_rank: int = 0) -> bool:
-    """Whether the master's script has ended in this attempt (its wrapper's record exists; see _entry.py).
+def reachable(address: str, timeout: float = 1.0) -> bool:
+    """Whether something accepts TCP connections at ``host:port``."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
 
-    SageMaker's container keeps a worker host's parameter server until ``curl algo-1:2222`` fails, polling every
-    10 s; the job's directory tells hora the master's end at once, even for a master that never listens on 2222.
+
+class MasterWatch:
+    """Whether the master's script has ended in this attempt, for a worker host that keeps its parameter server
+    until then.
+
+    SageMaker's container polls ``curl algo-1:2222`` every 10 s; hora reads the master's end from the job's
+    directory (its wrapper's record, see _entry.py), at once and also for a master that never listens on 2222. A
+    record the master could not write (a full disk) must not keep the workers forever: the master's own parameter
+    server, stopped when its script ends, going away after it served says the same.
     """
-    return (job_dir / "hora" / f"attempt-{attempt}" / f"rank-{master_rank}.json").exists()
+
+    PROBE_SECONDS = 1.0
+
+    def __init__(self, job_dir: Path, attempt: int, master_ps: str, master_rank: int = 0) -> None:
+        self.record = job_dir / "hora" / f"attempt-{attempt}" / f"rank-{master_rank}.json"
+        self.master_ps = master_ps
+        self.served = False
+        self.last_probe = 0.0
+
+    def ended(self) -> bool:
+        if self.record.exists():
+            return True
+        now = time.monotonic()
+        if now - self.last_probe < self.PROBE_SECONDS:
+            return False
+        self.last_probe = now
+        up = reachable(self.master_ps)
+        self.served = self.served or up
+        return self.served and not up
 
 
 def hora_ps_run_settings(host_count: int) -> dict[str, Any]:

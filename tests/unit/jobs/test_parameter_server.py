@@ -9,10 +9,11 @@ import socket
 import pytest
 
 from hora.errors import ConfigError
-from hora.jobs import SpecError, parse_spec
+from hora.jobs import SpecError, TensorFlow, parse_spec
 from hora.jobs.parameter_server import (
     PS_PORT,
     WORKER_PORT,
+    MasterWatch,
     build_tf_config,
     hora_ps_run_settings,
     plan_entry,
@@ -192,3 +193,30 @@ def test_bad_combinations_are_refused_with_the_fix(code):
 def test_the_hook_for_horas_own_servers_says_it_is_not_there_yet():
     with pytest.raises(ConfigError, match=r"would start 3 hora\.ps server"):
         hora_ps_run_settings(3)
+
+
+def test_a_worker_host_learns_the_masters_end_from_its_record_or_its_server_going_away(tmp_path, monkeypatch):
+    monkeypatch.setattr(MasterWatch, "PROBE_SECONDS", 0.0)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    watch = MasterWatch(tmp_path, 1, address)
+    assert not watch.ended()  # nothing listens yet: the master's server may still be starting
+    server.listen(4)
+    assert not watch.ended() and watch.served  # it serves: the master runs
+    server.close()
+    assert watch.ended()  # it served and went away: the master's script has ended (its record may be missing)
+    record = tmp_path / "hora" / "attempt-2" / "rank-0.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")
+    assert MasterWatch(tmp_path, 2, address).ended()  # the master's record says so at once
+
+
+def test_the_sdks_tensorflow_estimator_takes_the_distribution(code):
+    est = TensorFlow(entry_point="train.py", source_dir=str(code), instance_count=2, instance_type="ml.c5.xlarge",
+                     framework_version="2.21", py_version="py311", role="arn:aws:iam::1:role/x",
+                     distribution={"parameter_server": {"enabled": True}}, home=str(code / "home"))
+    assert parse_spec({**est.fields, "job_name": "sdk"}).strategy == "parameter_server"
+    with pytest.raises(SpecError, match="distribution enables mpi and parameter_server at once"):
+        TensorFlow(entry_point="train.py", source_dir=str(code), instance_count=2, home=str(code / "home"),
+                   distribution={"mpi": {"enabled": True}, "parameter_server": {"enabled": True}})
