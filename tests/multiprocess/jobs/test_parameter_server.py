@@ -5,19 +5,22 @@ written for SageMaker trained unchanged."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import tarfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("tensorflow", reason="the parameter servers are TensorFlow's (the tensorflow extra)")
-
 from hora.jobs import JobStore, load_spec, parse_spec, start_job
 from support import paths
 
+# find_spec, not importorskip: the jobs import TensorFlow, this process need not (seconds of CPU)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                                reason="the parameter servers are TensorFlow's (the tensorflow extra)")
 EXAMPLE = paths.REPO / "examples" / "jobs" / "ps_job.yaml"
 
 #: Each host's script: what it was given, who runs beside it, whether every parameter server answers.
@@ -195,4 +198,21 @@ def test_a_parameter_server_strategy_keras_script_for_sagemaker_runs_unchanged(t
     assert "worker 0: the chief is done" in logs
     with tarfile.open(record.artifacts["model"]) as tar:
         assert tar.getnames() == ["weights.npz"]
+    assert _leftovers(Path(record.job_dir)) == []
+
+
+def test_a_parameter_server_that_cannot_start_fails_the_job_with_its_own_words(tmp_path):
+    # A job environment whose tensorflow cannot be imported (a package of that name that refuses, first on the path)
+    hidden = tmp_path / "hidden"
+    (hidden / "tensorflow").mkdir(parents=True)
+    (hidden / "tensorflow" / "__init__.py").write_text("raise ImportError('tensorflow is hidden from this job')\n")
+    _, record, _ = _job(tmp_path, "ps-no-tf", "kill-ps", environment={"PYTHONPATH": str(hidden)})
+    assert record.status == "Failed"
+    reason = record.failure_reason
+    assert re.match(r"AlgorithmError: host algo-\d, the TensorFlow parameter server ps:\d at \S+ \(pid \d+\) failed "
+                    r"first: exit code 1; the host's worker \(rank \d\) was stopped\n", reason), reason
+    assert ("distribution parameter_server starts TensorFlow's parameter-server task on every host, as SageMaker's "
+            "TensorFlow container does, but tensorflow cannot be imported here (tensorflow is hidden from this job); "
+            "install tensorflow in the job's environment (requirements.txt)") in reason
+    assert record.exit_code == 1
     assert _leftovers(Path(record.job_dir)) == []
