@@ -8,6 +8,12 @@ script's output: every line is tagged ``[algo-2 rank 3]``, appended to the host'
 metric definitions (values go to the job store) and echoed to hora run. When the script ends it records the
 script's real exit status and stderr tail for the supervisor, and ends the same way (same exit code, or the same
 signal), so hora run's root-cause logic sees the script's outcome.
+
+With the ``parameter_server`` distribution (:mod:`hora.jobs.parameter_server`) the wrapper is also what SageMaker's
+TensorFlow container is on its host: it gives the script ``TF_CONFIG``, starts the host's TensorFlow
+parameter-server task beside it (:class:`_PsTask`), keeps that task until the master's script has ended (on the
+other hosts), and stops it. A parameter server that ends on its own while the job runs stops the script, and the
+wrapper records and ends with the server's outcome, so the job's failure reason names it.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -29,11 +37,16 @@ from hora.config.launchers import detect
 from hora.config.variables import environment, read
 from hora.errors import HoraError
 from hora.jobs.cluster import host_index_of_rank, record_attempt
+from hora.jobs.outcome import describe_code
+from hora.jobs.parameter_server import MasterWatch, ps_command, tf_config_for
 from hora.jobs.store import JobStore
 
 TAIL_LINES = 60
 FLUSH_SECONDS = 1.0
 DRAIN_SECONDS = 5.0
+#: How long a script gets to end after SIGTERM (its host's parameter server died) before SIGKILL.
+SCRIPT_GRACE = 5.0
+POLL_SECONDS = 0.2
 
 
 def rank_env(base: dict[str, str], plan: dict, host_env: dict[str, str], rank: int) -> dict[str, str]:
@@ -175,6 +188,66 @@ def _pump(proc: subprocess.Popen[bytes], pump: _Pump) -> None:
     sel.close()
 
 
+class _PsTask:
+    """The host's TensorFlow parameter-server task (:mod:`hora.jobs._tf_ps`) beside the script: its output tagged
+    ``[algo-K ps]`` into the host's log; an end that nobody asked for is noted (when, how, its stderr tail) and
+    ``on_death`` is called."""
+
+    def __init__(self, plan: dict, job_dir: Path, host: str, rank: int, attempt: int, env: dict[str, str]) -> None:
+        index = plan["hosts"].index(host)
+        self.name = f"TensorFlow parameter server ps:{index} at {plan['parameter_server']['ps_addresses'][index]}"
+        self.pump = _Pump(plan, job_dir, host, rank, attempt)
+        self.pump.tag = f"[{host} ps]"
+        self.stopping = False
+        self.died: float | None = None  # when it ended on its own
+        self.code: int | None = None
+        self.on_death: list[Callable[[], object]] = []
+        self.proc = subprocess.Popen(
+            ps_command(plan, host, plan["python"]), cwd=job_dir / "hosts" / host, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent,
+            start_new_session=True,  # hora run's SIGTERM to the rank's group is for the script; the wrapper stops this
+        )  # fmt: skip
+        self.thread = threading.Thread(target=self._watch, name="hora-job-ps", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        _pump(self.proc, self.pump)
+        self.code = self.proc.wait()
+        if not self.stopping:
+            self.died = time.time()
+            self.pump.line("stderr", f"hora job: the {self.name} ended ({describe_code(self.code)}) while the job "
+                                     "ran; stopping this host's script")
+            for callback in self.on_death:
+                callback()
+        self.pump.flush()
+
+    def stop(self) -> None:
+        self.stopping = True
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(SCRIPT_GRACE)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.thread.join(DRAIN_SECONDS + 1.0)
+
+
+def _stop_script(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, and SIGKILL if the script is still there after SCRIPT_GRACE (from a timer: never blocks)."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+
+    def kill() -> None:
+        if proc.poll() is None:
+            proc.kill()
+
+    timer = threading.Timer(SCRIPT_GRACE, kill)
+    timer.daemon = True
+    timer.start()
+
+
 def _stderr(message: str) -> None:
     try:
         sys.stderr.write(message + "\n")
@@ -191,11 +264,17 @@ def main() -> None:
     host = plan["hosts"][host_index_of_rank(rank, plan["processes_per_host"])]
     host_env = json.loads((job_dir / "hora" / f"env-{host}.json").read_text())
     env = rank_env(environment(), plan, host_env, rank)
+    tf_config = tf_config_for(plan, host)
     # The script ends itself on SIGTERM (hora run signals the whole group); this wrapper keeps pumping its output
     # until it has gone, and dies with it on SIGKILL.
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    signal.signal(signal.SIGINT, lambda *_: None)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     pump = _Pump(plan, job_dir, host, rank, attempt)
+    # parameter_server: the host's ps task first, then the script, as SageMaker's container (_run_ps, _run_worker)
+    ps = _PsTask(plan, job_dir, host, rank, attempt, env) if tf_config is not None else None
+    if tf_config is not None:
+        env["TF_CONFIG"] = json.dumps(tf_config)
     try:
         proc = subprocess.Popen(
             plan["command"],
@@ -212,10 +291,24 @@ def main() -> None:
         pid = 0
     else:
         pid = proc.pid
+        if ps is not None:
+            ps.on_death.append(lambda: _stop_script(proc))
+            if ps.died is not None:  # it died before the callback was there
+                _stop_script(proc)
         _pump(proc, pump)
         code = proc.wait()
     pump.flush()
     status = {"rank": rank, "host": host, "pid": pid, "returncode": code, "tail": list(pump.tail), "ended": time.time()}
+    if ps is not None:
+        if code == 0 and host != plan["hosts"][0]:  # a worker host keeps its ps task until the master's script ends
+            master = MasterWatch(job_dir, attempt, plan["parameter_server"]["ps_addresses"][0])
+            while not (stop.is_set() or ps.died is not None or master.ended()):
+                time.sleep(POLL_SECONDS)
+        ps.stop()
+        if ps.died is not None:  # the job's failure is the parameter server's
+            code = ps.code if ps.code else 1
+            status = {"rank": rank, "host": host, "pid": ps.proc.pid, "returncode": code, "tail": list(ps.pump.tail),
+                      "ended": ps.died, "ps_task": ps.name}  # fmt: skip
     try:
         record_attempt(job_dir, attempt, f"rank-{rank}", status)
     except OSError as exc:  # the exit code still reaches hora run; only the traceback tail is lost

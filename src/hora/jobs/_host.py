@@ -40,6 +40,7 @@ from hora._wire import recv_exact, send_frame
 from hora.config.variables import environment
 from hora.errors import HoraError
 from hora.jobs.cluster import read_secret, record_attempt, socket_path
+from hora.jobs.parameter_server import hora_ps_run_settings
 
 __all__ = ["MASTER_NEVER_CAME", "main"]
 
@@ -199,11 +200,20 @@ def run_master(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> 
     from hora.runner.ssh import SshOptions
 
     rsh = [sys.executable, "-m", "hora.jobs._rsh", str(job_dir)]
+    settings = plan["run_settings"]
+    servers = plan.get("parameter_server")
+    try:
+        if servers and servers["servers"] == "hora":  # the hook: hora's own parameter servers, one per host
+            settings = {**settings, **hora_ps_run_settings(len(plan["hosts"]))}
+    except HoraError as exc:
+        _say(host, str(exc))
+        record_attempt(job_dir, attempt, "master", {"error": f"{type(exc).__name__}: {exc}"})
+        return 1
     spec = LaunchSpec(
         [sys.executable, "-m", "hora.jobs._entry", str(job_dir)],
         len(plan["hosts"]) * plan["processes_per_host"],
         env=environment(),
-        settings=plan["run_settings"],
+        settings=settings,
         prefix_output=False,
         grace=float(plan["grace"]),
         cwd=str(job_dir),

@@ -63,7 +63,10 @@ def failure_reason(job_dir: Path, hosts: list[str], processes_per_host: int, att
     host = hosts[host_index_of_rank(rc.rank, processes_per_host)]
     status = statuses.get(rc.rank, {"tail": [], "returncode": rc.returncode, "pid": rc.pid})
     tail, code, pid = status["tail"], status["returncode"], status["pid"] or rc.pid
-    if rc.stopped:  # the rank the others waited for until the stall shutdown (hora.runner.result.root_cause)
+    if status.get("ps_task"):  # the host's parameter server ended while the job ran (_entry.py)
+        lines = [f"AlgorithmError: host {host}, the {status['ps_task']} (pid {pid}) failed first: "
+                 f"{describe_code(code)}; the host's worker (rank {rc.rank}) was stopped"]
+    elif rc.stopped:  # the rank the others waited for until the stall shutdown (hora.runner.result.root_cause)
         lines = [f"AlgorithmError: host {host}, rank {rc.rank} (pid {pid}) kept the other ranks waiting until the "
                  f"stall shutdown, then was stopped ({describe_code(code)}): {rc.reason}"]  # fmt: skip
     else:

@@ -27,7 +27,7 @@ from hora._runtime.auth import new_secret
 from hora.config.settings import Config, env_names, parse_value
 from hora.config.variables import environment
 from hora.errors import HoraError, HostStartError, StorageError
-from hora.jobs import _stage, netns
+from hora.jobs import _stage, netns, parameter_server
 from hora.jobs.channels import ChannelHandle
 from hora.jobs.cluster import (
     LOOPBACK_INTERFACE,
@@ -318,6 +318,9 @@ class JobRunner:
             "mpi_exports": self.spec.mpi_exports,
             "processes_per_host": self.spec.processes_per_host,
             "command": entry_command(self.spec, to_cmd_args(json.loads(user_hps)), python),
+            "python": python,
+            "strategy": self.spec.strategy,
+            "parameter_server": self._parameter_servers(),
             "metric_definitions": [{"Name": m.name, "Regex": m.regex} for m in self.spec.metric_definitions],
             "echo": self.echo,
         }
@@ -327,6 +330,21 @@ class JobRunner:
         except OSError:
             base_hosts = "127.0.0.1\tlocalhost\n"
         (self.job_dir / "hora" / "hosts").write_text(hosts_file_text(base_hosts, self.addresses))
+
+    def _parameter_servers(self) -> dict[str, Any] | None:
+        """The parameter_server distribution's tasks and their addresses (parameter_server.py), said once."""
+        entry = parameter_server.plan_entry(self.spec.strategy, self.spec.ps_servers, self.hosts, self.addresses,
+                                            namespaces=self._net is not None)
+        if self.spec.strategy != "parameter_server":
+            return None
+        if entry is None:
+            self.say("distribution parameter_server on one host: no parameter server and no TF_CONFIG, as "
+                     "SageMaker's TensorFlow container (it enables the distribution from two hosts on)")
+        else:
+            self.say(f"distribution parameter_server: one worker and one TensorFlow parameter server per host; "
+                     f"master/worker tasks at {', '.join(entry['worker_addresses'])}, "
+                     f"ps tasks at {', '.join(entry['ps_addresses'])}")
+        return entry
 
     def _ignore_in_source(self, directory: str, names: list[str]) -> list[str]:
         """Not copied into code/: caches, and the job store itself when it lies inside the source dir (it would

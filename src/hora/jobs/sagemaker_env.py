@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hora.jobs.cluster import LOOPBACK_INTERFACE, host_names
+from hora.jobs.distribution import PS_HYPERPARAMETER
 from hora.jobs.spec import JobSpec
 from hora.jobs.store import write_private
 
@@ -110,7 +111,8 @@ def host_layout(job_dir: str | os.PathLike[str], host: str) -> HostLayout:
 
 def encode_hyperparameters(spec: JobSpec) -> dict[str, str]:
     """hyperparameters.json as the SageMaker SDK writes it: every value JSON-encoded into a string, with the
-    SDK's ``sagemaker_*`` entries (program, submit directory, job name, log level, distribution)."""
+    SDK's ``sagemaker_*`` entries (program, submit directory, job name, log level, distribution: the MPI settings,
+    or ``sagemaker_parameter_server_enabled``)."""
     hps: dict[str, Any] = dict(spec.hyperparameters)
     hps.update(
         sagemaker_program=spec.entry_point,
@@ -125,6 +127,8 @@ def encode_hyperparameters(spec: JobSpec) -> dict[str, str]:
             sagemaker_mpi_num_of_processes_per_host=spec.processes_per_host,
             sagemaker_mpi_custom_mpi_options=spec.custom_mpi_options,
         )
+    elif spec.strategy == "parameter_server":  # the SDK's Framework._distribution_configuration
+        hps[PS_HYPERPARAMETER] = True
     return {k: json.dumps(v) for k, v in hps.items()}
 
 

@@ -10,7 +10,6 @@ like the ``Estimator(...)`` call it replaces.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import time
@@ -21,13 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from hora.errors import ConfigError, SpecError
-from hora.jobs.mpi_options import parse_custom_mpi_options
+from hora.jobs.checks import Checker as _Checker
+from hora.jobs.checks import type_name as _type_name
+from hora.jobs.checks import unknown_field as _unknown
+from hora.jobs.distribution import parse_distribution
 
 __all__ = ["ChannelSpec", "JobSpec", "MetricDefinition", "SpecError", "load_spec", "parse_spec", "spec_from_dict"]
 
 INPUT_MODES = ("File", "Pipe")
 DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
-STRATEGIES = ("none", "mpi", "allreduce", "parameter_server")
 DEFAULT_MAX_RUN = 24 * 3600  # SageMaker's default MaxRuntimeInSeconds
 DEFAULT_STOP_GRACE = 30.0
 DEFAULT_MASTER_TIMEOUT = 120.0
@@ -41,7 +42,6 @@ FIELDS = (
     "max_retry_attempts", "environment", "job_name", "stop_grace", "network", "master_timeout",
 )
 CHANNEL_FIELDS = ("uri", "s3_data", "input_mode", "distribution", "content_type", "record_wrapping")
-DISTRIBUTION_FIELDS = ("enabled", "processes_per_host", "custom_mpi_options")
 
 
 #: The most bytes hyperparameters (as JSON) or one environment value may take: Linux's MAX_ARG_STRLEN (128 KiB)
@@ -90,7 +90,8 @@ class JobSpec:
     instance_count: int = 1
     instance_type: str = "local"
     processes_per_host: int = 1
-    strategy: str = "none"  # none | mpi | allreduce
+    strategy: str = "none"  # none | mpi | allreduce | parameter_server
+    ps_servers: str = "tensorflow"  # parameter_server: whose servers run beside the workers (PS_SERVERS)
     custom_mpi_options: str = ""
     run_settings: dict[str, Any] = field(default_factory=dict)  # hora run settings from custom_mpi_options
     mpi_exports: dict[str, str] = field(default_factory=dict)  # custom_mpi_options' -x NAME=VALUE, for every rank
@@ -142,59 +143,6 @@ def load_spec(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None 
         raise SpecError([f"the top level must be a mapping of fields, got {type(data).__name__}"], f"job spec {str(p)!r}")
     data = {**data, **(overrides or {})}
     return parse_spec(data, base_dir=p.resolve().parent, source=f"job spec {str(p)!r}")
-
-
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _unknown(key: str, known: tuple[str, ...], where: str) -> str:
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]!r}?" if close else f"; known fields: {', '.join(known)}"
-    return f"unknown field {key!r}{where}{hint}"
-
-
-class _Checker:
-    """Collects problems instead of raising at the first, so the user sees all of them."""
-
-    def __init__(self) -> None:
-        self.problems: list[str] = []
-
-    def add(self, problem: str) -> None:
-        self.problems.append(problem)
-
-    def int_(self, data: Mapping[str, Any], key: str, default: int, minimum: int, where: str = "") -> int:
-        value = data.get(key, default)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.add(f"{key}{where} must be a whole number >= {minimum}, got {value!r} ({_type_name(value)})")
-            return default
-        if value < minimum:
-            self.add(f"{key}{where} must be >= {minimum}, got {value}")
-            return default
-        return value
-
-    def number(self, data: Mapping[str, Any], key: str, default: float) -> float:
-        value = data.get(key, default)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            self.add(f"{key} must be a number of seconds > 0, got {value!r} ({_type_name(value)})")
-            return default
-        if value <= 0:
-            self.add(f"{key} must be > 0 seconds, got {value}")
-            return default
-        return float(value)
-
-    def str_(self, data: Mapping[str, Any], key: str, where: str = "") -> str | None:
-        value = data.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, (str, os.PathLike)):
-            self.add(f"{key}{where} must be a string, got {value!r} ({_type_name(value)})")
-            return None
-        return os.fspath(value)
 
 
 def _local(path: str, base: Path) -> str:
@@ -269,52 +217,8 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
     instance_type = c.str_(data, "instance_type") or "local"
     pph = c.int_(data, "processes_per_host", 0, 1) if data.get("processes_per_host") is not None else 0
 
-    # distribution: "mpi" / {"mpi": {"enabled": true, "processes_per_host": 2, "custom_mpi_options": "..."}}
-    strategy, mpi_options = "none", ""
-    dist = data.get("distribution")
-    if dist is None:
-        pass
-    elif isinstance(dist, str):
-        if dist not in STRATEGIES:
-            close = difflib.get_close_matches(dist, STRATEGIES, n=1)
-            c.add(f"distribution {dist!r} is not one of {', '.join(STRATEGIES)}" + (f"; did you mean {close[0]!r}?" if close else ""))
-        else:
-            strategy = dist
-    elif isinstance(dist, Mapping):
-        if len(dist) != 1:
-            c.add(f"distribution must name one strategy ({', '.join(STRATEGIES[1:])}), got {sorted(dist)}")
-        for name, opts in dist.items():
-            if name not in STRATEGIES[1:]:
-                close = difflib.get_close_matches(str(name), STRATEGIES, n=1)
-                c.add(f"distribution strategy {name!r} is not one of {', '.join(STRATEGIES[1:])}" + (f"; did you mean {close[0]!r}?" if close else ""))
-                continue
-            opts = {} if opts is None else opts
-            if not isinstance(opts, Mapping):
-                c.add(f"distribution.{name} must be a mapping (enabled, processes_per_host, custom_mpi_options), got {_type_name(opts)}")
-                continue
-            for k in opts:
-                if k not in DISTRIBUTION_FIELDS:
-                    c.add(_unknown(str(k), DISTRIBUTION_FIELDS, f" in distribution.{name}"))
-            enabled = opts.get("enabled", True)
-            if not isinstance(enabled, bool):
-                c.add(f"distribution.{name}.enabled must be true or false, got {enabled!r}")
-            elif enabled:
-                strategy = name
-            inner = c.int_(opts, "processes_per_host", 0, 1, f" (in distribution.{name})") if opts.get("processes_per_host") is not None else 0
-            if inner and pph and inner != pph:
-                c.add(f"processes_per_host is {pph} but distribution.{name}.processes_per_host is {inner}; give one")
-            pph = pph or inner
-            mpi_options = c.str_(opts, "custom_mpi_options", f" (in distribution.{name})") or ""
-    else:
-        c.add(f"distribution must be a strategy name or a mapping, got {_type_name(dist)}")
-    if strategy == "parameter_server":
-        c.add("distribution parameter_server is not yet supported by hora job (use mpi / allreduce, or none)")
-    run_settings: dict[str, Any] = {}
-    mpi_exports: dict[str, str] = {}
-    if mpi_options:
-        run_settings, mpi_exports, found = parse_custom_mpi_options(mpi_options)
-        for problem in found:
-            c.add(problem)
+    dist = parse_distribution(data.get("distribution"), pph, hps, c)
+    strategy, pph, hps = dist.strategy, dist.processes_per_host, dist.hyperparameters
     pph = pph or 1
 
     # Channels.
@@ -415,9 +319,10 @@ def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None 
         instance_type=instance_type,
         processes_per_host=pph,
         strategy=strategy,
-        custom_mpi_options=mpi_options,
-        run_settings=run_settings,
-        mpi_exports=mpi_exports,
+        ps_servers=dist.ps_servers,
+        custom_mpi_options=dist.custom_mpi_options,
+        run_settings=dist.run_settings,
+        mpi_exports=dist.mpi_exports,
         inputs=tuple(channels),
         output_path=output_path,
         checkpoint_path=checkpoint_path,

@@ -87,10 +87,10 @@ def test_missing_entry_point_and_nested_unknown_keys(code):
     assert "unknown field 'enabeld' in distribution.mpi; did you mean 'enabled'?" in found
 
 
-def test_parameter_server_is_not_yet_supported(code):
-    found = problems({"entry_point": "train.py", "distribution": {"parameter_server": {"enabled": True}}}, code)
-    assert found == ["distribution parameter_server is not yet supported by hora job (use mpi / allreduce, or none)"]
-    assert problems({"entry_point": "train.py", "distribution": "parameter_server"}, code) == found
+def test_parameter_server_is_a_distribution(code):
+    spec = parse_spec({"entry_point": "train.py", "distribution": {"parameter_server": {"enabled": True}}}, base_dir=code)
+    assert spec.strategy == "parameter_server"  # the forms and their errors: test_parameter_server.py
+    assert parse_spec({"entry_point": "train.py", "distribution": "parameter_server"}, base_dir=code).strategy == spec.strategy
 
 
 def test_wrong_types_and_values(code):
