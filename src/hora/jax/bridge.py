@@ -1,0 +1,115 @@
+"""Between JAX arrays and the numpy arrays the engine works on, eagerly and inside traced code.
+
+A hora op is one Python call on numpy arrays (``fn(*arrays) -> list of arrays``). :func:`run_op` runs it:
+
+- **eagerly** (no trace active, no tracer among the inputs): inputs are viewed with ``np.asarray`` (no copy for
+  CPU arrays), the results are arrays the engine allocated for this call alone and become JAX arrays;
+- **inside a trace** (``jax.jit``, ``jax.grad``, ``lax.scan``, ``lax.cond`` ...): the call is one ordered
+  ``io_callback``. Ordered, because two ranks running their blocking collectives in different orders would wait
+  for each other forever, and XLA is free to reorder (or run concurrently) callbacks that have no data dependence;
+  an ordered callback also has an effect, so it is never dead-code-eliminated when its result is unused (a
+  ``pure_callback`` would be, on some ranks' programs and not others', and the others would wait).
+
+An eager call first waits for the callbacks of computations already dispatched (``jax.effects_barrier``): JAX
+dispatches a jitted step asynchronously, and its collectives must keep their place before the next eager one.
+
+Mapped traces (``vmap``, ``pmap``, ``shard_map``) would run one callback per mapped instance, each a separate
+collective: they are refused with a ValueError naming the operation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from hora.errors import UnsupportedError
+
+__all__ = ["SUPPORTED", "check_dtype", "is_tracing", "run_op", "spec", "to_jax"]
+
+SUPPORTED = tuple(
+    np.dtype(d)
+    for d in (jnp.uint8, jnp.int8, jnp.int16, jnp.int32, jnp.int64, jnp.float16, jnp.bfloat16, jnp.float32,
+              jnp.float64, jnp.bool_)
+)  # fmt: skip
+
+
+def _trace_state_clean() -> bool:
+    from jax._src import core  # no public query says whether a trace is active
+
+    return bool(core.trace_state_clean())
+
+
+def is_tracing(values: Sequence[Any]) -> bool:
+    """True while JAX traces (a tracer among ``values``, or any trace active)."""
+    return any(isinstance(v, jax.core.Tracer) for v in values) or not _trace_state_clean()
+
+
+def check_dtype(dtype: Any, what: str) -> None:
+    """UnsupportedError for a dtype hora does not carry (checked before anything is sent)."""
+    if np.dtype(dtype) not in SUPPORTED:
+        names = ", ".join(d.name for d in SUPPORTED)
+        raise UnsupportedError(f"{what} does not support arrays of {np.dtype(dtype).name}; supported: {names}")
+
+
+def spec(shape: Sequence[int], dtype: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(int(s) for s in shape), np.dtype(dtype))
+
+
+def to_jax(arr: np.ndarray) -> jax.Array:
+    """A JAX array of ``arr``'s values; ``arr`` is the engine's result for this call alone, so JAX may adopt its
+    memory (it keeps ``arr`` alive while it does, which keeps hora from recycling it)."""
+    return jnp.asarray(arr)
+
+
+def _mapped_axes() -> list[str]:
+    """Names of the mapped axes of the traces active now (vmap, pmap, shard_map)."""
+    from jax._src import core
+
+    try:
+        env = core.get_axis_env()
+        return [str(n) for n in getattr(env, "axis_sizes", {})]
+    except Exception:  # pragma: no cover - depends on JAX's internals; the tracer check below still applies
+        return []
+
+
+def _refuse_mapped(inputs: Sequence[Any], what: str) -> None:
+    from jax._src.interpreters import batching
+
+    batched = any(isinstance(v, batching.BatchTracer) for v in inputs)
+    axes = _mapped_axes()
+    if batched or axes:
+        where = f" (mapped axes {axes})" if axes else ""
+        raise ValueError(
+            f"hora.jax {what} cannot run inside jax.vmap, jax.pmap or shard_map{where}: the collective would run "
+            "once per mapped instance, and the ranks would not agree on how many there are; call it outside the "
+            "mapped function (one process per rank already gives the data parallelism)"
+        )
+
+
+def run_op(
+    fn: Callable[..., Sequence[np.ndarray]],
+    inputs: Sequence[Any],
+    out_specs: Sequence[jax.ShapeDtypeStruct],
+    what: str,
+) -> list[jax.Array]:
+    """Run the hora call ``fn`` on ``inputs`` (now, or as an ordered callback of the trace); results of
+    ``out_specs``' shapes and dtypes (eagerly, the shapes ``fn`` returns)."""
+    if not is_tracing(inputs):
+        jax.effects_barrier()
+        return [to_jax(np.asarray(o)) for o in fn(*[np.asarray(x) for x in inputs])]
+    _refuse_mapped(inputs, what)
+    specs = list(out_specs)
+
+    def host(*arrays: Any) -> list[np.ndarray]:
+        outs = [np.asarray(o) for o in fn(*[np.asarray(a) for a in arrays])]
+        for o, s in zip(outs, specs):
+            if o.shape != s.shape or o.dtype != s.dtype:  # a bug, not user input: say so plainly
+                raise RuntimeError(f"hora.jax {what}: result {o.dtype}{list(o.shape)} != declared {s.dtype}{list(s.shape)}")
+        return outs
+
+    return list(io_callback(host, specs, *inputs, ordered=True))
