@@ -51,12 +51,15 @@ def load_data(seed: int):
     return x[train], y[train], x[test], y[test]
 
 
-def init_params(key: jax.Array, n_in: int, n_hidden: int, n_out: int) -> dict[str, jax.Array]:
-    """Glorot-uniform weights, zero biases."""
-    k1, k2 = jax.random.split(key)
-    glorot = jax.nn.initializers.glorot_uniform()
-    return {"w1": glorot(k1, (n_in, n_hidden), jnp.float32), "b1": jnp.zeros(n_hidden, jnp.float32),
-            "w2": glorot(k2, (n_hidden, n_out), jnp.float32), "b2": jnp.zeros(n_out, jnp.float32)}
+def init_params(rng: np.random.Generator, n_in: int, n_hidden: int, n_out: int) -> dict[str, jax.Array]:
+    """Glorot-uniform weights, zero biases (drawn with numpy: eager jax.random would compile a kernel per op)."""
+    def glorot(fan_in: int, fan_out: int) -> np.ndarray:
+        limit = np.sqrt(6.0 / (fan_in + fan_out))
+        return rng.uniform(-limit, limit, size=(fan_in, fan_out)).astype(np.float32)
+
+    params = {"w1": glorot(n_in, n_hidden), "b1": np.zeros(n_hidden, np.float32),
+              "w2": glorot(n_hidden, n_out), "b2": np.zeros(n_out, np.float32)}
+    return {k: jax.device_put(v) for k, v in params.items()}
 
 
 def logits(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
@@ -90,10 +93,10 @@ def train(args: argparse.Namespace, log: bool = True) -> tuple[float, dict[str, 
 
     # Each rank draws different weights here (seed + rank) on purpose: broadcast_parameters from rank 0 is what
     # makes every replica start from the same point.
-    params = init_params(jax.random.PRNGKey(args.seed + rank), x_train.shape[1], args.hidden, 10)
+    params = init_params(np.random.default_rng(args.seed + rank), x_train.shape[1], args.hidden, 10)
     params = hvd.broadcast_parameters(params, root_rank=0)
     optimizer = hvd.DistributedOptimizer(optax.sgd(args.lr, momentum=args.momentum))
-    opt_state = optimizer.init(params)
+    opt_state = jax.jit(optimizer.init)(params)  # one compiled call instead of one small kernel per leaf
 
     @jax.jit
     def step(params, opt_state, x, y):

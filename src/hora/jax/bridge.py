@@ -29,7 +29,9 @@ from jax.experimental import io_callback
 
 from hora.errors import UnsupportedError
 
-__all__ = ["SUPPORTED", "check_dtype", "is_tracing", "run_op", "spec", "to_jax"]
+__all__ = ["SUPPORTED", "aligned_empty", "check_dtype", "is_tracing", "run_op", "spec", "to_jax"]
+
+_ALIGN = 64  # JAX adopts a numpy array's memory without a copy only when it is this aligned
 
 SUPPORTED = tuple(
     np.dtype(d)
@@ -60,10 +62,21 @@ def spec(shape: Sequence[int], dtype: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(int(s) for s in shape), np.dtype(dtype))
 
 
-def to_jax(arr: np.ndarray) -> jax.Array:
-    """A JAX array of ``arr``'s values; ``arr`` is the engine's result for this call alone, so JAX may adopt its
-    memory (it keeps ``arr`` alive while it does, which keeps hora from recycling it)."""
-    return jnp.asarray(arr)
+def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """An uninitialised array whose data is 64-byte aligned, so that ``jax.device_put`` adopts it without a copy."""
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % _ALIGN
+    return raw[start : start + nbytes].view(dt).reshape(tuple(shape))
+
+
+def to_jax(arr: np.ndarray, adopt: bool = False) -> jax.Array:
+    """A JAX array of ``arr``'s values. With ``adopt`` (``arr`` was allocated by :func:`aligned_empty` for this
+    result alone) a large one is adopted without a copy; otherwise it is copied: the engine recycles its own large
+    buffers once nothing refers to them, so JAX must never alias one."""
+    # (device_put, not jnp.asarray: that compiles a staging computation for every new shape)
+    return jax.device_put(arr, may_alias=adopt)
 
 
 def _mapped_axes() -> list[str]:
@@ -96,12 +109,14 @@ def run_op(
     inputs: Sequence[Any],
     out_specs: Sequence[jax.ShapeDtypeStruct],
     what: str,
+    adopt: bool = False,
 ) -> list[jax.Array]:
     """Run the hora call ``fn`` on ``inputs`` (now, or as an ordered callback of the trace); results of
-    ``out_specs``' shapes and dtypes (eagerly, the shapes ``fn`` returns)."""
+    ``out_specs``' shapes and dtypes (eagerly, the shapes ``fn`` returns). ``adopt``: ``fn`` returns arrays of
+    :func:`aligned_empty` made for this call, which JAX may keep without a copy."""
     if not is_tracing(inputs):
         jax.effects_barrier()
-        return [to_jax(np.asarray(o)) for o in fn(*[np.asarray(x) for x in inputs])]
+        return [to_jax(np.asarray(o), adopt) for o in fn(*[np.asarray(x) for x in inputs])]
     _refuse_mapped(inputs, what)
     specs = list(out_specs)
 

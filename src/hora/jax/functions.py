@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from hora import _frontend as _f
 from hora._frontend import ProcessSet, global_process_set
 from hora.jax.movement import grouped_broadcast
+from hora.jax.reductions import _as_arrays
 
 __all__ = ["allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters"]
 
@@ -21,8 +21,7 @@ def broadcast_parameters(
     ``root_rank``'s values, in one grouped broadcast. JAX arrays are immutable, so the result is a new pytree of the
     same structure (every leaf a JAX array); call it on every rank and keep what it returns."""
     leaves, treedef = jax.tree_util.tree_flatten(params)
-    arrays = [x if isinstance(x, jax.core.Tracer) else jnp.asarray(x) for x in leaves]
-    out = grouped_broadcast(arrays, root_rank, name, process_set)
+    out = grouped_broadcast(_as_arrays(leaves), root_rank, name, process_set)
     return jax.tree_util.tree_unflatten(treedef, out)
 
 

@@ -21,7 +21,7 @@ from hora._dtypes import ReduceOp
 from hora._frontend import ProcessSet, global_process_set
 from hora._frontend.core import blocking
 from hora._frontend.process_set import root_index
-from hora.jax.bridge import check_dtype, is_tracing, run_op, spec
+from hora.jax.bridge import aligned_empty, check_dtype, is_tracing, run_op, spec
 from hora.jax.reductions import _as_arrays, differentiable, raw_allreduce, set_index, set_size
 
 __all__ = ["allgather", "alltoall", "barrier", "broadcast", "grouped_allgather", "join", "raw_allgather"]
@@ -112,15 +112,18 @@ def raw_broadcast(xs: Sequence[Any], root_rank: int, name: str | None, process_s
     names = [name] if len(xs) == 1 else [None if name is None else f"{name}.{i}" for i in range(len(xs))]
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
+        outs = [aligned_empty(a.shape, a.dtype) for a in arrays]  # JAX adopts these without a copy
+
         def start() -> _f.GroupHandle:
             return _f.GroupHandle([
-                _f.start_broadcast(a, root_rank, inplace=False, name=nm, process_set=process_set)
-                for a, nm in zip(arrays, names)
+                _f.start_broadcast(a, root_rank, inplace=False, out=o, name=nm, process_set=process_set)
+                for a, o, nm in zip(arrays, outs, names)
             ])  # fmt: skip
 
-        return blocking(start)
+        blocking(start)
+        return outs
 
-    return run_op(fn, xs, [spec(x.shape, x.dtype) for x in xs], "broadcast")
+    return run_op(fn, xs, [spec(x.shape, x.dtype) for x in xs], "broadcast", adopt=True)
 
 
 def grouped_broadcast(

@@ -17,7 +17,7 @@ from hora._dtypes import ReduceOp, even_counts
 from hora._frontend import Average, ProcessSet, global_process_set
 from hora._frontend.core import blocking, resolve_op
 from hora.errors import UnsupportedError
-from hora.jax.bridge import check_dtype, is_tracing, run_op, spec
+from hora.jax.bridge import aligned_empty, check_dtype, is_tracing, run_op, spec, to_jax
 from hora.jax.compression import Compression
 
 __all__ = [
@@ -67,11 +67,14 @@ def raw_allreduce(
                                 process_set=process_set)  # fmt: skip
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
+        outs = [aligned_empty(a.shape, a.dtype) for a in arrays]  # JAX adopts these without a copy
         if len(arrays) == 1:  # a single array keeps its name as given (a group's members get ".i" appended)
-            return [blocking(lambda: _f.start_allreduce(arrays[0], inplace=False, **args))]
-        return blocking(lambda: _f.start_grouped_allreduce(arrays, inplace=False, **args))
+            blocking(lambda: _f.start_allreduce(arrays[0], inplace=False, out=outs[0], **args))
+        else:
+            blocking(lambda: _f.start_grouped_allreduce(arrays, inplace=False, outs=outs, **args))
+        return outs
 
-    return run_op(fn, xs, [spec(x.shape, x.dtype) for x in xs], "allreduce")
+    return run_op(fn, xs, [spec(x.shape, x.dtype) for x in xs], "allreduce", adopt=True)
 
 
 def _grouped_allreduce(
@@ -103,7 +106,7 @@ def _grouped_allreduce(
 
 
 def _as_arrays(xs: Sequence[Any]) -> list[Any]:
-    return [x if isinstance(x, jax.core.Tracer) else jnp.asarray(x) for x in xs]
+    return [x if isinstance(x, (jax.Array, jax.core.Tracer)) else to_jax(np.asarray(x)) for x in xs]
 
 
 def allreduce(

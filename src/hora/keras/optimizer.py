@@ -58,6 +58,7 @@ def reduce_gradients(settings: Any, grads: list[Any], variables: list[Any] | Non
         n = settings.process_set.size() or 1
         op, pre, post = ReduceOp.SUM, 1.0 / settings.gradient_predivide_factor, settings.gradient_predivide_factor / n
     present = [i for i, g in enumerate(grads) if g is not None]
+    reduced: list[Any]
     if backend == "torch":
         import hora.torch as hvd_torch
 
