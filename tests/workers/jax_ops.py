@@ -313,9 +313,16 @@ def train_part(me: int, n: int) -> dict[str, Any]:
     return {"accuracy": accuracy, "digest": jax_digits.digest(params)}
 
 
+def keras_part(me: int, n: int) -> dict[str, Any]:
+    """Keras 3 fit with hora.keras.DistributedOptimizer on the backend KERAS_BACKEND names (jax here)."""
+    from workers.keras_fit import flavour_fit_worker
+
+    return flavour_fit_worker()
+
+
 PARTS: dict[str, Callable[[int, int], Any]] = {
     "ops": ops_part, "gradients": gradients_part, "errors": errors_part, "process_sets": process_sets_part,
-    "optimizer": optimizer_part, "train": train_part,
+    "optimizer": optimizer_part, "train": train_part, "keras": keras_part,
 }  # fmt: skip
 
 

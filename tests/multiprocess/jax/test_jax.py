@@ -10,15 +10,17 @@ points, with weights bitwise equal across ranks.
 
 from __future__ import annotations
 
-import pytest
+import importlib.util
 
-pytest.importorskip("jax")
-pytest.importorskip("optax")
-pytest.importorskip("sklearn")
+import pytest
 
 from support import paths
 from support.harness import run_ranks
 from workers.jax_suite import suite_worker
+
+# Checked without importing them here: only the ranks import JAX (and Keras, which would import TensorFlow).
+_MISSING = [m for m in ("jax", "optax", "sklearn") if importlib.util.find_spec(m) is None]
+pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"not installed: {_MISSING}")
 
 EXAMPLES = str(paths.REPO / "examples")
 OPS = 200  # checks per rank in the op matrix (eager and jit each), at least
@@ -59,14 +61,23 @@ def _check_errors(notes: list[str], me: int) -> None:
     assert notes[8].startswith("ValueError: alltoall with splits cannot run inside a JAX trace"), notes[8]
 
 
-def test_two_ranks_ops_gradients_errors_sets_optimizer_and_training(one_rank):
-    results = _run(2, ["ops", "gradients", "errors", "process_sets", "optimizer", "train"])
+def test_two_ranks_ops_gradients_errors_sets_optimizer_training_and_keras(one_rank):
+    """Also Keras 3 fit on the JAX backend with hora.keras.DistributedOptimizer: Keras jits the train step, the
+    reduction is a hora.jax callback inside it."""
+    parts = ["ops", "gradients", "errors", "process_sets", "optimizer", "train"]
+    keras = importlib.util.find_spec("keras") is not None  # not imported here: it would import TensorFlow
+    results = _run(2, [*parts, "keras"] if keras else parts, env={"KERAS_BACKEND": "jax"})
     assert results[0]["ops"] >= OPS and len({r["ops"] for r in results}) == 1, results
     assert [r["gradients"] for r in results] == [8, 8]
     for me, r in enumerate(results):
         _check_errors(r["errors"], me)
         assert len(r["process_sets"]) == 1 and "not a member" in r["process_sets"][0], r["process_sets"]
     _same_training(results, one_rank)
+    if keras:
+        fits = [r["keras"] for r in results]
+        assert fits[0]["backend"] == "jax" and fits[0]["class"] == "Adam", fits[0]
+        assert len({f["weights"] for f in fits}) == 1, "Keras weights differ across ranks"
+        assert fits[0]["accuracy"] > 0.6, fits[0]
 
 
 def test_four_ranks_ops_gradients_sets_and_training(one_rank):
@@ -75,15 +86,3 @@ def test_four_ranks_ops_gradients_sets_and_training(one_rank):
     assert all(r["gradients"] == 8 for r in results)
     assert all("not a member" in r["process_sets"][0] for r in results)
     _same_training(results, one_rank)
-
-
-def test_keras3_fit_on_the_jax_backend():
-    """hora.keras.DistributedOptimizer with KERAS_BACKEND=jax: Keras jits the train step, the reduction is a
-    callback inside it."""
-    pytest.importorskip("keras")
-    from workers.keras_fit import flavour_fit_worker
-
-    results = run_ranks(flavour_fit_worker, 2, timeout=240, env={"KERAS_BACKEND": "jax"})
-    assert results[0]["backend"] == "jax" and results[0]["class"] == "Adam", results[0]
-    assert len({r["weights"] for r in results}) == 1, "weights differ across ranks"
-    assert results[0]["accuracy"] > 0.6, results[0]
