@@ -93,6 +93,9 @@ def _collective_checks(me: int, n: int, jit: bool) -> list[Check]:
         eq = [make(r, dtype, (2 * n, 3), salt=3) for r in range(n)]
         checks.append((f"alltoall {dtype.name}", hvd.alltoall(jnp.asarray(eq[me])),
                        np.concatenate([e[2 * me : 2 * me + 2] for e in eq])))  # fmt: skip
+        op = hvd.Max if dtype == np.bool_ else hvd.Sum
+        checks.append((f"reducescatter {dtype.name}", hvd.reducescatter(jnp.asarray(eq[me]), op=op),
+                       reference(op, eq)[2 * me : 2 * me + 2]))  # fmt: skip
     for dtype, op in [(np.float32, hvd.Average), (np.int32, hvd.Sum), (np.float64, hvd.Max), (np.int8, hvd.Min)]:
         rs = [make(r, np.dtype(dtype), (2 * n + 1, 3), salt=5) for r in range(n)]
         total = reference(op, rs)

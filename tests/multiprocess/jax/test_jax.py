@@ -23,7 +23,7 @@ _MISSING = [m for m in ("jax", "optax", "sklearn") if importlib.util.find_spec(m
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"not installed: {_MISSING}")
 
 EXAMPLES = str(paths.REPO / "examples")
-OPS = 200  # checks per rank in the op matrix (eager and jit each), at least
+OPS = 210  # checks per rank in the op matrix (eager and jit each), at least
 
 
 def _run(n: int, parts: list[str], **settings) -> list[dict]:
