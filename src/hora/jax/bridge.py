@@ -14,7 +14,8 @@ An eager call first waits for the callbacks of computations already dispatched (
 dispatches a jitted step asynchronously, and its collectives must keep their place before the next eager one.
 
 Mapped traces (``vmap``, ``pmap``, ``shard_map``) would run one callback per mapped instance, each a separate
-collective: they are refused with a ValueError naming the operation.
+collective: they are refused with a ValueError naming the operation (at trace time, or through ``custom_vmap``
+when an already-jitted function is vmapped).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
 from jax.experimental import io_callback
 
 from hora.errors import UnsupportedError
@@ -90,18 +92,21 @@ def _mapped_axes() -> list[str]:
         return []
 
 
+def _mapped_error(what: str, where: str = "") -> ValueError:
+    return ValueError(
+        f"hora.jax {what} cannot run inside jax.vmap, jax.pmap or shard_map{where}: the collective would run "
+        "once per mapped instance, and the ranks would not agree on how many there are; call it outside the "
+        "mapped function (one process per rank already gives the data parallelism)"
+    )
+
+
 def _refuse_mapped(inputs: Sequence[Any], what: str) -> None:
     from jax._src.interpreters import batching
 
     batched = any(isinstance(v, batching.BatchTracer) for v in inputs)
     axes = _mapped_axes()
     if batched or axes:
-        where = f" (mapped axes {axes})" if axes else ""
-        raise ValueError(
-            f"hora.jax {what} cannot run inside jax.vmap, jax.pmap or shard_map{where}: the collective would run "
-            "once per mapped instance, and the ranks would not agree on how many there are; call it outside the "
-            "mapped function (one process per rank already gives the data parallelism)"
-        )
+        raise _mapped_error(what, f" (mapped axes {axes})" if axes else "")
 
 
 def run_op(
@@ -127,4 +132,14 @@ def run_op(
                 raise RuntimeError(f"hora.jax {what}: result {o.dtype}{list(o.shape)} != declared {s.dtype}{list(s.shape)}")
         return outs
 
-    return list(io_callback(host, specs, *inputs, ordered=True))
+    # vmap of a function already traced (jax.vmap(jax.jit(f))) batches the callback after hora saw its inputs:
+    # custom_vmap's rule refuses it with the same message.
+    @custom_vmap
+    def call(*args: Any) -> list[jax.Array]:
+        return list(io_callback(host, specs, *args, ordered=True))
+
+    @call.def_vmap
+    def _batched(axis_size: int, in_batched: Any, *args: Any) -> Any:
+        raise _mapped_error(what)
+
+    return list(call(*inputs))
