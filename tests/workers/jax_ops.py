@@ -248,6 +248,9 @@ def errors_part(me: int, n: int) -> list[str]:
         _error(lambda: jax.jit(lambda t: hvd.allgather(t))(jnp.zeros((me + 1, 2))).block_until_ready()),
         _error(lambda: jax.jit(lambda t: hvd.alltoall(t, splits=[1] * n))(jnp.zeros((n, 2)))),
         _error(lambda: jax.vmap(jax.jit(lambda t: hvd.allreduce(t)))(jnp.zeros((3, 2)))),
+        _error(lambda: jax.pmap(lambda t: hvd.allreduce(t))(jnp.zeros((1, 2)))),
+        _error(lambda: jax.jit(jax.shard_map(lambda t: hvd.allreduce(t), mesh=jax.make_mesh((1,), ("d",)),
+                                             in_specs=jax.P(), out_specs=jax.P()))(jnp.zeros(2))),
     ]
     assert isinstance(MismatchError("x"), hvd.HorovodInternalError) and issubclass(UnsupportedError, Exception)
     # the job is healthy afterwards

@@ -54,8 +54,9 @@ def _check_errors(notes: list[str], me: int) -> None:
     assert notes[2].startswith("UnsupportedError: ") and "complex64" in notes[2], notes[2]
     assert notes[3].startswith("NotImplementedError: ") and "Adasum" in notes[3], notes[3]
     assert notes[4].startswith("UnsupportedError: ") and "bool" in notes[4], notes[4]
-    for note in [*notes[5:7], notes[9]]:
+    for note in [*notes[5:7], *notes[9:12]]:  # vmap, jit(vmap), vmap(jit), pmap, shard_map
         assert note.startswith("ValueError: hora.jax allreduce cannot run inside jax.vmap"), note
+    assert "mapped axes ['d']" in notes[11], notes[11]
     assert "JaxRuntimeError" in notes[7] and "same first dimension on every rank" in notes[7], notes[7]
     assert "rank 0: 1, rank 1: 2" in notes[7], notes[7]
     assert notes[8].startswith("ValueError: alltoall with splits cannot run inside a JAX trace"), notes[8]
