@@ -20,7 +20,7 @@ LAYERS = [
     ["hora._runtime"],
     ["hora"],
     ["hora._frontend", "hora.ps"],
-    ["hora.numpy", "hora.torch", "hora.tensorflow", "hora.mxnet"],
+    ["hora.numpy", "hora.torch", "hora.tensorflow", "hora.jax", "hora.mxnet"],
     ["hora.keras", "hora.tensorflow.keras"],
     ["hora.runner"],
     ["hora.jobs", "hora.ray", "hora.spark"],

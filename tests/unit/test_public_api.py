@@ -188,3 +188,27 @@ def test_keras_has_horovods_names():
         " for m in (k, tk)]))"
     )
     assert json.loads(_fresh(code).splitlines()[-1]) == [[], []]
+
+
+# hora.jax: horovod.torch's names that have a meaning for immutable JAX arrays (no in-place, no async variants,
+# no SyncBatchNorm), pinned; checked in a fresh interpreter, without importing optax until DistributedOptimizer is
+# asked for.
+JAX_API = ["Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline"]
+
+
+def test_jax_names_are_pinned():
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("jax") is None or importlib.util.find_spec("optax") is None:
+        pytest.skip("jax or optax is not installed")
+    code = (
+        "import json, sys, hora.jax as hvd\n"
+        "lazy = 'optax' not in sys.modules\n"
+        "print(json.dumps({'all': hvd.__all__, 'lazy': lazy, 'has': all(hasattr(hvd, n) for n in hvd.__all__),"
+        " 'ops': [hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product]}))"
+    )
+    assert json.loads(_fresh(code).splitlines()[-1]) == {
+        "all": JAX_API, "lazy": True, "has": True, "ops": [0, 1, 2, 3, 4, 5],
+    }  # fmt: skip

@@ -1,5 +1,5 @@
 """hora for Keras 3 (the multi-backend package), with Horovod's ``horovod.keras`` names: ``import hora.keras as
-hvd``. ``DistributedOptimizer`` works on the TensorFlow and torch backends (and wraps tf_keras optimizers); the
+hvd``. ``DistributedOptimizer`` works on the TensorFlow, torch and JAX backends (and wraps tf_keras optimizers); the
 callbacks and the value collectives work on any backend."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``DistributedOptimizer`` for Keras 3 (any backend with a host-callback path: TensorFlow and torch) and for
+"""``DistributedOptimizer`` for Keras 3 (any backend with a host-callback path: TensorFlow, torch and JAX) and for
 tf_keras (``TF_USE_LEGACY_KERAS=1``).
 
 The wrapper is a subclass of the wrapped optimizer's own class with the same name and module, made from its
@@ -48,26 +48,35 @@ def reduce_gradients(settings: Any, grads: list[Any], variables: list[Any] | Non
             settings.groups, settings.process_set,
         )  # fmt: skip
         return reducer.reduce(grads, variables)
+    if backend not in ("torch", "jax"):
+        raise NotImplementedError(
+            f"hora.keras.DistributedOptimizer does not support the {backend!r} Keras backend yet; use "
+            "KERAS_BACKEND=tensorflow, torch or jax"
+        )
+    op, pre, post = ReduceOp(settings.op), 1.0, 1.0
+    if op is ReduceOp.AVERAGE and settings.gradient_predivide_factor != 1.0:
+        n = settings.process_set.size() or 1
+        op, pre, post = ReduceOp.SUM, 1.0 / settings.gradient_predivide_factor, settings.gradient_predivide_factor / n
+    present = [i for i, g in enumerate(grads) if g is not None]
+    reduced: list[Any]
     if backend == "torch":
         import hora.torch as hvd_torch
 
-        op, pre, post = ReduceOp(settings.op), 1.0, 1.0
-        if op is ReduceOp.AVERAGE and settings.gradient_predivide_factor != 1.0:
-            n = settings.process_set.size() or 1
-            op, pre, post = ReduceOp.SUM, 1.0 / settings.gradient_predivide_factor, settings.gradient_predivide_factor / n
-        present = [i for i, g in enumerate(grads) if g is not None]
         reduced = hvd_torch.grouped_allreduce(
             [grads[i].detach() for i in present], op=int(op), prescale_factor=pre, postscale_factor=post,
             process_set=settings.process_set,
         )  # fmt: skip
-        out = list(grads)
-        for i, r in zip(present, reduced):
-            out[i] = r
-        return out
-    raise NotImplementedError(
-        f"hora.keras.DistributedOptimizer does not support the {backend!r} Keras backend yet; use "
-        "KERAS_BACKEND=tensorflow or torch"
-    )
+    else:  # jax: Keras traces the train step under jax.jit; hora.jax makes the reduction one ordered callback
+        import hora.jax as hvd_jax
+
+        reduced = hvd_jax.grouped_allreduce(
+            [grads[i] for i in present], op=int(op), prescale_factor=pre, postscale_factor=post,
+            process_set=settings.process_set,
+        )  # fmt: skip
+    out = list(grads)
+    for i, r in zip(present, reduced):
+        out[i] = r
+    return out
 
 
 class _Keras3Mixin:

@@ -1,0 +1,89 @@
+"""hora.jax on real ranks: every op and dtype eagerly and inside jax.jit (the same bits both ways), Horovod's
+gradients through jax.grad, errors on every rank, process sets, DistributedOptimizer (optax), Keras 3 on the JAX
+backend, and examples/jax_digits.py's training at N = 1, 2, 4.
+
+JAX costs seconds to import and to compile in every rank, so one run per number of ranks does everything that number
+needs (``suite_worker``). Training: every rank takes its slice of the same global batch, so N-rank training computes
+what 1-rank training computes up to float rounding: the test accuracy must match the 1-rank run's within 0.5
+points, with weights bitwise equal across ranks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from support import paths
+from support.harness import run_ranks
+from workers.jax_suite import suite_worker
+
+# Checked without importing them here: only the ranks import JAX (and Keras, which would import TensorFlow).
+_MISSING = [m for m in ("jax", "optax", "sklearn") if importlib.util.find_spec(m) is None]
+pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"not installed: {_MISSING}")
+
+EXAMPLES = str(paths.REPO / "examples")
+OPS = 210  # checks per rank in the op matrix (eager and jit each), at least
+
+
+def _run(n: int, parts: list[str], **settings) -> list[dict]:
+    return run_ranks(suite_worker, n, parts, EXAMPLES, timeout=240, **settings)
+
+
+def _same_training(results: list[dict], one: dict) -> None:
+    assert len({r["train"]["digest"] for r in results}) == 1, "weights differ across ranks"
+    assert abs(results[0]["train"]["accuracy"] - one["train"]["accuracy"]) <= 0.005, (results[0]["train"], one)
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    return _run(1, ["ops", "gradients", "optimizer", "train"])[0]
+
+
+def test_one_rank(one_rank):
+    assert one_rank["ops"] >= OPS, one_rank["ops"]
+    assert one_rank["gradients"] == 8
+    assert one_rank["optimizer"]["errors"] == ["ValueError: gradient_predivide_factor needs op=Average (it splits "
+                                               "the averaging around the sum)"]
+    assert one_rank["train"]["accuracy"] > 0.9, one_rank["train"]
+
+
+def _check_errors(notes: list[str], me: int) -> None:
+    assert notes[0].startswith("MismatchError: ") and "eager.shape" in notes[0] and "shape" in notes[0], notes[0]
+    assert "JaxRuntimeError" in notes[1] and "jit.shape" in notes[1] and "MismatchError" in notes[1], notes[1]
+    assert notes[2].startswith("UnsupportedError: ") and "complex64" in notes[2], notes[2]
+    assert notes[3].startswith("NotImplementedError: ") and "Adasum" in notes[3], notes[3]
+    assert notes[4].startswith("UnsupportedError: ") and "bool" in notes[4], notes[4]
+    for note in [*notes[5:7], *notes[9:12]]:  # vmap, jit(vmap), vmap(jit), pmap, shard_map
+        assert note.startswith("ValueError: hora.jax allreduce cannot run inside jax.vmap"), note
+    assert "mapped axes ['d']" in notes[11], notes[11]
+    assert "JaxRuntimeError" in notes[7] and "same first dimension on every rank" in notes[7], notes[7]
+    assert "rank 0: 1, rank 1: 2" in notes[7], notes[7]
+    assert notes[8].startswith("ValueError: alltoall with splits cannot run inside a JAX trace"), notes[8]
+
+
+def test_two_ranks_ops_gradients_errors_sets_optimizer_training_and_keras(one_rank):
+    """Also Keras 3 fit on the JAX backend with hora.keras.DistributedOptimizer: Keras jits the train step, the
+    reduction is a hora.jax callback inside it."""
+    parts = ["ops", "gradients", "errors", "process_sets", "optimizer", "train"]
+    keras = importlib.util.find_spec("keras") is not None  # not imported here: it would import TensorFlow
+    results = _run(2, [*parts, "keras"] if keras else parts, env={"KERAS_BACKEND": "jax"})
+    assert results[0]["ops"] >= OPS and len({r["ops"] for r in results}) == 1, results
+    assert [r["gradients"] for r in results] == [8, 8]
+    for me, r in enumerate(results):
+        _check_errors(r["errors"], me)
+        assert len(r["process_sets"]) == 1 and "not a member" in r["process_sets"][0], r["process_sets"]
+    _same_training(results, one_rank)
+    if keras:
+        fits = [r["keras"] for r in results]
+        assert fits[0]["backend"] == "jax" and fits[0]["class"] == "Adam", fits[0]
+        assert len({f["weights"] for f in fits}) == 1, "Keras weights differ across ranks"
+        assert fits[0]["accuracy"] > 0.6, fits[0]
+
+
+def test_four_ranks_ops_gradients_sets_and_training(one_rank):
+    results = _run(4, ["ops", "gradients", "process_sets", "train"])
+    assert results[0]["ops"] >= OPS and len({r["ops"] for r in results}) == 1, results
+    assert all(r["gradients"] == 8 for r in results)
+    assert all("not a member" in r["process_sets"][0] for r in results)
+    _same_training(results, one_rank)
