@@ -4,12 +4,10 @@ graph-time topology ops (``rank_op`` ...), which read the value when the graph r
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from hora import _frontend as _f
 from hora._frontend import (
     Adasum,
     Average,
@@ -33,8 +31,20 @@ from hora._frontend import (
     start_timeline,
     stop_timeline,
 )
+from hora._frontend.horovod_compat import (  # Horovod's init and build queries, as every adapter answers them
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+)
 from hora._runtime.context import current
-from hora.errors import UnsupportedError
 from hora.tensorflow.bridge import executing_eagerly
 
 __all__ = [
@@ -80,62 +90,6 @@ __all__ = [
 
 HorovodInternalError = tf.errors.UnknownError
 """What a collective that failed inside a graph raises (other than a mismatch: FailedPreconditionError)."""
-
-
-def init(comm: Any = None, process_sets: Any = None, **settings: Any) -> None:
-    """Start hora in this process (idempotent; ``init()`` after ``shutdown()`` starts afresh). ``settings``
-    override :class:`hora.Config` fields (e.g. ``transport="tcp"``)."""
-    if comm is not None:
-        raise UnsupportedError(
-            "init(comm=...) is not supported: hora takes its ranks from the launcher (hora run, mpirun, srun, "
-            "torchrun); call init() without comm"
-        )
-    _f.init(**settings)
-    if process_sets == "dynamic":  # Horovod's switch for add/remove after init: always on in hora
-        return
-    for ps in process_sets or []:
-        add_process_set(ps)
-
-
-# What this build has, answered honestly: hora's data planes are its own (shared memory and TCP).
-def mpi_built() -> bool:
-    return False
-
-
-def mpi_enabled() -> bool:
-    return False
-
-
-def mpi_threads_supported() -> bool:
-    raise ValueError("Horovod MPI is not enabled; hora does not use MPI (it runs under mpirun without it).")
-
-
-def gloo_built() -> bool:
-    return False
-
-
-def gloo_enabled() -> bool:
-    return False
-
-
-def nccl_built() -> bool:
-    return False
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    return False
-
-
-def rocm_built() -> bool:
-    return False
 
 
 def _set_ranks(process_set_id: int) -> list[int]:

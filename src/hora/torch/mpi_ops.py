@@ -35,7 +35,20 @@ from hora._frontend import (
     start_timeline,
     stop_timeline,
 )
-from hora.errors import HoraError, UnsupportedError
+from hora._frontend.horovod_compat import (  # noqa: F401  Horovod's init and build queries, re-exported
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+)
+from hora.errors import HoraError
 from hora.torch.async_ops import (
     allgather_async,
     allreduce_async,
@@ -94,65 +107,6 @@ __all__ = [
 
 HorovodInternalError = HoraError
 """What a failed collective raises (Horovod's name; every hora error is a ``RuntimeError``)."""
-
-
-def init(comm: Any = None, process_sets: Any = None, **settings: Any) -> None:
-    """Start hora in this process (idempotent; ``init()`` after ``shutdown()`` starts afresh). ``settings``
-    override :class:`hora.Config` fields (e.g. ``transport="tcp"``)."""
-    if comm is not None:
-        raise UnsupportedError(
-            "init(comm=...) is not supported: hora takes its ranks from the launcher (hora run, mpirun, srun, "
-            "torchrun); call init() without comm"
-        )
-    _f.init(**settings)
-    if process_sets == "dynamic":  # Horovod's switch for add/remove after init: always on in hora
-        return
-    for ps in process_sets or []:  # static process sets: registered in order, as every rank lists them
-        add_process_set(ps)
-
-
-# What this build has, answered honestly: hora's data planes are its own (shared memory and TCP), not MPI, Gloo,
-# NCCL, DDL, oneCCL or a CUDA/ROCm build; it runs under mpirun without using MPI.
-
-
-def mpi_built() -> bool:
-    return False
-
-
-def mpi_enabled() -> bool:
-    return False
-
-
-def mpi_threads_supported() -> bool:
-    raise ValueError("Horovod MPI is not enabled; hora does not use MPI (it runs under mpirun without it).")
-
-
-def gloo_built() -> bool:
-    return False
-
-
-def gloo_enabled() -> bool:
-    return False
-
-
-def nccl_built() -> bool:
-    return False
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    return False
-
-
-def rocm_built() -> bool:
-    return False
 
 
 class HorovodAllreduce(torch.autograd.Function):
