@@ -316,7 +316,8 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if code < 0:  # die of the same signal, so hora run reports the script's outcome unchanged
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset (EINVAL)
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         time.sleep(1)
     os._exit(code if code >= 0 else 128 - code)

@@ -69,7 +69,9 @@ CENSUS = textwrap.dedent("""
     with open(os.path.join(out_dir, host + ".json"), "w") as f:
         json.dump(seen, f)
     if mode == "kill-ps":
-        if host == "algo-2":
+        if host == "algo-2":  # once algo-1 has written its census too: the job's failure stops its script
+            while not os.path.exists(os.path.join(out_dir, "algo-1.json")) and time.monotonic() < deadline:
+                time.sleep(0.2)
             ps_pid = next(p for p, c in seen["children"].items() if "hora.jobs._tf_ps" in c)
             os.kill(int(ps_pid), signal.SIGKILL)
         time.sleep(300)  # the wrapper stops algo-2's script when its server dies, hora run then stops algo-1's
