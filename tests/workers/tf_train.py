@@ -180,7 +180,7 @@ def data_worker() -> int:
     import tempfile
     from pathlib import Path
 
-    from hora.data import encode_tfrecord
+    from hora.data import encode_recordio, encode_tfrecord
 
     with tempfile.TemporaryDirectory() as tmp:
         for epoch in range(2):
@@ -191,12 +191,17 @@ def data_worker() -> int:
         second = [bytes(r.numpy()) for r in ds]
         assert first == [f"e0r{i}".encode() for i in range(5)], first
         assert second == [f"e1r{i}".encode() for i in range(5)], second
+        for epoch in range(2):  # SageMaker's RecordIO framing, read the same way
+            (Path(tmp) / f"rec_{epoch}").write_bytes(b"".join(encode_recordio(b"r%d.%d" % (epoch, i)) for i in range(3)))
+        rec = hvd.PipeModeDataset(str(Path(tmp) / "rec"), record_format="RecordIO")
+        assert [bytes(r.numpy()) for r in rec] == [b"r0.0", b"r0.1", b"r0.2"]
+        assert [bytes(r.numpy()) for r in rec] == [b"r1.0", b"r1.1", b"r1.2"]
     try:
-        hvd.PipeModeDataset("train", record_format="RecordIO")
+        hvd.PipeModeDataset("train", record_format="Parquet")
     except NotImplementedError as exc:
-        assert "RecordIO" in str(exc), exc
+        assert "Parquet" in str(exc) and "RecordIO" in str(exc), exc
     else:
-        raise AssertionError("RecordIO was accepted")
+        raise AssertionError("an unknown record format was accepted")
     me, n = hvd.rank(), hvd.size()
     shard = [int(x) for x in hvd.shard(tf.data.Dataset.range(10), by="rank")]
     assert shard == list(range(me, 10, n)), shard
