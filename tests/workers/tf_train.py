@@ -210,7 +210,7 @@ def data_worker() -> int:
 
 def sync_batch_norm_worker() -> float:
     """SyncBatchNormalization in training normalises each rank's rows with the moments of every rank's batch: the
-    same as BatchNormalization over the concatenated batch. Returns the largest difference."""
+    same as BatchNormalization over the concatenated batch, also with a mask. Returns the largest difference."""
     import keras
 
     hvd.init()
@@ -221,7 +221,18 @@ def sync_batch_norm_worker() -> float:
     ref = keras.layers.BatchNormalization(momentum=0.0)
     expected = ref(tf.constant(full), training=True).numpy()[me * 4 : (me + 1) * 4]
     assert np.allclose(layer.moving_mean.numpy(), ref.moving_mean.numpy(), atol=1e-6)
-    return float(np.abs(out - expected).max())
+    worst = float(np.abs(out - expected).max())
+    # with a mask (a sequence batch): only the kept steps of every rank count, as Keras counts them on one rank
+    rng = np.random.default_rng(1)
+    seq = rng.standard_normal((4 * n, 5, 3)).astype(np.float32)
+    mask = rng.random((4 * n, 5)) < 0.6
+    mine = slice(me * 4, (me + 1) * 4)
+    masked = hvd.SyncBatchNormalization(momentum=0.0)
+    out = masked(tf.constant(seq[mine]), training=True, mask=tf.constant(mask[mine])).numpy()
+    ref = keras.layers.BatchNormalization(momentum=0.0)
+    expected = ref(tf.constant(seq), training=True, mask=tf.constant(mask)).numpy()[mine]
+    assert np.allclose(masked.moving_variance.numpy(), ref.moving_variance.numpy(), atol=1e-5)
+    return max(worst, float(np.abs(out - expected).max()))
 
 
 def suite_worker(modes: list[str], parts: list[str]) -> dict[str, Any]:
