@@ -93,12 +93,43 @@ def _optimizer_checks_v1(me: int, n: int) -> int:
     return 1
 
 
+def _aggregation_checks_v1(me: int, n: int) -> int:
+    """TF1: backward_passes_per_step=2 sums two runs' gradients locally, allreduces every second run and applies
+    only then (Horovod's LocalGradientAggregationHelper); the global step counts every run."""
+    for average in (False, True):
+        graph = tf.Graph()
+        with graph.as_default():
+            v = tf.compat.v1.get_variable("v", initializer=np.zeros(3, np.float32))
+            x = tf.compat.v1.placeholder(tf.float32, [3])
+            loss = tf.reduce_sum(v * x)  # gradient x
+            opt = hvd.DistributedOptimizer(
+                tf.compat.v1.train.GradientDescentOptimizer(0.5), backward_passes_per_step=2,
+                average_aggregated_gradients=average,
+            )  # fmt: skip
+            step = tf.compat.v1.train.get_or_create_global_step()
+            train = opt.minimize(loss, global_step=step)
+            with tf.compat.v1.Session(graph=graph) as sess:
+                sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+                seen = []
+                for i in range(4):
+                    sess.run(train, {x: np.full(3, (me + 1.0) * (i + 1), np.float32)})
+                    seen.append(float(sess.run(v)[0]))
+                steps = int(sess.run(step))
+        # runs 1+2 and 3+4 sum (me+1)*3 and (me+1)*7 locally; averaged over ranks: 3(n+1)/2 and 7(n+1)/2
+        k = 2.0 if average else 1.0
+        first, second = -0.5 * 3 * (n + 1) / 2 / k, -0.5 * 10 * (n + 1) / 2 / k
+        assert np.allclose(seen, [0.0, first, first, second]), (average, seen)
+        assert steps == 4, steps
+    return 2
+
+
 def gradients_worker(modes: list[str] = MODES) -> int:
     """Horovod's gradients of every op, the tapes and the TF1 optimizer, in ``modes``; broadcast_variables."""
     hvd.init()
     me, n = hvd.rank(), hvd.size()
     checked = sum(run_checks(lambda: _gradient_checks(me, n), mode) for mode in modes)
     checked += _optimizer_checks_v1(me, n)
+    checked += _aggregation_checks_v1(me, n)
     v = tf.Variable(np.full(4, float(me), np.float32))
     hvd.broadcast_variables([v], root_rank=n - 1)
     assert np.array_equal(v.numpy(), np.full(4, n - 1.0, np.float32))
