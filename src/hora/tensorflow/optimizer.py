@@ -99,7 +99,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         if self._aggregation is not None:
             if tf.executing_eagerly():
-                raise UnsupportedError(
+                raise NotImplementedError(
                     "backward_passes_per_step > 1 with the TF1 DistributedOptimizer works in graphs (a "
                     "tf.compat.v1 Session or a tf.function); eagerly, accumulate with a tape "
                     "(hvd.DistributedGradientTape) or use the Keras DistributedOptimizer"
