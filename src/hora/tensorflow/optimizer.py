@@ -10,7 +10,6 @@ import tensorflow as tf
 
 from hora._dtypes import ReduceOp
 from hora._frontend import ProcessSet, global_process_set
-from hora.errors import UnsupportedError
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.gradients import GradientReducer
 
