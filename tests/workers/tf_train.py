@@ -93,12 +93,43 @@ def _optimizer_checks_v1(me: int, n: int) -> int:
     return 1
 
 
+def _aggregation_checks_v1(me: int, n: int) -> int:
+    """TF1: backward_passes_per_step=2 sums two runs' gradients locally, allreduces every second run and applies
+    only then (Horovod's LocalGradientAggregationHelper); the global step counts every run."""
+    for average in (False, True):
+        graph = tf.Graph()
+        with graph.as_default():
+            v = tf.compat.v1.get_variable("v", initializer=np.zeros(3, np.float32))
+            x = tf.compat.v1.placeholder(tf.float32, [3])
+            loss = tf.reduce_sum(v * x)  # gradient x
+            opt = hvd.DistributedOptimizer(
+                tf.compat.v1.train.GradientDescentOptimizer(0.5), backward_passes_per_step=2,
+                average_aggregated_gradients=average,
+            )  # fmt: skip
+            step = tf.compat.v1.train.get_or_create_global_step()
+            train = opt.minimize(loss, global_step=step)
+            with tf.compat.v1.Session(graph=graph) as sess:
+                sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+                seen = []
+                for i in range(4):
+                    sess.run(train, {x: np.full(3, (me + 1.0) * (i + 1), np.float32)})
+                    seen.append(float(sess.run(v)[0]))
+                steps = int(sess.run(step))
+        # runs 1+2 and 3+4 sum (me+1)*3 and (me+1)*7 locally; averaged over ranks: 3(n+1)/2 and 7(n+1)/2
+        k = 2.0 if average else 1.0
+        first, second = -0.5 * 3 * (n + 1) / 2 / k, -0.5 * 10 * (n + 1) / 2 / k
+        assert np.allclose(seen, [0.0, first, first, second]), (average, seen)
+        assert steps == 4, steps
+    return 2
+
+
 def gradients_worker(modes: list[str] = MODES) -> int:
     """Horovod's gradients of every op, the tapes and the TF1 optimizer, in ``modes``; broadcast_variables."""
     hvd.init()
     me, n = hvd.rank(), hvd.size()
     checked = sum(run_checks(lambda: _gradient_checks(me, n), mode) for mode in modes)
     checked += _optimizer_checks_v1(me, n)
+    checked += _aggregation_checks_v1(me, n)
     v = tf.Variable(np.full(4, float(me), np.float32))
     hvd.broadcast_variables([v], root_rank=n - 1)
     assert np.array_equal(v.numpy(), np.full(4, n - 1.0, np.float32))
@@ -180,7 +211,7 @@ def data_worker() -> int:
     import tempfile
     from pathlib import Path
 
-    from hora.data import encode_tfrecord
+    from hora.data import encode_recordio, encode_tfrecord
 
     with tempfile.TemporaryDirectory() as tmp:
         for epoch in range(2):
@@ -191,12 +222,17 @@ def data_worker() -> int:
         second = [bytes(r.numpy()) for r in ds]
         assert first == [f"e0r{i}".encode() for i in range(5)], first
         assert second == [f"e1r{i}".encode() for i in range(5)], second
+        for epoch in range(2):  # SageMaker's RecordIO framing, read the same way
+            (Path(tmp) / f"rec_{epoch}").write_bytes(b"".join(encode_recordio(b"r%d.%d" % (epoch, i)) for i in range(3)))
+        rec = hvd.PipeModeDataset(str(Path(tmp) / "rec"), record_format="RecordIO")
+        assert [bytes(r.numpy()) for r in rec] == [b"r0.0", b"r0.1", b"r0.2"]
+        assert [bytes(r.numpy()) for r in rec] == [b"r1.0", b"r1.1", b"r1.2"]
     try:
-        hvd.PipeModeDataset("train", record_format="RecordIO")
+        hvd.PipeModeDataset("train", record_format="Parquet")
     except NotImplementedError as exc:
-        assert "RecordIO" in str(exc), exc
+        assert "Parquet" in str(exc) and "RecordIO" in str(exc), exc
     else:
-        raise AssertionError("RecordIO was accepted")
+        raise AssertionError("an unknown record format was accepted")
     me, n = hvd.rank(), hvd.size()
     shard = [int(x) for x in hvd.shard(tf.data.Dataset.range(10), by="rank")]
     assert shard == list(range(me, 10, n)), shard
@@ -205,7 +241,7 @@ def data_worker() -> int:
 
 def sync_batch_norm_worker() -> float:
     """SyncBatchNormalization in training normalises each rank's rows with the moments of every rank's batch: the
-    same as BatchNormalization over the concatenated batch. Returns the largest difference."""
+    same as BatchNormalization over the concatenated batch, also with a mask. Returns the largest difference."""
     import keras
 
     hvd.init()
@@ -216,7 +252,18 @@ def sync_batch_norm_worker() -> float:
     ref = keras.layers.BatchNormalization(momentum=0.0)
     expected = ref(tf.constant(full), training=True).numpy()[me * 4 : (me + 1) * 4]
     assert np.allclose(layer.moving_mean.numpy(), ref.moving_mean.numpy(), atol=1e-6)
-    return float(np.abs(out - expected).max())
+    worst = float(np.abs(out - expected).max())
+    # with a mask (a sequence batch): only the kept steps of every rank count, as Keras counts them on one rank
+    rng = np.random.default_rng(1)
+    seq = rng.standard_normal((4 * n, 5, 3)).astype(np.float32)
+    mask = rng.random((4 * n, 5)) < 0.6
+    mine = slice(me * 4, (me + 1) * 4)
+    masked = hvd.SyncBatchNormalization(momentum=0.0)
+    out = masked(tf.constant(seq[mine]), training=True, mask=tf.constant(mask[mine])).numpy()
+    ref = keras.layers.BatchNormalization(momentum=0.0)
+    expected = ref(tf.constant(seq), training=True, mask=tf.constant(mask)).numpy()[mine]
+    assert np.allclose(masked.moving_variance.numpy(), ref.moving_variance.numpy(), atol=1e-5)
+    return max(worst, float(np.abs(out - expected).max()))
 
 
 def suite_worker(modes: list[str], parts: list[str]) -> dict[str, Any]:

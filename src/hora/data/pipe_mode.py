@@ -19,6 +19,8 @@ Record formats:
 * ``"tfrecord"``: TFRecord framing, yielded as ``bytes``: ``uint64`` length (little-endian), masked CRC-32C of
   the length, the data, masked CRC-32C of the data. A CRC mismatch or a truncated record raises
   :class:`hora.errors.RecordError` naming the file and the byte offset of the record.
+* ``"recordio"``: MXNet's RecordIO framing (SageMaker's ``application/x-recordio`` and
+  ``application/x-recordio-protobuf``), yielded as ``bytes`` (:mod:`hora.data.recordio`).
 
 ``channel`` is a channel name (resolved from ``SM_CHANNEL_<NAME>``, else ``SM_INPUT_DIR``, else ``/opt/ml/input``),
 a channel path such as the value of ``SM_CHANNEL_TRAIN`` (its FIFOs are ``<path>_<epoch>``), or a regular file or
@@ -41,12 +43,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from hora.config.variables import read, sm_channel_dir
+from hora.data.recordio import iter_recordio
 from hora.data.tfrecord import iter_tfrecords
 from hora.errors import ChannelError, ConfigError, TimeoutError
 
 __all__ = ["RECORD_FORMATS", "PipeDataset"]
 
-RECORD_FORMATS = ("text", "tfrecord")
+RECORD_FORMATS = ("text", "tfrecord", "recordio")
 _POLL_S = 0.5
 
 
@@ -97,7 +100,7 @@ class PipeDataset:
 
     Args:
         channel: a channel name, a channel path, or a regular file / FIFO (see the module docstring).
-        record_format: ``"text"`` (newline-delimited) or ``"tfrecord"``.
+        record_format: ``"text"`` (newline-delimited), ``"tfrecord"`` or ``"recordio"``.
         epoch: the epoch the first iteration reads (default 0); each later iteration reads the next one. Ignored
             when ``channel`` is a regular file or a FIFO, which is read as is every time.
         timeout: seconds to wait for an epoch's FIFO to appear, and for data once it is open.
@@ -145,6 +148,8 @@ class PipeDataset:
         try:
             if self.record_format == "tfrecord":
                 yield from iter_tfrecords(stream, source=str(path), check_crc=self.check_crc)
+            elif self.record_format == "recordio":
+                yield from iter_recordio(stream, source=str(path))
             else:
                 yield from _lines(stream, self.encoding)
             _raise_feeder_error(path)

@@ -6,32 +6,9 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from hora._frontend.compression import Compressor, NoneCompressor
+
 __all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
-
-
-class Compressor:
-    """Interface: ``compress`` an array before it is communicated, ``decompress`` the result after."""
-
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        """Returns the array to communicate and the context ``decompress`` needs."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Communicate the array as it is."""
-
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        return tensor
 
 
 class FP16Compressor(Compressor):

@@ -5,17 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hora._frontend.compression import NoneCompressor
+
 __all__ = ["Compression"]
-
-
-class _NoneCompressor:
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        return tensor
 
 
 class _FP16Compressor:
@@ -35,5 +27,5 @@ class _FP16Compressor:
 
 
 class Compression:
-    none = _NoneCompressor
+    none = NoneCompressor
     fp16 = _FP16Compressor

@@ -5,30 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-class Compressor:
-    """Interface: ``compress`` an NDArray before it is communicated, ``decompress`` the result after."""
-
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        """Returns the NDArray to communicate and the context ``decompress`` needs."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Communicate the NDArray as it is."""
-
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        return tensor
+from hora._frontend.compression import Compressor, NoneCompressor
 
 
 class FP16Compressor(Compressor):

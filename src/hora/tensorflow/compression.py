@@ -6,30 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-
-class Compressor:
-    """Interface: ``compress`` a tensor before it is communicated, ``decompress`` the result after."""
-
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        """Returns the tensor to communicate and the context ``decompress`` needs."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Communicate the tensor as it is."""
-
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        return tensor
+from hora._frontend.compression import Compressor, NoneCompressor
 
 
 class FP16Compressor(Compressor):

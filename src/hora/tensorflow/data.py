@@ -19,14 +19,14 @@ def PipeModeDataset(
 ) -> tf.data.Dataset:  # fmt: skip
     """A ``tf.data.Dataset`` of the records of Pipe-mode ``channel``, one epoch's FIFO per iteration of the
     dataset (repeat it for more epochs: each iteration opens the next FIFO). ``record_format``: ``"TFRecord"``
-    (each record's bytes) or ``"TextLine"`` (each line's bytes). SageMaker's ``RecordIO`` framing is not supported
-    (NotImplementedError). ``state_dir``, ``pipe_dir`` and ``benchmark`` are accepted for the call shape and
+    (each record's bytes), ``"RecordIO"`` (each record's bytes, MXNet's framing, as SageMaker's) or ``"TextLine"``
+    (each line's bytes). ``state_dir``, ``pipe_dir`` and ``benchmark`` are accepted for the call shape and
     ignored: the channel is found through the ``hora job`` environment (or ``channel`` is a path)."""
-    formats = {"tfrecord": "tfrecord", "textline": "text", "text": "text"}
+    formats = {"tfrecord": "tfrecord", "recordio": "recordio", "textline": "text", "text": "text"}
     fmt = formats.get(record_format.lower())
     if fmt is None:
         raise NotImplementedError(
-            f"PipeModeDataset record_format={record_format!r} is not supported by hora; use 'TFRecord' or 'TextLine'"
+            f"PipeModeDataset record_format={record_format!r} is not supported by hora; use 'TFRecord', 'RecordIO' or 'TextLine'"
         )
     source = PipeDataset(channel, record_format=fmt, encoding=None)
 

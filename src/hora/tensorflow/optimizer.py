@@ -10,26 +10,105 @@ import tensorflow as tf
 
 from hora._dtypes import ReduceOp
 from hora._frontend import ProcessSet, global_process_set
-from hora.errors import UnsupportedError
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.gradients import GradientReducer
 
 __all__ = ["DistributedOptimizer"]
 
 
+class _LocalAggregation:
+    """Horovod's ``LocalGradientAggregationHelper`` for TF1 graphs: ``backward_passes_per_step`` = k runs add their
+    gradients into local accumulators, and every k-th run allreduces the sums (divided by k when
+    ``average_aggregated_gradients``); ``apply_gradients`` applies them on that run only and otherwise just
+    increments the global step, so it keeps counting runs. The counter and the accumulators are
+    ``LOCAL_VARIABLES`` (run ``tf.compat.v1.local_variables_initializer()``, as ``MonitoredTrainingSession`` does)."""
+
+    def __init__(self, passes: int, average: bool) -> None:
+        self.passes, self.average = passes, average
+        self.counter: Any = None
+        self.sums: dict[str, Any] = {}
+
+    def _local(self, name: str, like: Any, dtype: Any) -> Any:
+        return tf.compat.v1.get_variable(
+            name, shape=like.shape, dtype=dtype, initializer=tf.compat.v1.zeros_initializer(), trainable=False,
+            collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES], use_resource=True,
+        )  # fmt: skip
+
+    def compute(self, grads: list[Any], variables: list[Any], reduce: Any) -> list[Any]:
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        present = [i for i, g in enumerate(grads) if g is not None]
+        with tf.compat.v1.variable_scope("hora_aggregation", reuse=tf.compat.v1.AUTO_REUSE):
+            if self.counter is None:
+                self.counter = tf.compat.v1.get_variable(
+                    "counter", shape=(), dtype=tf.int32, initializer=tf.compat.v1.zeros_initializer(),
+                    trainable=False, collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES], use_resource=True,
+                )  # fmt: skip
+            sums = []
+            for i in present:
+                key = variables[i].name.replace(":", "_")
+                if key not in self.sums:
+                    self.sums[key] = self._local(key, variables[i], grads[i].dtype)
+                sums.append(self.sums[key])
+        clear = tf.cond(
+            tf.equal(self.counter, 0), lambda: tf.group(*[a.assign(tf.zeros_like(a)) for a in sums]), tf.no_op
+        )
+        with tf.control_dependencies([clear]):
+            added = tf.group(*[a.assign_add(grads[i]) for a, i in zip(sums, present)])
+        with tf.control_dependencies([added]):
+            counted = self.counter.assign_add(1)
+
+        def reduced() -> list[Any]:
+            totals = reduce([a.read_value() for a in sums], [variables[i] for i in present])
+            with tf.control_dependencies([t.op for t in totals]):
+                reset = self.counter.assign(0)
+            with tf.control_dependencies([reset]):
+                return [t / self.passes if self.average else tf.identity(t) for t in totals]
+
+        with tf.control_dependencies([counted]):
+            local = [tf.identity(grads[i]) for i in present]
+            out = tf.cond(tf.equal(counted, self.passes), reduced, lambda: local) if present else []
+        result: list[Any] = [None] * len(grads)
+        for j, i in enumerate(present):
+            result[i] = out[j]
+        return result
+
+    def apply(self, grads_and_vars: list[tuple[Any, Any]], apply: Any) -> Any:
+        def skip() -> Any:  # no update this run: the global step still counts it
+            step = tf.compat.v1.train.get_global_step()
+            return tf.no_op() if step is None else tf.group(step.assign_add(tf.ones([], step.dtype)))
+
+        with tf.control_dependencies([g for g, _ in grads_and_vars if g is not None]):
+            return tf.cond(tf.equal(self.counter, 0), lambda: tf.group(apply()), skip)
+
+
 class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
-    def __init__(self, optimizer: Any, name: str | None, use_locking: bool, reducer: GradientReducer) -> None:
+    def __init__(
+        self, optimizer: Any, name: str | None, use_locking: bool, reducer: GradientReducer,
+        aggregation: _LocalAggregation | None = None,
+    ) -> None:  # fmt: skip
         self._optimizer = optimizer
         self._reducer = reducer
+        self._aggregation = aggregation
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}", use_locking=use_locking)
 
     def compute_gradients(self, *args: Any, **kwargs: Any) -> list[tuple[Any, Any]]:
-        """The wrapped optimizer's gradients, reduced across ranks (one grouped op)."""
+        """The wrapped optimizer's gradients, reduced across ranks (one grouped op); with
+        ``backward_passes_per_step`` > 1, summed locally over that many runs first."""
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        if self._aggregation is not None:
+            if tf.executing_eagerly():
+                raise NotImplementedError(
+                    "backward_passes_per_step > 1 with the TF1 DistributedOptimizer works in graphs (a "
+                    "tf.compat.v1 Session or a tf.function); eagerly, accumulate with a tape "
+                    "(hvd.DistributedGradientTape) or use the Keras DistributedOptimizer"
+                )
+            return list(zip(self._aggregation.compute(grads, variables, self._reducer.reduce), variables))
         return list(zip(self._reducer.reduce(grads, variables), variables))
 
     def apply_gradients(self, *args: Any, **kwargs: Any) -> Any:
+        if self._aggregation is not None:
+            return self._aggregation.apply(list(args[0]), lambda: self._optimizer.apply_gradients(*args, **kwargs))
         return self._optimizer.apply_gradients(*args, **kwargs)
 
     def get_slot(self, *args: Any, **kwargs: Any) -> Any:
@@ -67,13 +146,15 @@ def DistributedOptimizer(
             f"{type(optimizer).__name__}; for a Keras optimizer use hora.tensorflow.keras.DistributedOptimizer "
             "(Keras 3: hora.keras.DistributedOptimizer)"
         )
-    if backward_passes_per_step != 1:
-        raise UnsupportedError(
-            "backward_passes_per_step > 1 is not supported by the TF1 DistributedOptimizer in hora; accumulate "
-            "gradients yourself or use the Keras DistributedOptimizer, which supports it"
-        )
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
     reducer = GradientReducer(
         op, compression, sparse_as_dense, gradient_predivide_factor, groups if groups is not None else num_groups,
         process_set,
     )  # fmt: skip
-    return _DistributedOptimizer(optimizer, name, use_locking, reducer)
+    aggregation = (
+        _LocalAggregation(backward_passes_per_step, average_aggregated_gradients)
+        if backward_passes_per_step > 1
+        else None
+    )
+    return _DistributedOptimizer(optimizer, name, use_locking, reducer, aggregation)

@@ -292,5 +292,7 @@ def test_a_source_failing_mid_stream_reaches_the_reader(tmp_path):
 def test_public_names_of_hora_data():
     import hora.data
 
-    assert set(hora.data.__all__) == {"RECORD_FORMATS", "PipeDataset", "encode_tfrecord", "iter_tfrecords"}
+    assert set(hora.data.__all__) == {
+        "RECORD_FORMATS", "PipeDataset", "encode_recordio", "encode_tfrecord", "iter_recordio", "iter_tfrecords"
+    }
     assert all(hasattr(hora.data, name) for name in hora.data.__all__)
