@@ -522,8 +522,9 @@ def test_an_unattended_job_never_hangs_forever_in_a_stall(tmp_path):
                            distribution={"mpi": {"enabled": True,
                                                  "custom_mpi_options": "--stall-check-warning-time-seconds 0.5"}})
     assert record.status == "Failed", record.failure_reason  # not Stopped by max_run
-    assert "StallError: stalled: 2 collective(s) waited more than 5s (HORA_STALL_SHUTDOWN_TIME_SECONDS)" in (
-        record.failure_reason), record.failure_reason
+    # one or both collectives, by when each rank reached its own: the younger may still be under 5 s at the verdict
+    assert re.search(r"StallError: stalled: [12] collective\(s\) waited more than 5s \(HORA_STALL_SHUTDOWN_TIME_SECONDS\)",
+                     record.failure_reason), record.failure_reason
 
 
 def test_horovods_never_ending_stall_stays_reachable():
