@@ -84,9 +84,7 @@ def execute(plane: Transport, resp: Response, entry: Entry | None) -> Any:
         zeros = np.zeros(prod(req.shape), dtype)
         _scaled_reduce(plane, req, zeros, zeros, None)
         return None
-    if entry.pieces is not None:  # a grouped allreduce sent as one request
-        return execute_fused(plane, [resp], [entry], None, "")[0]
-    assert entry.input is not None
+    assert entry.input is not None  # a grouped request (entry.pieces) runs through execute_fused (_run_one)
     src = entry.input
     size, me = plane.size, plane.rank
     row = prod(req.shape[1:]) if req.shape else 1  # elements per first-dimension row

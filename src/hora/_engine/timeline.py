@@ -53,6 +53,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from hora._engine.messages import Kind
 from hora.errors import ConfigError
 
 __all__ = ["FLUSH_INTERVAL", "Timeline", "request_args", "tensor_args", "tensor_names"]
@@ -445,7 +446,7 @@ def tensor_names(req: Any) -> list[str]:
     """The tensors a request stands for, as the timeline shows them: its name, or for a grouped allreduce sent as
     one request (named after its first tensor, ``base.0``, with the tensors' sizes in ``splits``) every tensor's
     own name ``base.i``, so the timeline keeps a track per tensor as Horovod's does."""
-    if req.splits is None or req.kind.value != "allreduce":
+    if req.splits is None or req.kind is not Kind.ALLREDUCE:
         return [req.name]
     base = req.name.removesuffix(".0")
     return [f"{base}.{i}" for i in range(len(req.splits))]
@@ -453,6 +454,6 @@ def tensor_names(req: Any) -> list[str]:
 
 def tensor_args(req: Any) -> list[dict[str, str]]:
     """:func:`request_args` for each of :func:`tensor_names`."""
-    if req.splits is None or req.kind.value != "allreduce":
+    if req.splits is None or req.kind is not Kind.ALLREDUCE:
         return [request_args(req)]
     return [{"dtype": req.dtype, "shape": f"({n},)"} for n in req.splits]
