@@ -90,5 +90,12 @@ def test_example_runs(ex, tmp_path):
     else:
         code = "\n".join(ln for ln in ex.code.splitlines() if not ln.startswith("pip install"))
         cmd = ["bash", "-euo", "pipefail", "-c", code]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    # Python examples run in a scratch directory that links the repository's examples/, so the files they write
+    # (checkpoints, logs) do not land in the checkout; shell examples run from the root, as the docs show them.
+    cwd = ROOT
+    if ex.lang == "python":
+        cwd = tmp_path / "cwd"
+        cwd.mkdir()
+        (cwd / "examples").symlink_to(ROOT / "examples")
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{ex.where} failed ({proc.returncode}):\n{ex.code}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
