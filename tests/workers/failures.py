@@ -200,3 +200,11 @@ def silent_connections_worker(count: int) -> tuple[bool, int]:
         for s in silent:
             s.close()
     return bool(ok), len(silent)
+
+
+def marker_then_sleep_worker(directory: str) -> None:
+    """Each rank says it started (a file per rank), then sleeps until the launcher stops it."""
+    hvd.init()
+    with open(os.path.join(directory, f"started.{hvd.rank()}"), "w"):
+        pass
+    time.sleep(600)

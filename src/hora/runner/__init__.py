@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -156,6 +157,8 @@ def run(
 
     Raises:
         RunError: a rank failed or the time limit passed; the message holds the root-cause report.
+        KeyboardInterrupt: Ctrl-C (SIGINT) while the ranks ran: they are stopped first, then the signal goes to the
+            caller's handler as if hora had not caught it (likewise SIGTERM).
     """
     workdir = tempfile.mkdtemp(prefix="hora-run-")
     try:
@@ -168,6 +171,10 @@ def run(
         base["PYTHONPATH"] = os.pathsep.join(path)
         command = [sys.executable, "-m", "hora.runner.function_worker", workdir]
         result = run_command(command, np, hosts, base, None, capture, verbose, timeout, None, **settings)
+        if result.interrupted is not None:
+            # The launcher caught the signal to stop the ranks; now that they are gone, hand it to the caller's own
+            # handler (Ctrl-C raises KeyboardInterrupt here, as it would have without hora).
+            signal.raise_signal(result.interrupted)
         if result.exit_code != 0:
             raise RunError(result.report() or f"the job failed with exit code {result.exit_code}", result)
         out = []

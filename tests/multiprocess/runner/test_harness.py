@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+
 import pytest
 
 from hora.errors import RunError
 from hora.runner import run
 from support.harness import stderr_of
-from workers.failures import hang_worker
+from workers.failures import hang_worker, marker_then_sleep_worker
 
 
 def test_a_hang_ends_with_every_ranks_stack():
@@ -20,3 +25,21 @@ def test_a_hang_ends_with_every_ranks_stack():
         err = stderr_of(result, rank)
         assert "Current thread" in err or "Thread 0x" in err, err  # faulthandler's dump
         assert where in err, err
+
+
+def test_ctrl_c_stops_the_ranks_then_reaches_the_caller(tmp_path):
+    """hora.runner.run catches SIGINT to stop the ranks; afterwards the caller gets its KeyboardInterrupt, so a
+    script (or pytest) that runs a job can still be interrupted."""
+
+    def interrupt_once_started() -> None:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("started.*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt_once_started, daemon=True)
+    thread.start()
+    with pytest.raises(KeyboardInterrupt):
+        run(marker_then_sleep_worker, args=(str(tmp_path),), np=2, capture=True, timeout=120)
+    thread.join(5)
+    assert len(list(tmp_path.glob("started.*"))) == 2
