@@ -1,7 +1,9 @@
 """A parameter-server process: ``python -m hora.ps --index I --workers N`` (``hora run --num-ps`` starts these).
 
-It reads the job's secret and rendezvous store from the environment like a rank, serves on its bind address,
-publishes that address at the store, and runs until SIGTERM/SIGINT (the launcher stops it when the workers are
+It reads the job's secret and rendezvous store from the environment like a rank, serves on its bind address
+(``HORA_BIND_ADDR``; else, like a rank, 127.0.0.1 when the store is on a loopback address and otherwise the address
+this host reaches the store from, so workers on other hosts reach it), publishes that address and its host's name
+(``HORA_HOSTNAME``: workers of the same host use shared memory) at the store, and runs until SIGTERM/SIGINT (the launcher stops it when the workers are
 done) or until its parent, the launcher, dies.
 """
 
@@ -11,8 +13,10 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 
+from hora._runtime.bootstrap import local_addr_towards
 from hora.config import Config
 from hora.errors import HoraError
 from hora.ps.directory import open_store, publish
@@ -35,19 +39,27 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         store, secret = open_store(config, -1 - args.index)
-        host = config.bind_addr or "127.0.0.1"
+        host = config.bind_addr or _address_towards(config.rendezvous_addr)
         server = ParameterServer(secret, args.index, args.workers, host=host, op_timeout=config.op_timeout)
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         _, port = server.start()
-        publish(store, args.index, host, port, os.getpid())
+        hostname = config.hostname or socket.gethostname()
+        publish(store, args.index, host, port, os.getpid(), hostname)
         store.close()
+        logging.getLogger("hora.ps").info("serving at %s:%d on host %s for %d workers", host, port, hostname, args.workers)
     except HoraError as exc:
         print(f"parameter server {args.index}: {exc}", file=sys.stderr)
         return 1
     while not server.wait(1.0):
         pass
     return 0
+
+
+def _address_towards(store: str) -> str:
+    if not store or store.startswith("127.") or store in ("localhost", "::1"):
+        return "127.0.0.1"
+    return local_addr_towards(store)
 
 
 if __name__ == "__main__":
