@@ -66,3 +66,26 @@ def _net_ns(pid: int) -> str:
         return os.readlink(f"/proc/{pid}/ns/net")
     except OSError as exc:
         return f"unreadable: {exc}"
+
+
+def killed_server() -> None:
+    """Rank 0 SIGKILLs server 0 (on its own host) after a step; the next step of a rank must fail naming it."""
+    import signal
+    import time
+
+    import hora.numpy as hvd
+    import hora.ps
+
+    hvd.init()
+    ps = hora.ps.connect(consistency="bounded(1)", partitioner=hora.ps.FixedShardsPartitioner(2))
+    ps.register("emb", np.zeros((64, 8), np.float32), rule="sgd")
+    ps.push_pull("emb", np.ones((64, 8), np.float32))
+    if hvd.rank() == 0:
+        from workers.ps import _server_pid
+
+        pid = _server_pid(0)
+        os.kill(pid, signal.SIGKILL)
+        while os.path.exists(f"/proc/{pid}") and ") Z" not in open(f"/proc/{pid}/stat").read():
+            time.sleep(0.05)
+    for _ in range(100_000):
+        ps.push_pull("emb", np.ones((64, 8), np.float32))

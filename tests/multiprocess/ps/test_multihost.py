@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -15,7 +16,8 @@ import numpy as np
 
 from hora.runner import run_command
 from support import netns_hosts as netns
-from workers.ps_hosts import STEPS
+from support.harness import run_failing, stderr_of
+from workers.ps_hosts import STEPS, killed_server
 
 LIMIT = 240.0  # hard limit of the job: reaching it is a hang, and fails the test
 
@@ -73,3 +75,22 @@ def test_one_server_per_host_serves_the_workers_of_every_host(netns_cluster):
         time.sleep(0.1)
     assert not left, left
     assert c.processes_in(remote.netns) - {remote.pid} == set()
+
+
+def test_a_killed_remote_server_is_reported_by_the_launcher_and_fails_every_worker(netns_cluster, capfd):
+    c = netns_cluster
+    remote = c.hosts[0]
+    result = run_failing(killed_server, 2, hosts=f"{remote.addr}:1,{c.root_addr}:1", timeout=LIMIT, ps_per_host=1,
+                         **c.ssh_kwargs())  # fmt: skip
+    # the first rank to step again fails naming the server, its address and its shard; the job stops
+    assert result.root_cause is not None and result.root_cause.exit_code == 1
+    err = stderr_of(result, result.root_cause.rank)
+    assert f"PeerLostError: parameter server 0 at {remote.addr}:" in err and "'emb' shard 0" in err, err[-2000:]
+    launcher = capfd.readouterr().err
+    assert re.search(rf"hora run: parameter server 0 \(pid \d+\) on host {re.escape(remote.addr)} exited with -9 "
+                     "while the workers were running", launcher), launcher[-3000:]  # fmt: skip
+    assert "parameter server 1" not in launcher  # the other one was stopped with the job, not reported
+    deadline = time.monotonic() + 20
+    while (left := netns.job_processes(result.job_id)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, left
