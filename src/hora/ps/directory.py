@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from hora._runtime.bootstrap import read_secret
 from hora._runtime.rendezvous import MissingKeys, RendezvousClient
@@ -36,7 +37,7 @@ def server_addresses(store: RendezvousClient, num_ps: int, timeout: float) -> li
     return [(str(info["host"]), int(info["port"])) for info in server_info(store, num_ps, timeout)]
 
 
-def server_info(store: RendezvousClient, num_ps: int, timeout: float) -> list[dict[str, object]]:
+def server_info(store: RendezvousClient, num_ps: int, timeout: float) -> list[dict[str, Any]]:
     """What every server published (``host``, ``port``, ``pid``, ``hostname``), waiting up to ``timeout`` seconds
     for them to start."""
     keys = [str(i) for i in range(num_ps)]

@@ -36,8 +36,10 @@ def connect(**kwargs: Any) -> Client:
         infos = server_info(store, config.num_ps, config.start_timeout)
     finally:
         store.close()
-    addresses = [(str(i["host"]), int(i["port"])) for i in infos]  # type: ignore[call-overload]
-    kwargs.setdefault("shm", [_loopback(h) or i.get("hostname") == ctx.hostname for i, (h, _) in zip(infos, addresses)])
+    addresses = [(str(i["host"]), int(i["port"])) for i in infos]
+    kwargs.setdefault(
+        "shm", [_loopback(h) or i.get("hostname") == ctx.hostname for i, (h, _) in zip(infos, addresses)]
+    )
     kwargs.setdefault("consistency", config.ps_consistency)
     kwargs.setdefault("op_timeout", config.op_timeout)
     return Client(addresses, secret, ctx.rank, **kwargs)

@@ -363,7 +363,7 @@ def _parameter_servers(
     when the job has none. Each gets the environment of its host's first rank, so it binds its host's address."""
     if not ps_hosts:
         return None
-    first = {}
+    first: dict[str, RankSlot] = {}
     for slot in plan.slots:
         first.setdefault(slot.host, slot)
     local = {

@@ -59,23 +59,34 @@ def test_servers_hora_runs_one_hora_ps_server_and_one_worker_per_host(tmp_path):
     hosts = ["algo-1", "algo-2"]
     seen = {h: json.loads((out / f"{h}.json").read_text()) for h in hosts}
     for host, got in seen.items():
-        assert got["size"] == 2 and got["tf_config"] is None  # the servers are not ranks; no TensorFlow cluster
+        assert (
+            got["size"] == 2 and got["tf_config"] is None
+        )  # the servers are not ranks; no TensorFlow cluster
         assert got["w"] == [[9.0, 9.0]] * 4  # 3 steps of (1 + 2), summed in sync
         assert got["placement"] == [0, 1]  # the variable's shards on both hosts' servers
         assert [s["hostname"] for s in got["servers"]] == hosts  # server i on host algo-(i+1)
-        assert got["shm"] == [host == "algo-1", host == "algo-2"]  # shared memory to its own host's server only
+        assert got["shm"] == [
+            host == "algo-1",
+            host == "algo-2",
+        ]  # shared memory to its own host's server only
     assert seen["algo-1"]["servers"] == seen["algo-2"]["servers"]
     plan = json.loads((Path(record.job_dir) / "hora" / "plan.json").read_text())
-    assert [s["host"] for s in seen["algo-1"]["servers"]] == plan["addresses"]  # each bound to its host's address
+    assert [s["host"] for s in seen["algo-1"]["servers"]] == plan[
+        "addresses"
+    ]  # each bound to its host's address
     assert "one worker and one hora parameter server (hora.ps) per host" in logs
     for server in seen["algo-1"]["servers"]:
         assert not _alive(int(server["pid"])), server  # stopped with the job
     leftovers = []
-    for entry in Path("/proc").iterdir():  # nothing of the job runs on: every process of it works in its directory
+    for entry in Path(
+        "/proc"
+    ).iterdir():  # nothing of the job runs on: every process of it works in its directory
         if entry.name.isdigit() and int(entry.name) != os.getpid() and _alive(int(entry.name)):
             try:
                 if os.readlink(entry / "cwd").startswith(record.job_dir):
-                    leftovers.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                    leftovers.append(
+                        (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    )
             except OSError:
                 pass
     assert leftovers == []

@@ -71,7 +71,9 @@ def test_one_server_per_host_serves_the_workers_of_every_host(netns_cluster):
     # every server is gone with the job, on both hosts, and nothing else of the job is left anywhere
     pids = [int(s["pid"]) for s in outs[0]["servers"]]
     deadline = time.monotonic() + 20
-    while (left := [p for p in pids if _alive(p)] + netns.job_processes(result.job_id)) and time.monotonic() < deadline:
+    while (
+        left := [p for p in pids if _alive(p)] + netns.job_processes(result.job_id)
+    ) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, left
     assert c.processes_in(remote.netns) - {remote.pid} == set()
@@ -85,7 +87,9 @@ def test_a_killed_remote_server_is_reported_by_the_launcher_and_fails_every_work
     # the first rank to step again fails naming the server, its address and its shard; the job stops
     assert result.root_cause is not None and result.root_cause.exit_code == 1
     err = stderr_of(result, result.root_cause.rank)
-    assert f"PeerLostError: parameter server 0 at {remote.addr}:" in err and "'emb' shard 0" in err, err[-2000:]
+    assert f"PeerLostError: parameter server 0 at {remote.addr}:" in err and "'emb' shard 0" in err, err[
+        -2000:
+    ]
     launcher = capfd.readouterr().err
     assert re.search(rf"hora run: parameter server 0 \(pid \d+\) on host {re.escape(remote.addr)} exited with -9 "
                      "while the workers were running", launcher), launcher[-3000:]  # fmt: skip

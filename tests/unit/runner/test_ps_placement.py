@@ -17,7 +17,11 @@ def test_servers_go_round_robin_over_the_hosts_that_run_ranks():
     assert place_servers(0, 1, ["a", "b", "c"]) == ["a", "b", "c"]
     assert place_servers(0, 2, ["a", "b"]) == ["a", "b", "a", "b"]  # server i on host i % hosts
     assert place_servers(4, 2, ["a", "b"]) == ["a", "b", "a", "b"]  # --num-ps may repeat the total
-    assert place_servers(3, 0, ["a", "b"]) == ["a", "b", "a"]  # --num-ps alone: spread, the first hosts one more
+    assert place_servers(3, 0, ["a", "b"]) == [
+        "a",
+        "b",
+        "a",
+    ]  # --num-ps alone: spread, the first hosts one more
 
 
 def test_setting_errors_name_both_flags_and_the_fix():
@@ -35,5 +39,7 @@ def test_setting_errors_name_both_flags_and_the_fix():
     # hora run refuses before it starts anything (the hosts are this machine's: no SSH either)
     spec = LaunchSpec(["true"], 2, env={}, settings={"num_ps": 3, "ps_per_host": 1},
                       hosts=[HostSlots("127.0.0.2", 1), HostSlots("127.0.0.3", 1)])  # fmt: skip
-    with pytest.raises(ConfigError, match=r"--num-ps 3 and --ps-per-host 1 disagree: .* \(127\.0\.0\.2, 127\.0\.0\.3\)"):
+    with pytest.raises(
+        ConfigError, match=r"--num-ps 3 and --ps-per-host 1 disagree: .* \(127\.0\.0\.2, 127\.0\.0\.3\)"
+    ):
         launch(spec)
