@@ -36,7 +36,8 @@ def test_one_server_per_host_serves_the_workers_of_every_host(netns_cluster):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     result = run_command(
         [sys.executable, "-c", "from workers.ps_hosts import main; main()"], 4, hosts=f"{hosts[0]}:2,{hosts[1]}:2",
-        env=env, capture=True, timeout=LIMIT, ps_per_host=1, log_level="info", **c.ssh_kwargs(),
+        env=env, capture=True, timeout=LIMIT, ps_per_host=1, log_level="info", port_range="41200-41215",
+        **c.ssh_kwargs(),
     )  # fmt: skip
     dump = {k: v for k, v in result.lines.items()}
     assert result.exit_code == 0, f"{result.report()}\n{dump}"
@@ -59,6 +60,7 @@ def test_one_server_per_host_serves_the_workers_of_every_host(netns_cluster):
         assert o["placement"] == {"w": [0, 1], "v": [0, 1]}  # each variable on both servers, both hosts
         # server i on host i, bound to that host's address, in that host's network namespace
         assert [(s["host"], s["hostname"]) for s in o["servers"]] == [(h, h) for h in hosts], o["servers"]
+        assert all(41200 <= s["port"] <= 41215 for s in o["servers"])  # HORA_PORT_RANGE holds for servers too
         assert o["server_net_ns"] == [here, there]
         # shared memory to the server of the worker's own host, TCP to the other
         assert o["shm"] == [host == hosts[0], host == hosts[1]]
