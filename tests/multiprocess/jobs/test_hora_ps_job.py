@@ -9,6 +9,8 @@ import os
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from hora.jobs import JobStore, parse_spec, start_job
 
 SCRIPT = textwrap.dedent("""
@@ -45,48 +47,47 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_servers_hora_runs_one_hora_ps_server_and_one_worker_per_host(tmp_path):
+@pytest.mark.parametrize("network", ["auto", "loopback"])  # auto: a network namespace per host where root
+def test_servers_hora_runs_one_hora_ps_server_and_one_worker_per_host(tmp_path, network):
     src, out = tmp_path / "src", tmp_path / "out"
     src.mkdir()
     out.mkdir()
     (src / "train.py").write_text(SCRIPT)
     spec = parse_spec({"entry_point": "train.py", "source_dir": str(src), "job_name": "hora-ps", "instance_count": 2,
                        "distribution": {"parameter_server": {"enabled": True, "servers": "hora"}},
-                       "hyperparameters": {"out": str(out)}, "max_run": 240})  # fmt: skip
+                       "hyperparameters": {"out": str(out)}, "max_run": 240, "network": network})  # fmt: skip
     record = start_job(spec, JobStore(tmp_path / "home"), wait=True, echo=False)
     logs = "\n".join(p.read_text() for p in sorted((Path(record.job_dir) / "logs").glob("*.log")))
     assert record.status == "Completed", f"{record.failure_reason}\n{logs[-4000:]}"
     hosts = ["algo-1", "algo-2"]
     seen = {h: json.loads((out / f"{h}.json").read_text()) for h in hosts}
+    plan = json.loads((Path(record.job_dir) / "hora" / "plan.json").read_text())
     for host, got in seen.items():
-        assert (
-            got["size"] == 2 and got["tf_config"] is None
-        )  # the servers are not ranks; no TensorFlow cluster
+        # the servers are not ranks, and there is no TensorFlow cluster
+        assert got["size"] == 2 and got["tf_config"] is None
         assert got["w"] == [[9.0, 9.0]] * 4  # 3 steps of (1 + 2), summed in sync
         assert got["placement"] == [0, 1]  # the variable's shards on both hosts' servers
         assert [s["hostname"] for s in got["servers"]] == hosts  # server i on host algo-(i+1)
-        assert got["shm"] == [
-            host == "algo-1",
-            host == "algo-2",
-        ]  # shared memory to its own host's server only
+        if plan["network"] == "namespace":  # shared memory to its own host's server only
+            assert got["shm"] == [host == "algo-1", host == "algo-2"]
+        else:  # loopback addresses (no root): every "host" is this machine, and the addresses say so
+            assert got["shm"] == [True, True]
     assert seen["algo-1"]["servers"] == seen["algo-2"]["servers"]
-    plan = json.loads((Path(record.job_dir) / "hora" / "plan.json").read_text())
-    assert [s["host"] for s in seen["algo-1"]["servers"]] == plan[
-        "addresses"
-    ]  # each bound to its host's address
+    addresses = [s["host"] for s in seen["algo-1"]["servers"]]
+    if plan["network"] == "namespace":  # each server bound to its host's address
+        assert addresses == plan["addresses"]
+    else:  # hora run's interface on loopback hosts is lo: 127.0.0.1, which every "host" reaches
+        assert addresses == ["127.0.0.1", "127.0.0.1"]
     assert "one worker and one hora parameter server (hora.ps) per host" in logs
     for server in seen["algo-1"]["servers"]:
         assert not _alive(int(server["pid"])), server  # stopped with the job
+    # nothing of the job runs on: every process of it works in the job's directory
     leftovers = []
-    for entry in Path(
-        "/proc"
-    ).iterdir():  # nothing of the job runs on: every process of it works in its directory
+    for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid() and _alive(int(entry.name)):
             try:
                 if os.readlink(entry / "cwd").startswith(record.job_dir):
-                    leftovers.append(
-                        (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                    )
+                    leftovers.append((entry / "cmdline").read_bytes().decode(errors="replace"))
             except OSError:
                 pass
     assert leftovers == []

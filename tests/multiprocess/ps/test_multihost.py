@@ -39,7 +39,7 @@ def test_one_server_per_host_serves_the_workers_of_every_host(netns_cluster):
         env=env, capture=True, timeout=LIMIT, ps_per_host=1, log_level="info", port_range="41200-41215",
         **c.ssh_kwargs(),
     )  # fmt: skip
-    dump = {k: v for k, v in result.lines.items()}
+    dump = result.lines
     assert result.exit_code == 0, f"{result.report()}\n{dump}"
     outs = [json.loads(line[len("RESULT "):]) for r in range(4) for line in result.lines[r]["stdout"]
             if line.startswith("RESULT ")]  # fmt: skip
