@@ -140,15 +140,18 @@ class _Plan:
     rdv_host: str
     bind: dict[str, str | None]  # local host name -> the address its ranks bind (None: hora's default)
     master_addr: str
+    ps_hosts: list[str]  # the host of each parameter server (--num-ps / --ps-per-host)
 
 
-def _plan(spec: LaunchSpec) -> _Plan:
-    """Place the ranks, check the remote hosts, and choose the addresses everything binds and advertises."""
+def _plan(spec: LaunchSpec, base_env: Mapping[str, str]) -> _Plan:
+    """Place the ranks and the parameter servers, check the remote hosts, and choose the addresses everything binds
+    and advertises."""
     if spec.hosts:
         slots = assign_ranks(spec.np, list(spec.hosts))
     else:
         slots = [RankSlot(r, spec.hostname, r, spec.np, 0, 1) for r in range(spec.np)]
     hosts = list(dict.fromkeys(s.host for s in slots))
+    ps_hosts = _server_hosts(spec, hosts, base_env)  # a bad combination fails before any SSH check
     remote = [h for h in hosts if h not in spec.local_hosts and not is_local_host(h)]
     if remote:
         ssh = spec.ssh or SshOptions()
@@ -164,7 +167,7 @@ def _plan(spec: LaunchSpec) -> _Plan:
         bind = {h: (h if _is_ip(h) and len(hosts) > 1 else None) for h in hosts}
     first = slots[0].host
     master = first if first in remote else (rdv_host if remote else bind.get(first) or "127.0.0.1")
-    return _Plan(slots, remote, rdv_host, bind, master)
+    return _Plan(slots, remote, rdv_host, bind, master, ps_hosts)
 
 
 def _hora_path() -> str:
@@ -181,9 +184,9 @@ def launch(spec: LaunchSpec) -> RunResult:
         HostError: a remote host failed the SSH check (nothing was started).
         ConfigError: the rendezvous cannot listen, or ``--network-interface`` names no usable interface.
     """
-    plan = _plan(spec)
     base_env = dict(environment() if spec.env is None else spec.env)
-    ps_hosts = _server_hosts(spec, plan, base_env)
+    plan = _plan(spec, base_env)
+    ps_hosts = plan.ps_hosts
     if ps_hosts:  # the workers wait for every server, wherever it runs (--ps-per-host gives only a count per host)
         spec = dataclasses.replace(spec, settings={**spec.settings, "num_ps": len(ps_hosts)})
     secret = new_secret()
@@ -342,7 +345,7 @@ def _start_remote(
     return host
 
 
-def _server_hosts(spec: LaunchSpec, plan: _Plan, base_env: Mapping[str, str]) -> list[str]:
+def _server_hosts(spec: LaunchSpec, hosts: list[str], base_env: Mapping[str, str]) -> list[str]:
     """The host of each of the job's parameter servers (``--num-ps`` / ``--ps-per-host``); [] when it has none.
 
     Raises:
@@ -352,7 +355,7 @@ def _server_hosts(spec: LaunchSpec, plan: _Plan, base_env: Mapping[str, str]) ->
         config = Config.resolve(env=base_env, overrides=spec.settings)
     except ConfigError:
         return []  # the workers report the bad setting themselves
-    return place_servers(config.num_ps, config.ps_per_host, list(dict.fromkeys(s.host for s in plan.slots)))
+    return place_servers(config.num_ps, config.ps_per_host, hosts)
 
 
 def _parameter_servers(

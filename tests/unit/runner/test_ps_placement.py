@@ -36,10 +36,10 @@ def test_setting_errors_name_both_flags_and_the_fix():
         Config.resolve(env={"HORA_PS_PER_HOST": "-1"})
     args = parse_run_options(["-np", "4", "--ps-per-host", "1", "--num-ps", "2"])
     assert settings_from_args(args) == {"num_ps": 2, "ps_per_host": 1}
-    # hora run refuses before it starts anything (the hosts are this machine's: no SSH either)
+    # hora run refuses before it checks or starts anything: these hosts do not exist, SSH would fail on them
     spec = LaunchSpec(["true"], 2, env={}, settings={"num_ps": 3, "ps_per_host": 1},
-                      hosts=[HostSlots("127.0.0.2", 1), HostSlots("127.0.0.3", 1)])  # fmt: skip
+                      hosts=[HostSlots("node-a.invalid", 1), HostSlots("node-b.invalid", 1)])  # fmt: skip
     with pytest.raises(
-        ConfigError, match=r"--num-ps 3 and --ps-per-host 1 disagree: .* \(127\.0\.0\.2, 127\.0\.0\.3\)"
+        ConfigError, match=r"--num-ps 3 and --ps-per-host 1 disagree: .* \(node-a\.invalid, node-b"
     ):
         launch(spec)
