@@ -3,9 +3,9 @@
 The job description and the secret go to the agent on the session's stdin; the agent's frames come back on its
 stdout and are turned into rank pids, output lines (through the launcher's :class:`OutputPump`, so remote ranks are
 prefixed and recorded like local ones) and exit codes. The host's parameter servers, if any, are reported the same
-way under ``-1 - index``; one that ends before the job does is reported as the launcher reports its own. Closing stdin tells the agent to stop its ranks; the SSH
-client itself runs in its own session with PR_SET_PDEATHSIG, so a launcher that dies takes the session, and with it
-every remote rank, down too.
+way under ``-1 - index``; one that ends before the job does is reported as the launcher reports its own. Closing
+stdin tells the agent to stop its ranks and servers; the SSH client itself runs in its own session with
+PR_SET_PDEATHSIG, so a launcher that dies takes the session, and with it every remote rank and server, down too.
 """
 
 from __future__ import annotations
