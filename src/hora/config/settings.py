@@ -286,6 +286,11 @@ class Config:
         0, parsers.non_negative_int, "HORA_NUM_PS", help="Parameter servers hora run starts beside the workers.",
         flag=Flag("--num-ps", "start S parameter servers beside the workers", metavar="S", group="run"),
     )  # fmt: skip
+    ps_per_host: int = setting(
+        0, parsers.non_negative_int, "HORA_PS_PER_HOST",
+        help="Parameter servers hora run starts on every host of the job (K x hosts in all; --num-ps, if given, must equal that).",
+        flag=Flag("--ps-per-host", "start K parameter servers on every host of the job", metavar="K", group="run"),
+    )  # fmt: skip
     ps_consistency: str = setting(
         "async", parsers.consistency, "HORA_PS_CONSISTENCY",
         help="Parameter servers' consistency: async, bounded(k) (no worker more than k steps ahead), or sync.",

@@ -89,9 +89,6 @@ def parse_distribution(dist: Any, pph: int, hps: Mapping[str, Any], c: Checker) 
     if strategy == "parameter_server":
         if ps_servers not in PS_SERVERS:
             c.add(f"distribution.parameter_server.servers must be one of {', '.join(PS_SERVERS)}, got {ps_servers!r}")
-        elif ps_servers == "hora":
-            c.add("distribution.parameter_server.servers: hora (hora's own parameter servers, hora.ps) is not yet "
-                  "supported by hora job; use servers: tensorflow (the default, as SageMaker's TensorFlow container)")
         if pph > 1:
             c.add(f"distribution parameter_server runs one worker process per host, as SageMaker does, but "
                   f"processes_per_host is {pph}; drop processes_per_host (or use mpi / allreduce for several "

@@ -15,9 +15,10 @@
 - with one host there is no parameter server and no ``TF_CONFIG``: the container enables the distribution only
   when ``len(hosts) > 1``.
 
-The other kind of server, hora's own (``hora.ps``, started by ``hora run --num-ps S --ps-per-host K``), is the
-spec's ``servers: hora``; :func:`hora_ps_run_settings` is where the master's hora run would be told to start one
-per host. It is not there yet, and the spec refuses it.
+The other kind of server, hora's own (``hora.ps``), is the spec's ``servers: hora``: the master's hora run starts
+one per host (``--ps-per-host 1``, :func:`hora_ps_run_settings`), on one host too, beside the host's one worker; the
+script reaches them with ``hora.ps.connect()`` through hora's own variables, with no TF_CONFIG and no TensorFlow
+task. They serve until the master's hora run ends (every host's worker done), then stop with the job.
 """
 
 from __future__ import annotations
@@ -98,7 +99,11 @@ def plan_entry(strategy: str, servers: str, hosts: list[str], addresses: list[st
     distribution on more than one host. With a network namespace per host every host has the container's ports
     and its name resolves (``algo-1:2222``); on loopback addresses the hosts share one port space, so each task
     gets a free port of its host's address (``127.0.0.2:41234``), chosen here."""
-    if strategy != "parameter_server" or len(hosts) < 2:
+    if strategy != "parameter_server":
+        return None
+    if servers == "hora":  # hora run places and addresses them itself (hora.ps.connect reads the job's store)
+        return {"servers": servers}
+    if len(hosts) < 2:
         return None
     if namespaces:
         worker_at = [f"{h}:{WORKER_PORT}" for h in hosts]
@@ -167,13 +172,9 @@ class MasterWatch:
 
 
 def hora_ps_run_settings(host_count: int) -> dict[str, Any]:
-    """THE HOOK for hora's own parameter servers (``servers: hora``): the ``hora run`` settings that start one
-    ``hora.ps`` server per host beside the workers, for scripts that are not TensorFlow. The master host's hora run
-    (``_host.run_master``) would merge them into its ``LaunchSpec`` settings — ``{"num_ps": host_count,
-    "ps_per_host": 1}``, once ``hora run --num-ps S --ps-per-host K`` exists — and the ranks would find the servers
-    through hora's own variables instead of TF_CONFIG. Until then the spec refuses ``servers: hora``, and this
-    raises."""
-    raise ConfigError(
-        f"distribution parameter_server with servers: hora would start {host_count} hora.ps server(s), one per "
-        "host, but hora job cannot start hora's parameter servers yet; use servers: tensorflow (SageMaker's)"
-    )
+    """The ``hora run`` settings of hora's own parameter servers (``servers: hora``): one ``hora.ps`` server per
+    host beside the workers, which the master host's hora run (``_host.run_master``) merges into its ``LaunchSpec``
+    settings; the ranks find the servers through hora's own variables (``hora.ps.connect()``), not TF_CONFIG."""
+    if host_count < 1:
+        raise ConfigError(f"a parameter_server job needs at least one host, got {host_count}")
+    return {"num_ps": host_count, "ps_per_host": 1}

@@ -337,7 +337,10 @@ class JobRunner:
                                             namespaces=self._net is not None)
         if self.spec.strategy != "parameter_server":
             return None
-        if entry is None:
+        if entry is not None and entry["servers"] == "hora":
+            self.say(f"distribution parameter_server: one worker and one hora parameter server (hora.ps) per host "
+                     f"on {len(self.hosts)} host(s); the script connects with hora.ps.connect()")
+        elif entry is None:
             self.say("distribution parameter_server on one host: no parameter server and no TF_CONFIG, as "
                      "SageMaker's TensorFlow container (it enables the distribution from two hosts on)")
         else:

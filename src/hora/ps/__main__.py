@@ -1,8 +1,11 @@
 """A parameter-server process: ``python -m hora.ps --index I --workers N`` (``hora run --num-ps`` starts these).
 
-It reads the job's secret and rendezvous store from the environment like a rank, serves on its bind address,
-publishes that address at the store, and runs until SIGTERM/SIGINT (the launcher stops it when the workers are
-done) or until its parent, the launcher, dies.
+It reads the job's secret and rendezvous store from the environment like a rank, serves on its bind address
+(``HORA_BIND_ADDR``; else, like a rank, 127.0.0.1 when the store is on a loopback address and otherwise the address
+this host reaches the store from, so workers on other hosts reach it) and a port of ``HORA_PORT_RANGE`` if set,
+publishes that address and its host's name (``HORA_HOSTNAME``: workers of the same host use shared memory) at the
+store, and runs until SIGTERM/SIGINT (the launcher stops it when the workers are done) or until its parent (the
+launcher, or a remote host's agent) dies.
 """
 
 from __future__ import annotations
@@ -10,11 +13,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import signal
+import socket
 import sys
 
+from hora._runtime.bootstrap import local_addr_towards
 from hora.config import Config
-from hora.errors import HoraError
+from hora.errors import ConfigError, HoraError
 from hora.ps.directory import open_store, publish
 from hora.ps.server import ParameterServer
 
@@ -35,19 +41,46 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         store, secret = open_store(config, -1 - args.index)
-        host = config.bind_addr or "127.0.0.1"
-        server = ParameterServer(secret, args.index, args.workers, host=host, op_timeout=config.op_timeout)
+        host = config.bind_addr or _address_towards(config.rendezvous_addr)
+        server = _server(secret, args.index, args.workers, host, config)
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         _, port = server.start()
-        publish(store, args.index, host, port, os.getpid())
+        hostname = config.hostname or socket.gethostname()
+        publish(store, args.index, host, port, os.getpid(), hostname)
         store.close()
+        logging.getLogger("hora.ps").info("serving at %s:%d on host %s for %d workers", host, port, hostname, args.workers)
     except HoraError as exc:
         print(f"parameter server {args.index}: {exc}", file=sys.stderr)
         return 1
     while not server.wait(1.0):
         pass
     return 0
+
+
+def _server(secret: bytes, index: int, workers: int, host: str, config: Config) -> ParameterServer:
+    """A server on any free port, or on the first free one of ``HORA_PORT_RANGE`` (tried from a random start, as
+    the ranks' listeners, so a host's servers and ranks do not all race for the same port)."""
+    if not config.port_range:
+        return ParameterServer(secret, index, workers, host=host, op_timeout=config.op_timeout)
+    low, high = (int(x) for x in config.port_range.split("-"))
+    ports = list(range(low, high + 1))
+    start = random.randrange(len(ports))
+    for port in ports[start:] + ports[:start]:
+        try:
+            return ParameterServer(secret, index, workers, host=host, port=port, op_timeout=config.op_timeout)
+        except OSError:
+            continue
+    raise ConfigError(
+        f"parameter server {index}: no free port on {host} in HORA_PORT_RANGE={config.port_range}; every rank and "
+        "every parameter server of a host needs one: widen the range"
+    )
+
+
+def _address_towards(store: str) -> str:
+    if not store or store.startswith("127.") or store in ("localhost", "::1"):
+        return "127.0.0.1"
+    return local_addr_towards(store)
 
 
 if __name__ == "__main__":

@@ -75,14 +75,15 @@ class Client:
         partitioner: default partitioner (TensorFlow's contract); default: shards of at least 1 MiB, at most one per
             server.
         timeout: seconds to connect, and beyond the servers' own op timeout, to wait for any reply.
-        shm: move payloads through shared memory (:mod:`hora.ps.shm`); default: for servers on a loopback
-            address (this host).
+        shm: move payloads through shared memory (:mod:`hora.ps.shm`): one flag for every server, or one per server;
+            default: for servers on a loopback address (this host). :func:`hora.ps.connect` passes one per server:
+            those of this worker's host (``HORA_HOSTNAME``).
     """
 
     def __init__(
         self, servers: Sequence[tuple[str, int]], secret: bytes, rank: int, consistency: str = "async",
         staleness: int | None = None, partitioner: Partitioner | None = None, timeout: float = 30.0,
-        op_timeout: float = 300.0, shm: bool | None = None,
+        op_timeout: float = 300.0, shm: bool | Sequence[bool] | None = None,
     ) -> None:  # fmt: skip
         if not servers:
             raise ConfigError("a parameter-server client needs at least one server (hora run --num-ps S)")
@@ -97,7 +98,12 @@ class Client:
         self._locks = [threading.Lock() for _ in servers]
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, len(servers) - 1), thread_name_prefix="hora-ps")
         self._socks: list[socket.socket] = []
-        self._use_shm = [bool(shm) if shm is not None else _loopback(h) for h, _ in self.addresses]
+        if shm is None or isinstance(shm, bool):
+            self._use_shm = [bool(shm) if shm is not None else _loopback(h) for h, _ in self.addresses]
+        elif len(shm) == len(servers):
+            self._use_shm = [bool(x) for x in shm]
+        else:
+            raise ConfigError(f"shm= has {len(shm)} flags for {len(servers)} servers; give one per server, or one bool")
         self._shm: list[ShmBuffer | None] = [None] * len(servers)
         deadline = _deadline(timeout)
         try:
@@ -112,6 +118,11 @@ class Client:
     @property
     def num_servers(self) -> int:
         return len(self.addresses)
+
+    @property
+    def shared_memory(self) -> list[bool]:
+        """Per server, whether payloads go through shared memory (False from the first time it could not)."""
+        return list(self._use_shm)
 
     def close(self) -> None:
         for s in self._socks:

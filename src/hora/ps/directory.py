@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from hora._runtime.bootstrap import read_secret
 from hora._runtime.rendezvous import MissingKeys, RendezvousClient
 from hora.config import Config
 from hora.errors import ConfigError, RendezvousError
 
-__all__ = ["open_store", "publish", "server_addresses"]
+__all__ = ["open_store", "publish", "server_addresses", "server_info"]
 
 
 def open_store(config: Config, rank: int) -> tuple[RendezvousClient, bytes]:
@@ -27,12 +28,18 @@ def open_store(config: Config, rank: int) -> tuple[RendezvousClient, bytes]:
     return RendezvousClient(config.rendezvous_addr, config.rendezvous_port, secret, rank, prefix, deadline), secret
 
 
-def publish(store: RendezvousClient, index: int, host: str, port: int, pid: int) -> None:
-    store.set(str(index), json.dumps({"host": host, "port": port, "pid": pid}))
+def publish(store: RendezvousClient, index: int, host: str, port: int, pid: int, hostname: str = "") -> None:
+    store.set(str(index), json.dumps({"host": host, "port": port, "pid": pid, "hostname": hostname}))
 
 
 def server_addresses(store: RendezvousClient, num_ps: int, timeout: float) -> list[tuple[str, int]]:
     """The address of every server, waiting up to ``timeout`` seconds for them to start."""
+    return [(str(info["host"]), int(info["port"])) for info in server_info(store, num_ps, timeout)]
+
+
+def server_info(store: RendezvousClient, num_ps: int, timeout: float) -> list[dict[str, Any]]:
+    """What every server published (``host``, ``port``, ``pid``, ``hostname``), waiting up to ``timeout`` seconds
+    for them to start."""
     keys = [str(i) for i in range(num_ps)]
     try:
         values = store.wait(keys, timeout)
@@ -41,8 +48,4 @@ def server_addresses(store: RendezvousClient, num_ps: int, timeout: float) -> li
             f"parameter server(s) {', '.join(exc.missing)} did not start within {timeout:g}s (HORA_START_TIMEOUT); "
             "see their output, prefixed [ps<i>]"
         ) from None
-    out = []
-    for k in keys:
-        info = json.loads(values[k])
-        out.append((str(info["host"]), int(info["port"])))
-    return out
+    return [json.loads(values[k]) for k in keys]

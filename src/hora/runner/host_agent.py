@@ -5,6 +5,11 @@ never appears on a command line or in the SSH command's environment string (``ps
 It starts that host's ranks the way the local launcher does (a session per rank, PR_SET_PDEATHSIG) and reports on
 its stdout, in binary frames: that it started, each rank's pid, every chunk of output, and each rank's exit.
 
+With ``--num-ps``/``--ps-per-host`` it also starts the host's parameter servers (``python -m hora.ps``, with the
+environment of the host's first rank), reported under the negative numbers ``-1 - index`` like the launcher's own
+(``[psI]``). They serve the ranks of every host, so they outlive this host's ranks: they stop when the launcher
+says the job is over (the end of stdin), not when this host's ranks are done.
+
 Later messages on stdin forward signals to ranks. When stdin reaches EOF — the launcher finished, died, or the SSH
 connection broke — the agent stops its ranks (SIGTERM, then SIGKILL after the grace period) and exits, so no rank
 outlives its launcher. The agent's own parent-death signal covers an sshd that goes away without closing stdin.
@@ -70,12 +75,17 @@ class _Agent:
         iface = self.job.get("network_interface")
         if iface:
             env["HORA_BIND_ADDR"] = interface_address(iface)
-        for entry in self.job["ranks"]:
-            rank = int(entry["rank"])
-            rank_env = {**env, **entry["env"]}
+        workers = str(int(self.job.get("workers", 0)))
+        ranks = [(int(e["rank"]), list(self.job["command"]), e["env"]) for e in self.job["ranks"]]
+        servers = [
+            (-1 - int(s["index"]), [sys.executable, "-m", "hora.ps", "--index", str(int(s["index"])), "--workers", workers], s["env"])
+            for s in self.job.get("servers", [])
+        ]  # fmt: skip
+        for rank, argv, extra in ranks + servers:
+            rank_env = {**env, **extra}
             thread_defaults(rank_env, int(rank_env.get("HORA_LOCAL_SIZE", "1")), usable_cpus())
             proc = subprocess.Popen(
-                list(self.job["command"]),
+                argv,
                 env=rank_env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -181,6 +191,8 @@ def main() -> int:
                     message = read_message(0, 1 << 16)
                 except (EOFError, OSError, ValueError):
                     stdin_open = False  # the launcher is gone (or finished): stop everything
+                    if agent.stopping_at is not None:  # the ranks are stopping already; the servers go now
+                        agent.signal(signal.SIGTERM, [key for key in agent.procs if key < 0])
                     agent.stop(signal.SIGTERM)
                 else:
                     if "signal" in message:

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from hora.errors import ConfigError
 
-__all__ = ["HostSlots", "RankSlot", "assign_ranks", "is_local_host", "parse_hostfile", "parse_hosts"]
+__all__ = [
+    "HostSlots", "RankSlot", "assign_ranks", "is_local_host", "parse_hostfile", "parse_hosts", "place_servers",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,30 @@ def assign_ranks(np: int, hosts: list[HostSlots]) -> list[RankSlot]:
             cross = [name for name, m in counts if m > local]
             out.append(RankSlot(len(out), host, local, n, cross.index(host), len(cross)))
     return out
+
+
+def place_servers(num_ps: int, ps_per_host: int, hosts: list[str]) -> list[str]:
+    """The host of each parameter server (``--num-ps`` / ``--ps-per-host``), in server order.
+
+    ``hosts`` are the job's hosts that run ranks, in rank order. Server ``i`` runs on host ``i % len(hosts)``:
+    with ``ps_per_host`` K every host gets K servers (K x hosts in all, which ``num_ps``, when given, must equal);
+    ``num_ps`` S alone spreads S servers over the hosts the same way (the first ``S % hosts`` hosts get one more).
+
+    Raises:
+        ConfigError: ``num_ps`` and ``ps_per_host`` disagree.
+    """
+    if not hosts or (not num_ps and not ps_per_host):
+        return []
+    if ps_per_host:
+        total = ps_per_host * len(hosts)
+        if num_ps and num_ps != total:
+            raise ConfigError(
+                f"--num-ps {num_ps} and --ps-per-host {ps_per_host} disagree: {ps_per_host} server(s) on each of the "
+                f"job's {len(hosts)} host(s) ({', '.join(hosts)}) is {total} in all; drop --num-ps (HORA_NUM_PS) "
+                f"or make it {total}"
+            )
+        num_ps = total
+    return [hosts[i % len(hosts)] for i in range(num_ps)]
 
 
 def parse_hosts(text: str) -> list[HostSlots]:

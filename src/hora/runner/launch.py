@@ -17,6 +17,7 @@ directly, each group with its own HORA_HOSTNAME and bind address.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import signal
@@ -37,7 +38,7 @@ from hora.config import Config
 from hora.config.variables import environment
 from hora.config.worker_env import worker_env
 from hora.errors import ConfigError
-from hora.runner.hosts import HostSlots, RankSlot, assign_ranks, is_local_host
+from hora.runner.hosts import HostSlots, RankSlot, assign_ranks, is_local_host, place_servers
 from hora.runner.output import OutputPump
 from hora.runner.ps_servers import PsServers
 from hora.runner.reaper import GroupReaper
@@ -139,15 +140,18 @@ class _Plan:
     rdv_host: str
     bind: dict[str, str | None]  # local host name -> the address its ranks bind (None: hora's default)
     master_addr: str
+    ps_hosts: list[str]  # the host of each parameter server (--num-ps / --ps-per-host)
 
 
-def _plan(spec: LaunchSpec) -> _Plan:
-    """Place the ranks, check the remote hosts, and choose the addresses everything binds and advertises."""
+def _plan(spec: LaunchSpec, base_env: Mapping[str, str]) -> _Plan:
+    """Place the ranks and the parameter servers, check the remote hosts, and choose the addresses everything binds
+    and advertises."""
     if spec.hosts:
         slots = assign_ranks(spec.np, list(spec.hosts))
     else:
         slots = [RankSlot(r, spec.hostname, r, spec.np, 0, 1) for r in range(spec.np)]
     hosts = list(dict.fromkeys(s.host for s in slots))
+    ps_hosts = _server_hosts(spec, hosts, base_env)  # a bad combination fails before any SSH check
     remote = [h for h in hosts if h not in spec.local_hosts and not is_local_host(h)]
     if remote:
         ssh = spec.ssh or SshOptions()
@@ -163,7 +167,7 @@ def _plan(spec: LaunchSpec) -> _Plan:
         bind = {h: (h if _is_ip(h) and len(hosts) > 1 else None) for h in hosts}
     first = slots[0].host
     master = first if first in remote else (rdv_host if remote else bind.get(first) or "127.0.0.1")
-    return _Plan(slots, remote, rdv_host, bind, master)
+    return _Plan(slots, remote, rdv_host, bind, master, ps_hosts)
 
 
 def _hora_path() -> str:
@@ -180,7 +184,11 @@ def launch(spec: LaunchSpec) -> RunResult:
         HostError: a remote host failed the SSH check (nothing was started).
         ConfigError: the rendezvous cannot listen, or ``--network-interface`` names no usable interface.
     """
-    plan = _plan(spec)
+    base_env = dict(environment() if spec.env is None else spec.env)
+    plan = _plan(spec, base_env)
+    ps_hosts = plan.ps_hosts
+    if ps_hosts:  # the workers wait for every server, wherever it runs (--ps-per-host gives only a count per host)
+        spec = dataclasses.replace(spec, settings={**spec.settings, "num_ps": len(ps_hosts)})
     secret = new_secret()
     job_id = uuid.uuid4().hex[:16]
     server = RendezvousServer(secret, host=plan.rdv_host, port=spec.rendezvous_port)
@@ -196,7 +204,6 @@ def launch(spec: LaunchSpec) -> RunResult:
     )
     master = (plan.master_addr, _free_port())
     hosts: list[RemoteHost] = []
-    base_env = dict(environment() if spec.env is None else spec.env)
 
     def on_signal(signum: int, frame: object) -> None:
         if job.interrupted is None:
@@ -208,7 +215,7 @@ def launch(spec: LaunchSpec) -> RunResult:
     timed_out = False
     exits: ExitWatcher | None = None
     try:
-        servers = _parameter_servers(spec, plan, base_env, rdv, secret, job_id, master, job)
+        servers = _parameter_servers(spec, plan, ps_hosts, base_env, rdv, secret, job_id, master, job)
     except BaseException:
         server.shutdown()
         raise
@@ -225,7 +232,7 @@ def launch(spec: LaunchSpec) -> RunResult:
                     reaper.add(handles[slot.rank].pid)
             forwarded = forwarded_env(base_env)
             for name in plan.remote_hosts:
-                host = _start_remote(spec, name, plan, rdv, secret, job_id, master, forwarded, job)
+                host = _start_remote(spec, name, plan, ps_hosts, rdv, secret, job_id, master, forwarded, job)
                 hosts.append(host)
                 handles.update(host.ranks)
             job.procs = [handles[r] for r in range(spec.np)]
@@ -296,10 +303,10 @@ def _start_local(spec: LaunchSpec, slot: RankSlot, env: dict[str, str], job: Job
 
 
 def _start_remote(
-    spec: LaunchSpec, name: str, plan: _Plan, rdv: tuple[str, int], secret: bytes, job_id: str,
-    master: tuple[str, int], forwarded: dict[str, str], job: JobProcesses,
+    spec: LaunchSpec, name: str, plan: _Plan, ps_hosts: list[str], rdv: tuple[str, int], secret: bytes,
+    job_id: str, master: tuple[str, int], forwarded: dict[str, str], job: JobProcesses,
 ) -> RemoteHost:  # fmt: skip
-    """Start the agent of remote host ``name`` over SSH; it starts the host's ranks."""
+    """Start the agent of remote host ``name`` over SSH; it starts the host's ranks and parameter servers."""
     paths = [_hora_path(), *forwarded.get("PYTHONPATH", "").split(os.pathsep)]
     agent_path = os.pathsep.join(dict.fromkeys(p for p in paths if p))
     ranks: list[dict[str, Any]] = []
@@ -307,11 +314,16 @@ def _start_remote(
         if slot.host == name:
             env = _worker_env(spec, slot, rdv, secret, job_id, master, None, forwarded)
             ranks.append({"rank": slot.rank, "env": {k: v for k, v in env.items() if forwarded.get(k) != v}})
+    # Its servers get the environment of its first rank (the store, the secret, HORA_HOSTNAME): servers are not
+    # ranks, and read only the job's variables.
+    servers = [{"index": i, "env": ranks[0]["env"]} for i, h in enumerate(ps_hosts) if h == name]
     description = {
         "command": list(spec.command),
         "cwd": os.path.abspath(spec.cwd or os.getcwd()),
         "env": forwarded,
         "ranks": ranks,
+        "servers": servers,
+        "workers": spec.np,
         "grace": spec.grace,
         "network_interface": spec.network_interface,
     }
@@ -325,32 +337,44 @@ def _start_remote(
         spec.start_timeout + 10.0,
         die_with_parent,
         echo_stderr=not spec.capture,
+        servers=[s["index"] for s in servers],
     )
     host.start()
-    job.log(f"started the hora agent on {name} for ranks {[r['rank'] for r in ranks]}: {' '.join(argv)}")
+    also = f" and parameter servers {host.servers}" if servers else ""
+    job.log(f"started the hora agent on {name} for ranks {[r['rank'] for r in ranks]}{also}: {' '.join(argv)}")
     return host
 
 
-def _parameter_servers(
-    spec: LaunchSpec, plan: _Plan, base_env: Mapping[str, str], rdv: tuple[str, int], secret: bytes, job_id: str,
-    master: tuple[str, int], job: JobProcesses,
-) -> PsServers | None:  # fmt: skip
-    """The job's parameter servers (``--num-ps``), not started yet; None when it has none."""
+def _server_hosts(spec: LaunchSpec, hosts: list[str], base_env: Mapping[str, str]) -> list[str]:
+    """The host of each of the job's parameter servers (``--num-ps`` / ``--ps-per-host``); [] when it has none.
+
+    Raises:
+        ConfigError: ``--num-ps`` and ``--ps-per-host`` disagree.
+    """
     try:
-        count = Config.resolve(env=base_env, overrides=spec.settings).num_ps
+        config = Config.resolve(env=base_env, overrides=spec.settings)
     except ConfigError:
-        return None  # the workers report the bad setting themselves
-    if not count:
+        return []  # the workers report the bad setting themselves
+    return place_servers(config.num_ps, config.ps_per_host, hosts)
+
+
+def _parameter_servers(
+    spec: LaunchSpec, plan: _Plan, ps_hosts: list[str], base_env: Mapping[str, str], rdv: tuple[str, int],
+    secret: bytes, job_id: str, master: tuple[str, int], job: JobProcesses,
+) -> PsServers | None:  # fmt: skip
+    """The job's parameter servers on this machine, not started yet (the remote hosts' agents start theirs); None
+    when the job has none. Each gets the environment of its host's first rank, so it binds its host's address."""
+    if not ps_hosts:
         return None
-    if plan.remote_hosts:
-        raise ConfigError(
-            f"--num-ps with remote hosts ({', '.join(plan.remote_hosts)}) is not supported yet: hora run starts the "
-            "parameter servers on this machine only; run them on one host, or use hora job's parameter_server "
-            "distribution"
-        )
-    first = plan.slots[0]
-    env = _worker_env(spec, first, rdv, secret, job_id, master, plan.bind[first.host], base_env, usable_cpus())
-    return PsServers(count, spec.np, env, job.pump, job.log)
+    first: dict[str, RankSlot] = {}
+    for slot in plan.slots:
+        first.setdefault(slot.host, slot)
+    local = {
+        i: _worker_env(spec, first[h], rdv, secret, job_id, master, plan.bind[h], base_env, usable_cpus())
+        for i, h in enumerate(ps_hosts)
+        if h not in plan.remote_hosts
+    }
+    return PsServers(len(ps_hosts), spec.np, {}, job.pump, job.log, local=local)
 
 
 def _supervise(

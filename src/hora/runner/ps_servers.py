@@ -18,14 +18,31 @@ from collections.abc import Callable, Mapping
 from hora._proc import die_with_parent, kill_group
 from hora.runner.output import OutputPump
 
-__all__ = ["PsServers"]
+__all__ = ["PsServers", "report_exit"]
+
+
+def report_exit(index: int, pid: int, code: int, where: str = "") -> None:
+    """Say that parameter server ``index`` ended while the workers still ran (``where``: " on host h")."""
+    print(
+        f"hora run: parameter server {index} (pid {pid}){where} exited with {code} while the workers were running",
+        file=sys.stderr, flush=True,
+    )  # fmt: skip
 
 
 class PsServers:
-    """Start, watch and stop the job's parameter-server processes."""
+    """Start, watch and stop the job's parameter-server processes on this machine.
 
-    def __init__(self, count: int, workers: int, env: Mapping[str, str], pump: OutputPump, log: Callable[[str], None]) -> None:
+    ``local``: the servers to start here, index -> environment on top of ``env`` (default: all ``count``); the
+    others run on remote hosts, started by their hosts' agents (``--ps-per-host``).
+    """
+
+    def __init__(
+        self, count: int, workers: int, env: Mapping[str, str], pump: OutputPump, log: Callable[[str], None],
+        local: Mapping[int, Mapping[str, str]] | None = None,
+    ) -> None:  # fmt: skip
         self.count = count
+        self._local = {i: dict(e) for i, e in local.items()} if local is not None else {i: {} for i in range(count)}
+        self.indices: list[int] = []  # the index of each of procs
         self._workers = workers
         self._env = dict(env)
         self._pump = pump
@@ -35,28 +52,26 @@ class PsServers:
 
     def start(self, cwd: str | None = None) -> list[int]:
         """Start every server; returns their pids (each the leader of its process group)."""
-        for i in range(self.count):
+        for i, extra in self._local.items():
             argv = [sys.executable, "-m", "hora.ps", "--index", str(i), "--workers", str(self._workers)]
             proc = subprocess.Popen(
-                argv, env=self._env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                argv, env={**self._env, **extra}, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent,
             )  # fmt: skip
             self._pump.labels[-1 - i] = f"ps{i}"
             self._pump.add(-1 - i, proc.stdout, proc.stderr)  # type: ignore[arg-type]
             self._log(f"started parameter server {i} as pid {proc.pid}")
             self.procs.append(proc)
+            self.indices.append(i)
         return [p.pid for p in self.procs]
 
     def check(self) -> None:
         """Say (once) when a server ended while the workers still run."""
-        for i, p in enumerate(self.procs):
+        for i, p in zip(self.indices, self.procs):
             code = p.poll()
             if code is not None and i not in self._reported:
                 self._reported.add(i)
-                print(
-                    f"hora run: parameter server {i} (pid {p.pid}) exited with {code} while the workers were running",
-                    file=sys.stderr, flush=True,
-                )  # fmt: skip
+                report_exit(i, p.pid, code)
 
     def stop(self, grace: float) -> None:
         """SIGTERM every server, SIGKILL what is left after ``grace`` seconds, and reap them all."""

@@ -2,9 +2,10 @@
 
 The job description and the secret go to the agent on the session's stdin; the agent's frames come back on its
 stdout and are turned into rank pids, output lines (through the launcher's :class:`OutputPump`, so remote ranks are
-prefixed and recorded like local ones) and exit codes. Closing stdin tells the agent to stop its ranks; the SSH
-client itself runs in its own session with PR_SET_PDEATHSIG, so a launcher that dies takes the session, and with it
-every remote rank, down too.
+prefixed and recorded like local ones) and exit codes. The host's parameter servers, if any, are reported the same
+way under ``-1 - index``; one that ends before the job does is reported as the launcher reports its own. Closing
+stdin tells the agent to stop its ranks and servers; the SSH client itself runs in its own session with
+PR_SET_PDEATHSIG, so a launcher that dies takes the session, and with it every remote rank and server, down too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hora._proc import kill_group
 from hora._wire import read_fully
 from hora.runner.agent_protocol import CLOSED, ERROR, EXITED, HEADER, HELLO, OUTPUT, STARTED, write_message
 from hora.runner.output import OutputPump
+from hora.runner.ps_servers import report_exit
 
 __all__ = ["RemoteHost", "RemoteRank"]
 
@@ -64,9 +66,13 @@ class RemoteHost:
         start_timeout: float,
         child_setup: Callable[[], None],
         echo_stderr: bool = True,
+        servers: Sequence[int] = (),
     ) -> None:
         self.host = host
         self.ranks = {r: RemoteRank(r, self) for r in ranks}
+        self.servers = list(servers)  # indexes of the host's parameter servers
+        self.server_pids: dict[int, int] = {}
+        self.server_codes: dict[int, int] = {}
         self.argv = argv
         self._job = job
         self._pump = pump
@@ -94,7 +100,9 @@ class RemoteHost:
             preexec_fn=self._child_setup,
         )
         self._started_at = time.monotonic()
-        for r in self.ranks:
+        for i in self.servers:
+            self._pump.labels[-1 - i] = f"ps{i}"
+        for r in [*self.ranks, *(-1 - i for i in self.servers)]:
             self._pump.add_remote(r)
             self._open |= {(r, "stdout"), (r, "stderr")}
 
@@ -132,7 +140,9 @@ class RemoteHost:
             self.agent_pid = int(json.loads(payload)["pid"])
         elif kind == STARTED and rank in self.ranks:
             self.ranks[rank].pid = int(json.loads(payload)["pid"])
-        elif kind == OUTPUT and rank in self.ranks and stream in _STREAMS:
+        elif kind in (STARTED, EXITED) and -1 - rank in self.servers:
+            self._server(-1 - rank, kind, json.loads(payload))
+        elif kind == OUTPUT and (rank in self.ranks or -1 - rank in self.servers) and stream in _STREAMS:
             self._pump.feed(rank, _STREAMS[stream], payload)
         elif kind == CLOSED and (rank, _STREAMS.get(stream, "")) in self._open:
             self._open.discard((rank, _STREAMS[stream]))
@@ -141,6 +151,16 @@ class RemoteHost:
             self.ranks[rank].returncode = int(json.loads(payload)["code"])
         elif kind == ERROR:
             self._fail_all(f"host {self.host}: {payload.decode(errors='replace')}", 1)
+
+    def _server(self, index: int, kind: int, info: dict[str, Any]) -> None:
+        if kind == STARTED:
+            self.server_pids[index] = int(info["pid"])
+            return
+        self.server_codes[index] = int(info["code"])
+        with self._lock:
+            over = self._stdin_closed  # the launcher ended the job: the agent stopped the server
+        if not over:
+            report_exit(index, self.server_pids.get(index, 0), int(info["code"]), f" on host {self.host}")
 
     def _read_stderr(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None

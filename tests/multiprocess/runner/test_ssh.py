@@ -276,10 +276,11 @@ def test_worker_killed_on_the_second_host_stops_every_rank(netns_cluster):
 
 
 def _start_sleeping_job(c: netns.Cluster, marker: str) -> subprocess.Popen[str]:
-    """``hora run`` of 4 ranks on two hosts, returned once every rank has initialised and sleeps."""
+    """``hora run`` of 4 ranks on two hosts, with a parameter server on each (started by the hosts' agents, they must
+    go with the job too), returned once every rank has initialised and sleeps."""
     code = "import sys, time, hora.numpy as hvd; hvd.init(); print('ready', flush=True); time.sleep(600)"
     proc = subprocess.Popen(
-        hora_cli("-H", hosts_of(c, 2, 2), *c.cli_args(), sys.executable, "-c", code, marker),
+        hora_cli("-H", hosts_of(c, 2, 2), "--ps-per-host", "1", *c.cli_args(), sys.executable, "-c", code, marker),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     deadline = time.monotonic() + LIMIT
@@ -295,7 +296,20 @@ def _start_sleeping_job(c: netns.Cluster, marker: str) -> subprocess.Popen[str]:
         proc.wait()
         pytest.fail(f"the job did not start: {proc.stderr.read()}")  # type: ignore[union-attr]
     assert len([pid for pid, _ in netns.job_processes("", marker) if pid != proc.pid]) == 4
+    while not all(_runs_a_server(c, h) for h in c.hosts) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_runs_a_server(c, h) for h in c.hosts)
     return proc
+
+
+def _runs_a_server(c: netns.Cluster, host: netns.Host) -> bool:
+    for pid in c.processes_in(host.netns):
+        try:
+            if b"-m\0hora.ps\0" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+        except OSError:
+            pass
+    return False
 
 
 def test_launcher_killed_with_sigkill_leaves_nothing_on_any_host(netns_cluster):

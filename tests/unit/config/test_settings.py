@@ -280,6 +280,7 @@ def _non_default_config() -> Config:
         autotune_gaussian_process_noise=0.25,
         strategy="parameter_server",
         num_ps=2,
+        ps_per_host=1,
         ps_consistency="bounded(3)",
         log_level="DEBUG",
         hostname="node7",

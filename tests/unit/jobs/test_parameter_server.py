@@ -171,10 +171,7 @@ def test_bad_combinations_are_refused_with_the_fix(code):
     assert problems({**base, "distribution": {"parameter_server": {"servers": "byteps"}}}, code) == [
         "distribution.parameter_server.servers must be one of tensorflow, hora, got 'byteps'"
     ]
-    assert problems({**base, "distribution": {"parameter_server": {"servers": "hora"}}}, code) == [
-        "distribution.parameter_server.servers: hora (hora's own parameter servers, hora.ps) is not yet supported "
-        "by hora job; use servers: tensorflow (the default, as SageMaker's TensorFlow container)"
-    ]
+    assert parse_spec({**base, "distribution": {"parameter_server": {"servers": "hora"}}}, base_dir=code).ps_servers == "hora"
     assert problems({**base, "distribution": "mpi", "hyperparameters": {"sagemaker_parameter_server_enabled": True}},
                     code) == [
         "hyperparameter sagemaker_parameter_server_enabled is true but distribution is mpi; a job runs one "
@@ -190,9 +187,15 @@ def test_bad_combinations_are_refused_with_the_fix(code):
     ]
 
 
-def test_the_hook_for_horas_own_servers_says_it_is_not_there_yet():
-    with pytest.raises(ConfigError, match=r"would start 3 hora\.ps server"):
-        hora_ps_run_settings(3)
+def test_horas_own_servers_run_one_per_host_on_one_host_too():
+    assert hora_ps_run_settings(3) == {"num_ps": 3, "ps_per_host": 1}
+    with pytest.raises(ConfigError, match="at least one host"):
+        hora_ps_run_settings(0)
+    # hora run places and addresses them (hora.ps.connect), also on one host: no TF_CONFIG, no TensorFlow task
+    for hosts in (["algo-1"], ["algo-1", "algo-2"]):
+        entry = plan_entry("parameter_server", "hora", hosts, ["10.0.0.1"] * len(hosts), True)
+        assert entry == {"servers": "hora"}
+        assert tf_config_for({"hosts": hosts, "parameter_server": entry}, hosts[0]) is None
 
 
 def test_a_worker_host_learns_the_masters_end_from_its_record_or_its_server_going_away(tmp_path, monkeypatch):
