@@ -1,0 +1,70 @@
+"""One line switches strategy: Keras ``fit`` on parameter servers (by the job's setting, no code change, and by
+argument), the torch hybrid mode (sparse embeddings on the servers, dense layers on allreduce), and the errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from support.harness import run_ranks
+
+
+def test_keras_fit_on_parameter_servers_by_the_jobs_setting_matches_plain_keras():
+    pytest.importorskip("keras")
+    pytest.importorskip("sklearn")
+    from workers.ps_strategies import keras_ps_worker
+
+    steps = 4
+    results = run_ranks(keras_ps_worker, 2, steps, timeout=300, num_ps=2, strategy="parameter_server",
+                        ps_consistency="sync")  # fmt: skip
+    for r in results:
+        assert r["class"] == "SGD" and r["config_equal"] and r["iterations"] == steps, r
+        assert r["explicit_allreduce"], "strategy='allreduce' must win over HORA_STRATEGY"
+        assert r["adam_finite"] and r["adam_names"], r
+        assert r["adam_staleness"] <= 1, r["adam_staleness"]
+    for a, b in zip(results[0]["weights"], results[1]["weights"]):
+        np.testing.assert_array_equal(a, b)  # sync: every worker pulls the same values
+    for got, ref in zip(results[0]["weights"], results[0]["reference"]):
+        # Keras' momentum (velocity) form vs the servers' PyTorch form: the same update, rounded differently
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_torch_hybrid_embedding_on_servers_dense_on_allreduce():
+    pytest.importorskip("torch")
+    from workers.ps_strategies import EMB_ROWS, torch_hybrid_reference, torch_hybrid_worker
+
+    steps, workers = 3, 2
+    results = run_ranks(torch_hybrid_worker, workers, steps, timeout=180, num_ps=2)
+    ref = torch_hybrid_reference(steps, workers)
+    r0 = results[0]
+    assert [s for _, _, s in r0["placement"]] in ([0, 1], [1, 0]), r0["placement"]  # the table spans both servers
+    assert r0["fc_on_servers"] == [], "the dense layer must stay on allreduce"
+    assert r0["bounded_error"].startswith("ConfigError: strategy='hybrid' with consistency bounded(1)"), r0
+    for r in results:
+        assert r["server_equal"], "the local table must equal the servers' after sync steps"
+        np.testing.assert_array_equal(r["start"], ref["start"])  # every worker started from worker 0's table
+        np.testing.assert_array_equal(r["emb"], r0["emb"])
+        for a, b in zip(r["fc"], r0["fc"]):
+            np.testing.assert_array_equal(a, b)  # allreduce: bitwise equal on every rank
+    untouched = np.r_[1000:2048, 3000:EMB_ROWS]
+    np.testing.assert_array_equal(r0["emb"][untouched], ref["start"][untouched])  # rows nobody touched
+    assert not np.array_equal(r0["emb"][:1000], ref["start"][:1000])
+    np.testing.assert_allclose(r0["emb"], ref["emb"], rtol=1e-5, atol=1e-6)
+    for got, want in zip(r0["fc"], ref["fc"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_without_servers_or_with_an_unsupported_optimizer_the_wrappers_say_what_to_change():
+    pytest.importorskip("torch")
+    pytest.importorskip("keras")
+    from workers.ps_strategies import no_servers_worker
+
+    (notes,) = run_ranks(no_servers_worker, 1, timeout=180)
+    no_servers = "ConfigError: this job has no parameter servers: start it with 'hora run -np N --num-ps S"
+    assert notes["torch_hybrid"].startswith(no_servers), notes
+    assert notes["keras_sgd"].startswith(no_servers), notes
+    assert notes["torch_hybrid_dense_model"].startswith("ValueError: ps_parameters: the Linear has no nn.Embedding"), notes
+    assert notes["keras_rmsprop"].startswith("UnsupportedError: strategy='parameter_server' runs the update on the "
+                                             "servers, which know SGD (momentum, Nesterov), Adagrad and Adam; RMSprop"), notes  # fmt: skip
+    assert notes["keras_schedule"].startswith("UnsupportedError: SGD has a learning-rate schedule"), notes
+    assert notes["keras_clipnorm"].startswith("UnsupportedError: Adam(clipnorm=1.0) has no parameter-server rule"), notes
