@@ -38,11 +38,12 @@ def keras_ps_worker(steps: int) -> dict[str, Any]:
     x, y = _digits(steps)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     model = _model(keras, seed=100 + me)  # different weights per rank: the servers keep worker 0's
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    base = keras.optimizers.SGD(0.1, momentum=0.9)
+    opt = hvd.DistributedOptimizer(base)
     model.compile(opt, loss)
     model.fit(_shard(x, me, n), _shard(y, me, n), batch_size=GLOBAL_BATCH // n, epochs=1, shuffle=False, verbose=0)
     out: dict[str, Any] = {
-        "class": type(opt).__name__, "config_equal": opt.get_config() == keras.optimizers.SGD(0.1, momentum=0.9).get_config(),
+        "class": type(opt).__name__, "config_equal": opt.get_config() == base.get_config(),
         "iterations": int(opt.iterations.numpy()), "weights": [np.asarray(w) for w in model.get_weights()],
     }  # fmt: skip
     adam_model = _model(keras, seed=200 + me)

@@ -161,9 +161,28 @@ def DistributedOptimizer(
     groups: Any = None,
     process_set: ProcessSet = global_process_set,
     scale_local_gradients: bool = True,
+    strategy: str | None = None,
+    staleness: int | None = None,
+    consistency: str | None = None,
 ) -> Any:
     """Wrap a Keras optimizer so that the gradients it applies are averaged over every rank (one grouped op per
-    step). Returns an optimizer of the same class name and config."""
+    step). Returns an optimizer of the same class name and config.
+
+    hora's own: ``strategy="parameter_server"`` (default: ``HORA_STRATEGY``, ``allreduce``) runs the update on the
+    job's parameter servers (``hora run --num-ps S``) instead (Keras 3 on the TensorFlow or torch backend;
+    ``SGD``, ``Adagrad``, ``Adam``), with ``staleness=k`` for ``bounded(k)`` or ``consistency`` (``async``,
+    ``sync``, ``bounded(k)``; default ``HORA_PS_CONSISTENCY``); see docs/ps.md."""
+    from hora._strategy import resolve_strategy
+
+    strategy = resolve_strategy(strategy, ("allreduce", "parameter_server"))
+    if strategy == "parameter_server":
+        if _is_legacy(type(optimizer)):
+            raise NotImplementedError("strategy='parameter_server' needs a Keras 3 optimizer; tf_keras ones are not supported")
+        from hora.keras.ps_optimizer import make_ps_optimizer
+
+        return make_ps_optimizer(optimizer, name, staleness, consistency)
+    if staleness is not None or consistency is not None:
+        raise ValueError("staleness and consistency apply to strategy='parameter_server' only")
     if compression is None:
         from hora.keras.compression import Compression
 

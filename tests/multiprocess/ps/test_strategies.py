@@ -3,15 +3,23 @@ argument), the torch hybrid mode (sparse embeddings on the servers, dense layers
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
 from support.harness import run_ranks
 
 
+def _need(*modules: str) -> None:
+    """Skip without importing (TensorFlow's threads would outlive the test in this process)."""
+    for m in modules:
+        if importlib.util.find_spec(m) is None:
+            pytest.skip(f"{m} is not installed")
+
+
 def test_keras_fit_on_parameter_servers_by_the_jobs_setting_matches_plain_keras():
-    pytest.importorskip("keras")
-    pytest.importorskip("sklearn")
+    _need("keras", "sklearn")
     from workers.ps_strategies import keras_ps_worker
 
     steps = 4
@@ -30,7 +38,7 @@ def test_keras_fit_on_parameter_servers_by_the_jobs_setting_matches_plain_keras(
 
 
 def test_torch_hybrid_embedding_on_servers_dense_on_allreduce():
-    pytest.importorskip("torch")
+    _need("torch")
     from workers.ps_strategies import EMB_ROWS, torch_hybrid_reference, torch_hybrid_worker
 
     steps, workers = 3, 2
@@ -55,8 +63,7 @@ def test_torch_hybrid_embedding_on_servers_dense_on_allreduce():
 
 
 def test_without_servers_or_with_an_unsupported_optimizer_the_wrappers_say_what_to_change():
-    pytest.importorskip("torch")
-    pytest.importorskip("keras")
+    _need("torch", "keras")
     from workers.ps_strategies import no_servers_worker
 
     (notes,) = run_ranks(no_servers_worker, 1, timeout=180)
