@@ -29,7 +29,9 @@ def resolve_consistency(client: Any, staleness: int | None, consistency: str | N
     else ``bounded(staleness)`` when ``staleness`` is given, else the client's default (``HORA_PS_CONSISTENCY``)."""
     from hora.ps.client import parse_consistency
 
-    if staleness is not None and (isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0):
+    if staleness is not None and (
+        isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0
+    ):
         raise ConfigError(f"staleness must be a non-negative int (the k of bounded(k)), got {staleness!r}")
     if consistency is None:
         if staleness is not None:

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 GLOBAL_BATCH = 32
-EMB_ROWS, EMB_DIM = 4096, 128  # 2 MiB: the default partitioner (shards of >= 1 MiB) splits it over both servers
+# 2 MiB: the default partitioner (shards of >= 1 MiB) splits it over both servers
+EMB_ROWS, EMB_DIM = 4096, 128
 
 
 def _digits(steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -21,7 +22,9 @@ def _digits(steps: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _shard(a: np.ndarray, rank: int, n: int) -> np.ndarray:
     per = GLOBAL_BATCH // n
-    return a.reshape(-1, GLOBAL_BATCH, *a.shape[1:])[:, rank * per : (rank + 1) * per].reshape(-1, *a.shape[1:])
+    return a.reshape(-1, GLOBAL_BATCH, *a.shape[1:])[:, rank * per : (rank + 1) * per].reshape(
+        -1, *a.shape[1:]
+    )
 
 
 def keras_ps_worker(steps: int) -> dict[str, Any]:
@@ -41,7 +44,9 @@ def keras_ps_worker(steps: int) -> dict[str, Any]:
     base = keras.optimizers.SGD(0.1, momentum=0.9)
     opt = hvd.DistributedOptimizer(base)
     model.compile(opt, loss)
-    model.fit(_shard(x, me, n), _shard(y, me, n), batch_size=GLOBAL_BATCH // n, epochs=1, shuffle=False, verbose=0)
+    model.fit(
+        _shard(x, me, n), _shard(y, me, n), batch_size=GLOBAL_BATCH // n, epochs=1, shuffle=False, verbose=0
+    )
     out: dict[str, Any] = {
         "class": type(opt).__name__, "config_equal": opt.get_config() == base.get_config(),
         "iterations": int(opt.iterations.numpy()), "weights": [np.asarray(w) for w in model.get_weights()],
@@ -49,7 +54,9 @@ def keras_ps_worker(steps: int) -> dict[str, Any]:
     adam_model = _model(keras, seed=200 + me)
     adam = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), strategy="parameter_server", staleness=1)
     adam_model.compile(adam, loss)
-    adam_model.fit(_shard(x, me, n), _shard(y, me, n), batch_size=GLOBAL_BATCH // n, epochs=1, shuffle=False, verbose=0)
+    adam_model.fit(
+        _shard(x, me, n), _shard(y, me, n), batch_size=GLOBAL_BATCH // n, epochs=1, shuffle=False, verbose=0
+    )
     out["adam_finite"] = all(np.isfinite(w).all() for w in adam_model.get_weights())
     stats = shared_client().stats()
     out["adam_staleness"] = max(v for s in stats for k, v in s["staleness"].items() if "sequential_1" in k)
@@ -94,13 +101,15 @@ def torch_hybrid_worker(steps: int) -> dict[str, Any]:
     """A sparse embedding on the servers (sync) and a dense layer on allreduce, Adagrad; returns the parameters."""
     import torch
 
-    from hora.ps.job import shared_client
     import hora.torch as hvd
+    from hora.ps.job import shared_client
 
     hvd.init()
     me = hvd.rank()
     net = _hybrid_net(seed=me)  # different on each rank: worker 0's embedding comes from the servers
-    hvd.broadcast_parameters({"fc.weight": net.fc.weight, "fc.bias": net.fc.bias}, root_rank=0)  # dense: Horovod's way
+    hvd.broadcast_parameters(
+        {"fc.weight": net.fc.weight, "fc.bias": net.fc.bias}, root_rank=0
+    )  # dense: Horovod's way
     base = torch.optim.Adagrad(net.parameters(), lr=0.1)
     try:
         hvd.DistributedOptimizer(base, named_parameters=net.named_parameters(), strategy="hybrid", ps_parameters=net,
@@ -140,7 +149,10 @@ def torch_hybrid_reference(steps: int, workers: int) -> dict[str, np.ndarray]:
     start = net.emb.weight.detach().numpy().copy()
     for step in range(steps):
         opt.zero_grad()
-        loss = sum(torch.nn.functional.mse_loss(net(ids), t) for ids, t in (_hybrid_batch(step, r) for r in range(workers)))
+        loss = sum(
+            torch.nn.functional.mse_loss(net(ids), t)
+            for ids, t in (_hybrid_batch(step, r) for r in range(workers))
+        )
         (loss / workers).backward()
         opt.step()
     return {"emb": net.emb.weight.detach().numpy(), "fc": [net.fc.weight.detach().numpy(), net.fc.bias.detach().numpy()],

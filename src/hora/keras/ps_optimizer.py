@@ -46,7 +46,12 @@ def keras_rule(optimizer: Any) -> dict[str, Any]:
     o = keras.optimizers
     if type(optimizer) is o.SGD:
         if cfg.get("momentum"):
-            return {"rule": "momentum", "lr": float(lr), "momentum": float(cfg["momentum"]), "nesterov": bool(cfg.get("nesterov"))}
+            return {
+                "rule": "momentum",
+                "lr": float(lr),
+                "momentum": float(cfg["momentum"]),
+                "nesterov": bool(cfg.get("nesterov")),
+            }
         return {"rule": "sgd", "lr": float(lr)}
     if type(optimizer) is o.Adagrad:
         return {"rule": "adagrad", "lr": float(lr), "initial_accumulator": float(cfg["initial_accumulator_value"]),
@@ -74,6 +79,7 @@ class _PSMixin:
     """Methods mixed into the wrapped Keras 3 optimizer's class for the parameter-server strategy."""
 
     _hora_ps: _PSSettings
+    built: bool
 
     def build(self, variables: Any) -> None:
         super().build(variables)  # type: ignore[misc]
@@ -87,7 +93,7 @@ class _PSMixin:
             variables = list(self._trainable_variables)  # type: ignore[attr-defined]
         else:
             variables = list(trainable_variables)
-            if not self.built:  # type: ignore[attr-defined]
+            if not self.built:
                 self.build(variables)
                 self.built = True
         settings = self._hora_ps
@@ -127,7 +133,9 @@ def _register(settings: _PSSettings, variables: list[Any]) -> None:
             raise UnsupportedError(f"variable '{v.path}' has a constraint; the servers apply no constraints")
         a = np.array(keras.ops.convert_to_numpy(v.value))
         if a.dtype not in (np.float32, np.float64):
-            raise UnsupportedError(f"variable '{v.path}' is {a.dtype}; the parameter servers hold float32/float64")
+            raise UnsupportedError(
+                f"variable '{v.path}' is {a.dtype}; the parameter servers hold float32/float64"
+            )
         arrays[f"keras/{v.path}"] = (v, a)
     for name, (v, a) in arrays.items():
         client.register(name, a, rule=settings.rule, consistency=settings.consistency)
@@ -163,7 +171,8 @@ def _exchange(client: Any, names: list[str], grads: list[Any], variables: list[A
         return run_op(call, dense, [v.dtype for v in variables], "hora_keras_ps_apply", shapes=shapes)
     if backend == "torch":
         arrays = [
-            np.zeros(s, d) if g is None else g.detach().cpu().numpy() for g, s, d in zip(grads, shapes, dtypes)
+            np.zeros(s, d) if g is None else g.detach().cpu().numpy()
+            for g, s, d in zip(grads, shapes, dtypes)
         ]
         return call(*arrays)
     raise UnsupportedError(
@@ -178,7 +187,9 @@ def _aligned(shape: tuple[int, ...], dt: np.dtype[Any]) -> np.ndarray:
     return aligned_empty(shape, dt)
 
 
-def make_ps_optimizer(optimizer: Any, name: str | None, staleness: int | None, consistency: str | None) -> Any:
+def make_ps_optimizer(
+    optimizer: Any, name: str | None, staleness: int | None, consistency: str | None
+) -> Any:
     """The parameter-server form of the Keras 3 ``optimizer``: same class name, module and config."""
     from hora._strategy import resolve_consistency
     from hora.ps.job import shared_client

@@ -17,6 +17,7 @@ step). The local table is a replica of the servers' kept current row by row; onl
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hora.errors import ConfigError, UnsupportedError
+from hora._hybrid import check_mode, exchange_rows
+from hora.errors import UnsupportedError
 
 __all__ = ["HybridSettings", "hybrid_members", "select_ps_parameters"]
 
@@ -41,7 +43,9 @@ class HybridSettings:
     ids: set[int] = field(default_factory=set)
 
 
-def select_ps_parameters(named: list[tuple[str, torch.Tensor]], ps_parameters: Any) -> list[tuple[str, torch.Tensor]]:
+def select_ps_parameters(
+    named: list[tuple[str, torch.Tensor]], ps_parameters: Any
+) -> list[tuple[str, torch.Tensor]]:
     """The (name, parameter) pairs ``ps_parameters`` picks: parameter names, tensors, embedding modules, or a model
     (its ``sparse=True`` embeddings)."""
     if ps_parameters is None:
@@ -51,16 +55,24 @@ def select_ps_parameters(named: list[tuple[str, torch.Tensor]], ps_parameters: A
         )
     by_id = {id(p): n for n, p in named}
     by_name = dict(named)
-    items = [ps_parameters] if isinstance(ps_parameters, (str, torch.Tensor, torch.nn.Module)) else list(ps_parameters)
+    items = (
+        [ps_parameters]
+        if isinstance(ps_parameters, (str, torch.Tensor, torch.nn.Module))
+        else list(ps_parameters)
+    )
     chosen: set[str] = set()
     for item in items:
         if isinstance(item, str):
             if item not in by_name:
-                raise ValueError(f"ps_parameters names '{item}', which is not in named_parameters ({sorted(by_name)[:8]} ...)")
+                raise ValueError(
+                    f"ps_parameters names '{item}', which is not in named_parameters ({sorted(by_name)[:8]} ...)"
+                )
             chosen.add(item)
         elif isinstance(item, torch.Tensor):
             if id(item) not in by_id:
-                raise ValueError("ps_parameters holds a tensor that is not one of the optimizer's named parameters")
+                raise ValueError(
+                    "ps_parameters holds a tensor that is not one of the optimizer's named parameters"
+                )
             chosen.add(by_id[id(item)])
         elif isinstance(item, torch.nn.Module):
             layers = [item] if isinstance(item, _EMBEDDINGS) else [
@@ -73,7 +85,9 @@ def select_ps_parameters(named: list[tuple[str, torch.Tensor]], ps_parameters: A
                 )
             for m in layers:
                 if id(m.weight) not in by_id:
-                    raise ValueError(f"ps_parameters: the weight of {m} is not one of the optimizer's named parameters")
+                    raise ValueError(
+                        f"ps_parameters: the weight of {m} is not one of the optimizer's named parameters"
+                    )
                 chosen.add(by_id[id(m.weight)])
         else:
             raise ValueError(f"ps_parameters must hold names, tensors or modules, got {type(item).__name__}")
@@ -92,26 +106,12 @@ def _rows_of(p: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return ids, np.ascontiguousarray(g.values().numpy())
 
 
-def _cover_shards(placement: list[tuple[int, int, int]], ids: np.ndarray, rows: np.ndarray,
-                  union: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Under ``sync`` a server applies a step once every worker pushed to the shard, so a worker that touched none
-    of a shard's rows that another worker touched pushes a zero gradient for one of those rows: it adds nothing to
-    the step's sum (the row is updated anyway), and shards nobody touched see no push from anyone."""
-    extra = []
-    for lo, hi, _server in placement:
-        a, b = np.searchsorted(union, [lo, hi])
-        if a < b and np.searchsorted(ids, lo) == np.searchsorted(ids, hi):
-            extra.append(union[a])
-    if not extra:
-        return ids, rows
-    zeros = np.zeros((len(extra), *rows.shape[1:]), rows.dtype)
-    return np.concatenate([ids, np.array(extra, np.int64)]), np.concatenate([rows, zeros])
-
-
 class _HybridMixin(torch.optim.Optimizer):
     """Methods that replace the allreduce optimizer's where the server-held parameters differ."""
 
     _hora_hybrid: HybridSettings
+    _synchronized: bool
+    _should_synchronize: bool
 
     def _register_hooks(self) -> None:
         held = self._hora_hybrid.ids
@@ -133,23 +133,16 @@ class _HybridMixin(torch.optim.Optimizer):
         h = self._hora_hybrid
         for name, p in h.params:
             ids, rows = _rows_of(p)
-            if h.mode == "sync":  # the union first: it says which shards need a (zero) push from this worker
-                union = self._hora_union(name, ids)
-                ids, rows = _cover_shards(h.client.placement(name), ids, rows, union)
-                if len(ids):
-                    h.client.push_rows(name, ids, rows)
-            else:  # push first: every worker's push is applied before anyone passes the allgather and pulls
-                if len(ids):
-                    h.client.push_rows(name, ids, rows)
-                union = self._hora_union(name, ids)
+            union, values = exchange_rows(
+                h.client, name, h.mode, ids, rows, functools.partial(self._hora_union, name)
+            )
             if len(union):
-                values = h.client.pull_rows(name, union)
                 with torch.no_grad():
                     p.index_copy_(0, torch.from_numpy(union), torch.from_numpy(values))
 
     def step(self, closure: Any = None) -> Any:
-        if self._should_synchronize:  # type: ignore[attr-defined]
-            if self._synchronized:  # type: ignore[attr-defined]
+        if self._should_synchronize:
+            if self._synchronized:
                 warnings.warn(
                     "optimizer.step() called without optimizer.skip_synchronize() context after "
                     "optimizer.synchronize(). This can cause training slowdown.",
@@ -159,7 +152,8 @@ class _HybridMixin(torch.optim.Optimizer):
         self._synchronized = False
         self._hora_exchange_rows()
         held = [(p, p.grad) for _, p in self._hora_hybrid.params]
-        for p, _ in held:  # the servers updated these: the local optimizer skips parameters without a gradient
+        # the servers updated these: the local optimizer skips parameters without a gradient
+        for p, _ in held:
             p.grad = None
         try:
             return super(self.__class__, self).step(closure)
@@ -175,7 +169,6 @@ def hybrid_members(
     """The class members that make an allreduce ``DistributedOptimizer`` class hybrid; registers the server-held
     parameters (worker 0's values) and pulls them into every worker's tensors."""
     from hora._strategy import resolve_consistency
-    from hora.ps.client import parse_consistency
     from hora.ps.job import shared_client
     from hora.torch.ps_optimizer import rule_of
 
@@ -184,26 +177,28 @@ def hybrid_members(
     rules = {}
     for n, p in chosen:
         if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.float64) or p.dim() < 1:
-            raise UnsupportedError(f"parameter '{n}' is a {p.dtype} tensor on {p.device}; the servers hold CPU float32/float64 arrays")
+            raise UnsupportedError(
+                f"parameter '{n}' is a {p.dtype} tensor on {p.device}; the servers hold CPU float32/float64 arrays"
+            )
         if id(p) not in group_of:
             raise ValueError(f"ps_parameters: '{n}' is not in the optimizer's parameter groups")
         rules[n] = rule_of(optimizer, group_of[id(p)])
     client = shared_client()
-    mode_text = resolve_consistency(client, staleness, consistency)
-    mode, _k = parse_consistency(mode_text)
-    if mode == "bounded":
-        raise ConfigError(
-            f"strategy='hybrid' with consistency {mode_text}: the dense allreduce already keeps the workers in step, "
-            "so bounded staleness means nothing here; use consistency='sync' (equal to averaging) or 'async'"
-        )
+    mode = check_mode(resolve_consistency(client, staleness, consistency))
     for n, p in chosen:
         if not p.is_contiguous():
-            raise UnsupportedError(f"parameter '{n}' is not contiguous; the servers' rows are copied into it in place")
+            raise UnsupportedError(
+                f"parameter '{n}' is not contiguous; the servers' rows are copied into it in place"
+            )
         client.register(n, p.detach().numpy(), rule=rules[n], consistency=mode)
     for n, p in chosen:  # every worker starts from worker 0's table
         with torch.no_grad():
             client.pull(n, out=p.detach().numpy())
     settings = HybridSettings(chosen, client, mode, {id(p) for _, p in chosen})
-    members = {k: v for k, v in _HybridMixin.__dict__.items() if k not in ("__dict__", "__weakref__", "__module__", "__doc__")}
+    members = {
+        k: v
+        for k, v in _HybridMixin.__dict__.items()
+        if k not in ("__dict__", "__weakref__", "__module__", "__doc__")
+    }
     members["_hora_hybrid"] = settings
     return members

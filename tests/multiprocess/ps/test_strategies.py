@@ -45,7 +45,8 @@ def test_torch_hybrid_embedding_on_servers_dense_on_allreduce():
     results = run_ranks(torch_hybrid_worker, workers, steps, timeout=180, num_ps=2)
     ref = torch_hybrid_reference(steps, workers)
     r0 = results[0]
-    assert [s for _, _, s in r0["placement"]] in ([0, 1], [1, 0]), r0["placement"]  # the table spans both servers
+    # the table spans both servers
+    assert [s for _, _, s in r0["placement"]] in ([0, 1], [1, 0]), r0["placement"]
     assert r0["fc_on_servers"] == [], "the dense layer must stay on allreduce"
     assert r0["bounded_error"].startswith("ConfigError: strategy='hybrid' with consistency bounded(1)"), r0
     for r in results:
@@ -70,8 +71,12 @@ def test_without_servers_or_with_an_unsupported_optimizer_the_wrappers_say_what_
     no_servers = "ConfigError: this job has no parameter servers: start it with 'hora run -np N --num-ps S"
     assert notes["torch_hybrid"].startswith(no_servers), notes
     assert notes["keras_sgd"].startswith(no_servers), notes
-    assert notes["torch_hybrid_dense_model"].startswith("ValueError: ps_parameters: the Linear has no nn.Embedding"), notes
+    assert notes["torch_hybrid_dense_model"].startswith(
+        "ValueError: ps_parameters: the Linear has no nn.Embedding"
+    ), notes
     assert notes["keras_rmsprop"].startswith("UnsupportedError: strategy='parameter_server' runs the update on the "
                                              "servers, which know SGD (momentum, Nesterov), Adagrad and Adam; RMSprop"), notes  # fmt: skip
     assert notes["keras_schedule"].startswith("UnsupportedError: SGD has a learning-rate schedule"), notes
-    assert notes["keras_clipnorm"].startswith("UnsupportedError: Adam(clipnorm=1.0) has no parameter-server rule"), notes
+    assert notes["keras_clipnorm"].startswith(
+        "UnsupportedError: Adam(clipnorm=1.0) has no parameter-server rule"
+    ), notes
