@@ -64,13 +64,60 @@ def keras_ps_worker(steps: int) -> dict[str, Any]:
     out["explicit_allreduce"] = not hasattr(
         type(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), strategy="allreduce")), "_hora_ps"
     )
-    if me == 0:  # the reference: one process, plain Keras, the global batches, worker 0's initial weights
+    # hybrid: the Embedding table on the servers (sync), the Dense layer on allreduce, Adagrad
+    ids, targets = _embedding_data(steps)
+    emb_model = _embedding_model(keras, seed=300 + me)
+    hybrid = hvd.DistributedOptimizer(
+        keras.optimizers.Adagrad(0.1), strategy="hybrid", ps_parameters=emb_model, consistency="sync"
+    )
+    emb_model.compile(hybrid, "mse")
+    emb_model.fit(
+        _shard(ids, me, n), _shard(targets, me, n), batch_size=GLOBAL_BATCH // n, epochs=1, shuffle=False, verbose=0,
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)],  # the dense part starts equal: Horovod's way
+    )  # fmt: skip
+    out["hybrid"] = [np.asarray(w) for w in emb_model.get_weights()]
+    table = emb_model.layers[0].embeddings
+    out["hybrid_server_equal"] = bool(
+        np.array_equal(shared_client().pull(f"keras/{table.path}"), out["hybrid"][0])
+    )
+    out["hybrid_on_servers"] = sorted(
+        k for s in shared_client().stats() for k in s["staleness"] if "sequential_2" in k
+    )
+    if me == 0:  # the references: one process, plain Keras, the global batches, worker 0's initial weights
         ref = _model(keras, seed=100)
         ref.compile(keras.optimizers.SGD(0.1, momentum=0.9), loss)
         ref.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
         out["reference"] = [np.asarray(w) for w in ref.get_weights()]
+        out["hybrid_start"] = [np.asarray(w) for w in _embedding_model(keras, seed=300).get_weights()]
+        # Keras' Adagrad on an Embedding's IndexedSlices adds each repeated id's squared gradient separately; the
+        # servers sum a row's gradient first (Adagrad's definition), as a one-hot matmul's dense gradient does
+        inp = keras.Input((4,), dtype="int32")
+        hot = keras.layers.Lambda(lambda t: keras.ops.one_hot(t, 50))(inp)
+        dense = keras.layers.Dense(3)(keras.layers.Flatten()(keras.layers.Dense(8, use_bias=False)(hot)))
+        emb_ref = keras.Model(inp, dense)
+        emb_ref.set_weights(out["hybrid_start"])
+        emb_ref.compile(keras.optimizers.Adagrad(0.1), "mse")
+        emb_ref.fit(ids, targets, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
+        out["hybrid_reference"] = [np.asarray(w) for w in emb_ref.get_weights()]
     hvd.shutdown()
     return out
+
+
+def _embedding_model(keras: Any, seed: int) -> Any:
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input((4,), dtype="int32"),
+        keras.layers.Embedding(50, 8),
+        keras.layers.Flatten(),
+        keras.layers.Dense(3),
+    ])  # fmt: skip
+
+
+def _embedding_data(steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ids below 40 only: rows 40-49 are never touched."""
+    rng = np.random.default_rng(7)
+    n = steps * GLOBAL_BATCH
+    return rng.integers(0, 40, (n, 4)).astype(np.int32), rng.standard_normal((n, 3)).astype(np.float32)
 
 
 def _hybrid_net(seed: int) -> Any:

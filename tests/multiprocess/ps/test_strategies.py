@@ -35,6 +35,17 @@ def test_keras_fit_on_parameter_servers_by_the_jobs_setting_matches_plain_keras(
     for got, ref in zip(results[0]["weights"], results[0]["reference"]):
         # Keras' momentum (velocity) form vs the servers' PyTorch form: the same update, rounded differently
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    # hybrid: only the Embedding table on the servers; ranks equal; close to plain Keras (Adagrad's epsilon placement)
+    r0 = results[0]
+    assert r0["hybrid_on_servers"] == ["keras/sequential_2/embedding/embeddings"], r0["hybrid_on_servers"]
+    for r in results:
+        assert r["hybrid_server_equal"], "the local table must equal the servers' after sync steps"
+        for a, b in zip(r["hybrid"], r0["hybrid"]):
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(r0["hybrid"][0][40:], r0["hybrid_start"][0][40:])  # rows nobody touched
+    assert not np.array_equal(r0["hybrid"][0][:40], r0["hybrid_start"][0][:40])
+    for got, ref in zip(r0["hybrid"], r0["hybrid_reference"]):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_torch_hybrid_embedding_on_servers_dense_on_allreduce():
