@@ -144,8 +144,9 @@ def _hybrid_batch(step: int, rank: int) -> tuple[Any, Any]:
     return torch.from_numpy(ids.astype(np.int64)), target
 
 
-def torch_hybrid_worker(steps: int) -> dict[str, Any]:
-    """A sparse embedding on the servers (sync) and a dense layer on allreduce, Adagrad; returns the parameters."""
+def torch_hybrid_worker(steps: int, keras_steps: int = 0) -> dict[str, Any]:
+    """A sparse embedding on the servers (sync) and a dense layer on allreduce, Adagrad; returns the parameters.
+    With ``keras_steps``, also a Keras fit on the parameter servers (the job runs Keras on the torch backend)."""
     import torch
 
     import hora.torch as hvd
@@ -181,7 +182,33 @@ def torch_hybrid_worker(steps: int) -> dict[str, Any]:
         "placement": shared_client().placement("emb.weight"), "bounded_error": bounded_error,
         "fc_on_servers": [s for s in shared_client().stats()[0]["staleness"] if s.startswith("fc")],
     }  # fmt: skip
+    if keras_steps:
+        out["keras"] = _keras_torch_backend(keras_steps)
     hvd.shutdown()
+    return out
+
+
+def _keras_torch_backend(steps: int) -> dict[str, Any]:
+    """Keras fit with ``strategy="parameter_server"`` on the torch backend (eager), against plain Keras."""
+    import keras
+
+    import hora.keras as hvd
+    from workers.keras_fit import _model
+
+    me, n = hvd.rank(), hvd.size()
+    x, y = _digits(steps)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model = _model(keras, seed=100 + me)
+    nesterov = keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True)
+    opt = hvd.DistributedOptimizer(nesterov, strategy="parameter_server", consistency="sync")
+    model.compile(opt, loss)
+    model.fit(_shard(x, me, n), _shard(y, me, n), batch_size=GLOBAL_BATCH // n, epochs=1, shuffle=False, verbose=0)
+    out: dict[str, Any] = {"backend": keras.backend.backend(), "weights": [np.asarray(w) for w in model.get_weights()]}
+    if me == 0:
+        ref = _model(keras, seed=100)
+        ref.compile(keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), loss)
+        ref.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
+        out["reference"] = [np.asarray(w) for w in ref.get_weights()]
     return out
 
 

@@ -43,8 +43,8 @@ def keras_rule(optimizer: Any) -> dict[str, Any]:
                 f"{name}({key}={cfg[key]!r}) has no parameter-server rule; leave {key} unset with "
                 "strategy='parameter_server'"
             )
-    o = keras.optimizers
-    if type(optimizer) is o.SGD:
+    o = keras.optimizers  # isinstance: on the torch backend Keras builds backend subclasses (TorchAdam, ...)
+    if isinstance(optimizer, o.SGD):
         if cfg.get("momentum"):
             return {
                 "rule": "momentum",
@@ -53,10 +53,10 @@ def keras_rule(optimizer: Any) -> dict[str, Any]:
                 "nesterov": bool(cfg.get("nesterov")),
             }
         return {"rule": "sgd", "lr": float(lr)}
-    if type(optimizer) is o.Adagrad:
+    if isinstance(optimizer, o.Adagrad):
         return {"rule": "adagrad", "lr": float(lr), "initial_accumulator": float(cfg["initial_accumulator_value"]),
                 "epsilon": float(cfg["epsilon"])}  # fmt: skip
-    if type(optimizer) is o.Adam:
+    if isinstance(optimizer, o.Adam) and not isinstance(optimizer, o.AdamW):
         if cfg.get("amsgrad"):
             raise UnsupportedError("Adam(amsgrad=True) has no parameter-server rule; use amsgrad=False")
         return {"rule": "adam", "lr": float(lr), "beta1": float(cfg["beta_1"]), "beta2": float(cfg["beta_2"]),

@@ -53,7 +53,9 @@ def test_torch_hybrid_embedding_on_servers_dense_on_allreduce():
     from workers.ps_strategies import EMB_ROWS, torch_hybrid_reference, torch_hybrid_worker
 
     steps, workers = 3, 2
-    results = run_ranks(torch_hybrid_worker, workers, steps, timeout=180, num_ps=2)
+    keras_steps = 3 if importlib.util.find_spec("keras") and importlib.util.find_spec("sklearn") else 0
+    results = run_ranks(torch_hybrid_worker, workers, steps, keras_steps, timeout=180, num_ps=2,
+                        env={"KERAS_BACKEND": "torch"})  # fmt: skip
     ref = torch_hybrid_reference(steps, workers)
     r0 = results[0]
     # the table spans both servers
@@ -72,6 +74,12 @@ def test_torch_hybrid_embedding_on_servers_dense_on_allreduce():
     np.testing.assert_allclose(r0["emb"], ref["emb"], rtol=1e-5, atol=1e-6)
     for got, want in zip(r0["fc"], ref["fc"]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    if keras_steps:  # Keras on the torch backend, strategy="parameter_server": the servers' Nesterov vs Keras'
+        assert r0["keras"]["backend"] == "torch"
+        for a, b in zip(r0["keras"]["weights"], results[1]["keras"]["weights"]):
+            np.testing.assert_array_equal(a, b)
+        for got, want in zip(r0["keras"]["weights"], r0["keras"]["reference"]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_without_servers_or_with_an_unsupported_optimizer_the_wrappers_say_what_to_change():
