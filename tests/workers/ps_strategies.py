@@ -202,8 +202,13 @@ def _keras_torch_backend(steps: int) -> dict[str, Any]:
     nesterov = keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True)
     opt = hvd.DistributedOptimizer(nesterov, strategy="parameter_server", consistency="sync")
     model.compile(opt, loss)
-    model.fit(_shard(x, me, n), _shard(y, me, n), batch_size=GLOBAL_BATCH // n, epochs=1, shuffle=False, verbose=0)
-    out: dict[str, Any] = {"backend": keras.backend.backend(), "weights": [np.asarray(w) for w in model.get_weights()]}
+    model.fit(
+        _shard(x, me, n), _shard(y, me, n), batch_size=GLOBAL_BATCH // n, epochs=1, shuffle=False, verbose=0
+    )
+    out: dict[str, Any] = {
+        "backend": keras.backend.backend(),
+        "weights": [np.asarray(w) for w in model.get_weights()],
+    }
     if me == 0:
         ref = _model(keras, seed=100)
         ref.compile(keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), loss)

@@ -74,7 +74,8 @@ def test_torch_hybrid_embedding_on_servers_dense_on_allreduce():
     np.testing.assert_allclose(r0["emb"], ref["emb"], rtol=1e-5, atol=1e-6)
     for got, want in zip(r0["fc"], ref["fc"]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    if keras_steps:  # Keras on the torch backend, strategy="parameter_server": the servers' Nesterov vs Keras'
+    # Keras on the torch backend, strategy="parameter_server": the servers' Nesterov vs Keras' own
+    if keras_steps:
         assert r0["keras"]["backend"] == "torch"
         for a, b in zip(r0["keras"]["weights"], results[1]["keras"]["weights"]):
             np.testing.assert_array_equal(a, b)
