@@ -261,6 +261,10 @@ def no_servers_worker() -> dict[str, str]:
         "keras_schedule": lambda: hvd_keras.DistributedOptimizer(
             keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)), strategy="parameter_server"),
         "keras_clipnorm": lambda: hvd_keras.DistributedOptimizer(keras.optimizers.Adam(clipnorm=1.0), strategy="parameter_server"),
+        "keras_hybrid": lambda: hvd_keras.DistributedOptimizer(
+            keras.optimizers.Adagrad(0.1), strategy="hybrid", ps_parameters=_embedding_model(keras, 0)),
+        "keras_hybrid_dense_model": lambda: hvd_keras.DistributedOptimizer(
+            keras.optimizers.Adagrad(0.1), strategy="hybrid", ps_parameters=keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])),
     }  # fmt: skip
     for key, attempt in attempts.items():
         try:

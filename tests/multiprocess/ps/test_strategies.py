@@ -97,6 +97,10 @@ def test_without_servers_or_with_an_unsupported_optimizer_the_wrappers_say_what_
     assert notes["keras_rmsprop"].startswith("UnsupportedError: strategy='parameter_server' runs the update on the "
                                              "servers, which know SGD (momentum, Nesterov), Adagrad and Adam; RMSprop"), notes  # fmt: skip
     assert notes["keras_schedule"].startswith("UnsupportedError: SGD has a learning-rate schedule"), notes
+    assert notes["keras_hybrid"].startswith(no_servers), notes
+    assert notes["keras_hybrid_dense_model"].startswith(
+        "ValueError: ps_parameters: sequential_1 has no keras.layers.Embedding"
+    ), notes
     assert notes["keras_clipnorm"].startswith(
         "UnsupportedError: Adam(clipnorm=1.0) has no parameter-server rule"
     ), notes
