@@ -99,6 +99,7 @@ def keras_ps_worker(steps: int) -> dict[str, Any]:
         emb_ref.compile(keras.optimizers.Adagrad(0.1), "mse")
         emb_ref.fit(ids, targets, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
         out["hybrid_reference"] = [np.asarray(w) for w in emb_ref.get_weights()]
+        out["errors"] = _keras_errors()
     hvd.shutdown()
     return out
 
@@ -239,38 +240,56 @@ def torch_hybrid_reference(steps: int, workers: int) -> dict[str, np.ndarray]:
 
 
 def no_servers_worker() -> dict[str, str]:
-    """In a job without servers: what each wrapper raises (the errors name the fix)."""
-    import keras
+    """In a job without servers: what the torch wrappers raise (the errors name the fix)."""
     import torch
 
-    import hora.keras as hvd_keras
     import hora.torch as hvd
 
     hvd.init()
-    notes = {}
     net = _hybrid_net(seed=0)
-    attempts = {
+    notes = _attempts({
         "torch_hybrid": lambda: hvd.DistributedOptimizer(
             torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(), strategy="hybrid",
             ps_parameters=net),
+        "torch_ps": lambda: hvd.DistributedOptimizer(
+            torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(),
+            strategy="parameter_server"),
         "torch_hybrid_dense_model": lambda: hvd.DistributedOptimizer(
             torch.optim.SGD(net.fc.parameters(), lr=0.1), named_parameters=net.fc.named_parameters(),
             strategy="hybrid", ps_parameters=net.fc),
-        "keras_sgd": lambda: hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1), strategy="parameter_server"),
-        "keras_rmsprop": lambda: hvd_keras.DistributedOptimizer(keras.optimizers.RMSprop(), strategy="parameter_server"),
-        "keras_schedule": lambda: hvd_keras.DistributedOptimizer(
-            keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)), strategy="parameter_server"),
-        "keras_clipnorm": lambda: hvd_keras.DistributedOptimizer(keras.optimizers.Adam(clipnorm=1.0), strategy="parameter_server"),
-        "keras_hybrid": lambda: hvd_keras.DistributedOptimizer(
-            keras.optimizers.Adagrad(0.1), strategy="hybrid", ps_parameters=_embedding_model(keras, 0)),
-        "keras_hybrid_dense_model": lambda: hvd_keras.DistributedOptimizer(
-            keras.optimizers.Adagrad(0.1), strategy="hybrid", ps_parameters=keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])),
-    }  # fmt: skip
+        "torch_rmsprop": lambda: hvd.DistributedOptimizer(
+            torch.optim.RMSprop(net.parameters()), named_parameters=net.named_parameters(), strategy="hybrid",
+            ps_parameters=net),
+    })  # fmt: skip
+    hvd.shutdown()
+    return notes
+
+
+def _keras_errors() -> dict[str, str]:
+    """What the Keras wrapper raises for what the servers cannot do (before it needs a server)."""
+    import keras
+
+    import hora.keras as hvd
+
+    def ps(opt: Any) -> Any:
+        return hvd.DistributedOptimizer(opt, strategy="parameter_server")
+
+    dense_only = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)], name="dense_only")
+    return _attempts({
+        "keras_rmsprop": lambda: ps(keras.optimizers.RMSprop()),
+        "keras_schedule": lambda: ps(keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9))),
+        "keras_clipnorm": lambda: ps(keras.optimizers.Adam(clipnorm=1.0)),
+        "keras_hybrid_dense_model": lambda: hvd.DistributedOptimizer(
+            keras.optimizers.Adagrad(0.1), strategy="hybrid", ps_parameters=dense_only),
+    })  # fmt: skip
+
+
+def _attempts(attempts: dict[str, Any]) -> dict[str, str]:
+    notes = {}
     for key, attempt in attempts.items():
         try:
             attempt()
             notes[key] = "no error"
         except Exception as exc:
             notes[key] = f"{type(exc).__name__}: {exc}"
-    hvd.shutdown()
     return notes

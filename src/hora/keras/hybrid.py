@@ -3,7 +3,7 @@
 updated by the wrapped optimizer on each worker (TensorFlow backend).
 
 An embedding's gradient is an ``IndexedSlices``: its rows are pushed (``push_rows``), the ids every worker touched
-are allgathered, and those rows are pulled back and scattered into the worker's table (see :mod:`hora._hybrid`),
+are allgathered, and those rows are pulled back and scattered into the worker's table (see :mod:`hora._strategy`),
 all in one host callback per table inside ``fit``'s ``tf.function``.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from hora._hybrid import check_mode, exchange_rows, touched_rows
+from hora._strategy import check_mode, exchange_rows, touched_rows
 from hora.errors import UnsupportedError
 
 __all__ = ["make_hybrid_optimizer"]

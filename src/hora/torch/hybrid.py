@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hora._hybrid import check_mode, exchange_rows
+from hora._strategy import check_mode, exchange_rows
 from hora.errors import UnsupportedError
 
 __all__ = ["HybridSettings", "hybrid_members", "select_ps_parameters"]
