@@ -161,9 +161,33 @@ def DistributedOptimizer(
     groups: Any = None,
     process_set: ProcessSet = global_process_set,
     scale_local_gradients: bool = True,
+    strategy: str | None = None,
+    staleness: int | None = None,
+    consistency: str | None = None,
+    ps_parameters: Any = None,
 ) -> Any:
     """Wrap a Keras optimizer so that the gradients it applies are averaged over every rank (one grouped op per
-    step). Returns an optimizer of the same class name and config."""
+    step). Returns an optimizer of the same class name and config.
+
+    hora's own: ``strategy="parameter_server"`` (default: ``HORA_STRATEGY``, ``allreduce``) runs the update on the
+    job's parameter servers (``hora run --num-ps S``) instead (Keras 3 on the TensorFlow or torch backend;
+    ``SGD``, ``Adagrad``, ``Adam``), with ``staleness=k`` for ``bounded(k)`` or ``consistency`` (``async``,
+    ``sync``, ``bounded(k)``; default ``HORA_PS_CONSISTENCY``). ``strategy="hybrid"`` keeps ``ps_parameters`` (the
+    model: its ``Embedding`` tables; or layers, variables, paths) on the servers, updated row by row, and
+    allreduces the rest (TensorFlow backend); see docs/ps.md."""
+    from hora._strategy import resolve_strategy
+
+    strategy = resolve_strategy(strategy)
+    if strategy != "allreduce" and _is_legacy(type(optimizer)):
+        raise NotImplementedError(f"strategy={strategy!r} needs a Keras 3 optimizer; tf_keras ones are not supported")
+    if strategy == "parameter_server":
+        from hora.keras.ps_optimizer import make_ps_optimizer
+
+        if ps_parameters is not None:
+            raise ValueError("ps_parameters picks the server-held variables of strategy='hybrid'; parameter_server holds all")
+        return make_ps_optimizer(optimizer, name, staleness, consistency)
+    if strategy == "allreduce" and (staleness is not None or consistency is not None or ps_parameters is not None):
+        raise ValueError("staleness, consistency and ps_parameters apply to strategy='parameter_server' or 'hybrid' only")
     if compression is None:
         from hora.keras.compression import Compression
 
@@ -187,5 +211,9 @@ def DistributedOptimizer(
         config["gradient_accumulation_steps"] = backward_passes_per_step
     elif legacy and backward_passes_per_step > 1:
         raise NotImplementedError("backward_passes_per_step > 1 is not supported with tf_keras optimizers in hora")
+    if strategy == "hybrid":
+        from hora.keras.hybrid import make_hybrid_optimizer
+
+        return make_hybrid_optimizer(optimizer, config, settings, ps_parameters, staleness, consistency)
     cls: Any = distributed_class(base, settings)
     return cls.from_config(config)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hora._runtime.context import current, is_initialized
+from hora._strategy import resolve_strategy
 from hora.errors import UnsupportedError
 from hora.torch.compression import Compression
 from hora.torch.mpi_ops import (
@@ -350,6 +350,7 @@ def DistributedOptimizer(
     strategy: str | None = None,
     staleness: int | None = None,
     consistency: str | None = None,
+    ps_parameters: Any = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged (``op``) over every rank.
 
@@ -361,18 +362,19 @@ def DistributedOptimizer(
 
     hora's own: ``strategy="parameter_server"`` (default: ``HORA_STRATEGY``, ``allreduce``) runs the update on the
     job's parameter servers (``hora run --num-ps S``) instead, with ``staleness=k`` for ``bounded(k)`` or
-    ``consistency`` (``async``, ``sync``, ``bounded(k)``; default ``HORA_PS_CONSISTENCY``); see docs/ps.md.
+    ``consistency`` (``async``, ``sync``, ``bounded(k)``; default ``HORA_PS_CONSISTENCY``).
+    ``strategy="hybrid"`` keeps ``ps_parameters`` (the model: its ``nn.Embedding(sparse=True)`` weights; or
+    modules, parameters, names) on the servers, updated row by row, and allreduces the rest; see docs/ps.md.
     """
-    if strategy is None:
-        strategy = current().config.strategy if is_initialized() else "allreduce"
-    if strategy not in ("allreduce", "parameter_server"):
-        raise ValueError(f"strategy must be 'allreduce' or 'parameter_server', got {strategy!r}")
+    strategy = resolve_strategy(strategy)
     if strategy == "parameter_server":
         from hora.torch.ps_optimizer import make_ps_optimizer
 
+        if ps_parameters is not None:
+            raise ValueError("ps_parameters picks the server-held parameters of strategy='hybrid'; parameter_server holds all")
         return make_ps_optimizer(optimizer, named_parameters, staleness, consistency)
-    if staleness is not None or consistency is not None:
-        raise ValueError("staleness and consistency apply to strategy='parameter_server' only")
+    if strategy == "allreduce" and (staleness is not None or consistency is not None or ps_parameters is not None):
+        raise ValueError("staleness, consistency and ps_parameters apply to strategy='parameter_server' or 'hybrid' only")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum:
@@ -385,7 +387,17 @@ def DistributedOptimizer(
         )
         if groups is None:
             groups = num_groups
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    members = dict(_DistributedOptimizer.__dict__)
+    if strategy == "hybrid":
+        from hora.torch.hybrid import hybrid_members
+
+        if groups is not None:
+            raise UnsupportedError("groups= is not supported with strategy='hybrid' yet; leave it out")
+        if named_parameters is None:
+            raise ValueError("strategy='hybrid' needs named_parameters (the servers keep variables by name)")
+        named_parameters = list(named_parameters)
+        members.update(hybrid_members(optimizer, named_parameters, ps_parameters, staleness, consistency))
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), members)
     return cls(
         optimizer.param_groups,
         named_parameters,

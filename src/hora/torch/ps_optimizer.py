@@ -23,7 +23,12 @@ def rule_of(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> dict[str
     name = type(optimizer).__name__
     if group.get("weight_decay", 0):
         raise UnsupportedError(f"{name} with weight_decay={group['weight_decay']} has no parameter-server rule yet; use weight_decay=0")
+    if group.get("maximize"):
+        raise UnsupportedError(f"{name}(maximize=True) has no parameter-server rule; negate the loss instead")
     lr = float(group["lr"])
+    if isinstance(optimizer, torch.optim.SparseAdam):  # a lazy Adam: the servers' sparse Adam is one too
+        b1, b2 = group["betas"]
+        return {"rule": "adam", "lr": lr, "beta1": float(b1), "beta2": float(b2), "epsilon": float(group["eps"])}
     if isinstance(optimizer, torch.optim.SGD):
         if group.get("dampening", 0):
             raise UnsupportedError("SGD with dampening has no parameter-server rule; use dampening=0")
@@ -41,8 +46,8 @@ def rule_of(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> dict[str
         b1, b2 = group["betas"]
         return {"rule": "adam", "lr": lr, "beta1": float(b1), "beta2": float(b2), "epsilon": float(group["eps"])}
     raise UnsupportedError(
-        f"strategy='parameter_server' runs the update on the servers, which know SGD (momentum, Nesterov), Adagrad "
-        f"and Adam; {name} is not one of them. Use one of those, or strategy='allreduce'"
+        f"strategy='parameter_server' runs the update on the servers, which know SGD (momentum, Nesterov), Adagrad, "
+        f"Adam and SparseAdam; {name} is not one of them. Use one of those, or strategy='allreduce'"
     )
 
 
@@ -96,7 +101,7 @@ def make_ps_optimizer(
     optimizer: torch.optim.Optimizer, named_parameters: Any, staleness: int | None, consistency: str | None
 ) -> torch.optim.Optimizer:
     """The parameter-server form of ``optimizer`` (see the module docstring)."""
-    from hora.ps.client import parse_consistency
+    from hora._strategy import resolve_consistency
     from hora.ps.job import shared_client
 
     if named_parameters is not None:
@@ -111,14 +116,7 @@ def make_ps_optimizer(
                 raise ValueError("named_parameters was specified, but one or more model parameters were not named")
             rules[ids[id(p)]] = rule_of(optimizer, group)
     client = shared_client()
-    if consistency is None:
-        consistency = f"bounded({staleness})" if staleness is not None else client.mode
-        if consistency == "bounded":
-            consistency = f"bounded({client.staleness})"
-    else:
-        parse_consistency(consistency, staleness)
-        if staleness is not None and consistency == "bounded":
-            consistency = f"bounded({staleness})"
+    consistency = resolve_consistency(client, staleness, consistency)
     named = [(n, p) for n, p in named if p.requires_grad]
     cls = type(type(optimizer).__name__, (type(optimizer),), dict(_PSOptimizer.__dict__))
     return cls(optimizer.param_groups, named, rules, client, consistency)
