@@ -9,6 +9,7 @@ from hora._runtime import context
 from hora.errors import ConfigError
 from hora.ps.client import Client
 from hora.ps.directory import open_store, server_addresses
+from hora.ps.reconnect import Restarts
 
 __all__ = ["connect", "shared_client"]
 
@@ -34,6 +35,8 @@ def connect(**kwargs: Any) -> Client:
         store.close()
     kwargs.setdefault("consistency", config.ps_consistency)
     kwargs.setdefault("op_timeout", config.op_timeout)
+    if config.ps_max_restarts:  # hora run --max-restarts: wait for a restarted server instead of failing
+        kwargs.setdefault("restarts", Restarts(config, ctx.rank, config.start_timeout + 30.0))
     return Client(addresses, secret, ctx.rank, **kwargs)
 
 

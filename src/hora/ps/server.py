@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from hora.ps.protocol import recv_header, recv_payload, send_message
 from hora.ps.rules import check_rule
 from hora.ps.shard import Shard
 from hora.ps.shm import ShmBuffer
+
+if TYPE_CHECKING:
+    from hora.ps.autosave import ShardSaver
 
 __all__ = ["DTYPES", "ParameterServer"]
 
@@ -78,6 +81,7 @@ class ParameterServer:
         self._thread: threading.Thread | None = None
         self.bytes_in = 0
         self.bytes_out = 0
+        self.saver: ShardSaver | None = None  # checkpoints for restarts (hora.ps.autosave), set before start()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -111,6 +115,12 @@ class ParameterServer:
             _close(c)
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def adopt(self, shards: dict[tuple[str, int], Shard], layouts: dict[str, Any]) -> None:
+        """Serve these shards (restored from a checkpoint) as if the workers had registered them."""
+        with self._lock:
+            self._shards.update(shards)
+            self._layouts.update(layouts)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -250,6 +260,8 @@ class ParameterServer:
         if op in ("push", "push_pull"):
             grad = self._payload(conn, header, value.nbytes).view(value.dtype).reshape(value.shape)
             shard.push(rank, grad)
+            if self.saver is not None:
+                self.saver.updated(shard)
             if op == "push":
                 return {"ok": True}, []
         if op in ("pull", "push_pull"):
@@ -272,6 +284,8 @@ class ParameterServer:
             if len(np.unique(rows)) != n:
                 raise ValueError(f"push_rows '{shard.name}': row ids must be unique (the client sums duplicates)")
             shard.push(rank, (rows, data[n * 8 :].view(value.dtype).reshape((n, *value.shape[1:]))))
+            if self.saver is not None:
+                self.saver.updated(shard)
             return {"ok": True}, []
         raise ProtocolError(f"{what} asked for unknown operation {op!r}")
 
@@ -304,6 +318,8 @@ class ParameterServer:
                 existing = self._shards[(name, index)]
         if existing is not shard:
             existing.check_same(shard.describe(), rank)
+        elif self.saver is not None:
+            self.saver.registered(shard)
         return {"ok": True}
 
     def _layout(self, rank: int, header: dict[str, Any]) -> dict[str, Any]:

@@ -230,6 +230,7 @@ def launch(spec: LaunchSpec) -> RunResult:
                 handles.update(host.ranks)
             job.procs = [handles[r] for r in range(spec.np)]
             if servers is not None:
+                servers.on_start = reaper.add
                 for pid in servers.start(spec.cwd):
                     reaper.add(pid)
             server.start()
@@ -337,11 +338,17 @@ def _parameter_servers(
 ) -> PsServers | None:  # fmt: skip
     """The job's parameter servers (``--num-ps``), not started yet; None when it has none."""
     try:
-        count = Config.resolve(env=base_env, overrides=spec.settings).num_ps
+        config = Config.resolve(env=base_env, overrides=spec.settings)
     except ConfigError:
         return None  # the workers report the bad setting themselves
+    count = config.num_ps
     if not count:
         return None
+    if config.ps_max_restarts and not config.ps_checkpoint_dir:
+        raise ConfigError(
+            f"--max-restarts {config.ps_max_restarts} needs --ps-checkpoint-dir DIR (HORA_PS_CHECKPOINT_DIR): a "
+            "restarted parameter server restores its shards from there"
+        )
     if plan.remote_hosts:
         raise ConfigError(
             f"--num-ps with remote hosts ({', '.join(plan.remote_hosts)}) is not supported yet: hora run starts the "
@@ -350,7 +357,7 @@ def _parameter_servers(
         )
     first = plan.slots[0]
     env = _worker_env(spec, first, rdv, secret, job_id, master, plan.bind[first.host], base_env, usable_cpus())
-    return PsServers(count, spec.np, env, job.pump, job.log)
+    return PsServers(count, spec.np, env, job.pump, job.log, max_restarts=config.ps_max_restarts)
 
 
 def _supervise(
