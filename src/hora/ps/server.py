@@ -133,6 +133,8 @@ class ParameterServer:
             "bytes_out": self.bytes_out,
             "max_staleness": max((s.max_staleness for s in shards), default=0),
             "staleness": _per_variable(shards),
+            "clocks": _clocks(shards),
+            "waiting": _waiting(shards),
             "rejected_connections": self.rejected,
         }
 
@@ -362,6 +364,26 @@ def _per_variable(shards: list[Shard]) -> dict[str, int]:
     for s in shards:
         out[s.name] = max(out.get(s.name, 0), s.max_staleness)
     return out
+
+
+def _clocks(shards: list[Shard]) -> dict[str, list[int]]:
+    """Each variable's pushes counted per worker (the fewest over its shards on this server)."""
+    out: dict[str, list[int]] = {}
+    for s in shards:
+        with s.cond:
+            clock = list(s.clock)
+        out[s.name] = [min(a, b) for a, b in zip(out[s.name], clock)] if s.name in out else clock
+    return out
+
+
+def _waiting(shards: list[Shard]) -> dict[str, list[int]]:
+    """The workers whose pull of a variable waits right now (bounded/sync), per variable."""
+    out: dict[str, set[int]] = {}
+    for s in shards:
+        with s.cond:
+            if s.waiting:
+                out.setdefault(s.name, set()).update(s.waiting)
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def _drain(conn: socket.socket, n: int, what: str) -> None:
