@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from hora.errors import ConfigError
+from hora.runner import run
 from support.harness import run_failing, stderr_of
-from workers.ps import restarted_server_worker
+from workers.ps import push_pull_worker, restarted_server_worker
 
 
 def test_a_killed_server_restarts_from_its_checkpoint_and_past_max_restarts_the_job_fails(tmp_path):
@@ -30,3 +34,8 @@ def test_a_killed_server_restarts_from_its_checkpoint_and_past_max_restarts_the_
     restarted = "\n".join(result.lines[-1 - 1000]["stderr"])  # the restart's own output, [ps0.restart1]
     assert "restart 1, restored 2 shard(s)" in restarted, restarted
     # the hygiene fixture checks that no server process is left behind
+
+
+def test_max_restarts_without_a_checkpoint_directory_is_refused_before_anything_starts():
+    with pytest.raises(ConfigError, match="--ps-checkpoint-dir"):
+        run(push_pull_worker, (1,), np=1, capture=True, num_ps=1, ps_max_restarts=2)
