@@ -96,7 +96,7 @@ class ShardSaver:
                 manifest = {"format": 1, "shards": sorted(self._entries.values(), key=lambda e: (e["name"], e["shard"])),
                             "layouts": dict(self._layouts)}  # fmt: skip
                 data = json.dumps(manifest, indent=1, sort_keys=True).encode()
-                checkpoint.atomic_write(os.path.join(self.dir, SERVER_MANIFEST), lambda f: f.write(data))
+                checkpoint.atomic_write(os.path.join(self.dir, SERVER_MANIFEST), lambda f, d=data: f.write(d))
             except (OSError, ValueError) as exc:  # a full disk must not stop the training: say it, keep serving
                 if not self.error:
                     log.error("checkpoint of '%s' shard %d in %s failed: %s", key[0], key[1], self.dir, exc)
