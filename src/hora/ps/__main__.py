@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         server = ParameterServer(secret, args.index, args.workers, host=host, op_timeout=config.op_timeout)
         if config.ps_checkpoint_dir:
             server.saver = ShardSaver(config.ps_checkpoint_dir, args.index, config.ps_checkpoint_steps, server._layouts)
-            if args.generation > 0:
+            if args.generation == 0:  # a new job: what an earlier job left in DIR/ps<i> must never be restored
+                server.saver.forget()
+            else:
                 restored = restore_server(server, server.saver)
                 print(f"parameter server {args.index}: restart {args.generation}, restored {restored} shard(s) "
                       f"from {server.saver.dir}", file=sys.stderr, flush=True)  # fmt: skip

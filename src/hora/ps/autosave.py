@@ -51,10 +51,18 @@ class ShardSaver:
         self._saved_t: dict[tuple[str, int], int] = {}
         self._cond = threading.Condition()
         self._busy = False
+        self._closed = False
         self.error: str = ""
         os.makedirs(self.dir, exist_ok=True)
         self._thread = threading.Thread(target=self._write_loop, name=f"hora-ps-{index}-save", daemon=True)
         self._thread.start()
+
+    def forget(self) -> None:
+        """Remove the manifest an earlier job may have left here (its shard files are replaced as shards save)."""
+        try:
+            os.unlink(os.path.join(self.dir, SERVER_MANIFEST))
+        except FileNotFoundError:
+            pass
 
     def registered(self, shard: Shard) -> None:
         """A new shard: save it now (update count 0, or what a restore put there)."""
@@ -81,10 +89,19 @@ class ShardSaver:
         with self._cond:
             return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
 
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued, then stop the writer thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
     def _write_loop(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: bool(self._queue))
+                self._cond.wait_for(lambda: bool(self._queue) or self._closed)
+                if not self._queue:
+                    return
                 key, (describe, state) = self._queue.popitem()
                 self._busy = True
             try:

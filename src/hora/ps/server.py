@@ -115,6 +115,8 @@ class ParameterServer:
             _close(c)
         if self._thread is not None:
             self._thread.join(timeout)
+        if self.saver is not None:
+            self.saver.close(timeout)
 
     def adopt(self, shards: dict[tuple[str, int], Shard], layouts: dict[str, Any]) -> None:
         """Serve these shards (restored from a checkpoint) as if the workers had registered them."""
