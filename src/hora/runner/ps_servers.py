@@ -64,21 +64,31 @@ class PsServers:
 
     def start(self, cwd: str | None = None) -> list[int]:
         """Start every server; returns their pids (each the leader of its process group)."""
-        self._cwd = cwd
-        self.procs = [self._spawn(i, 0) for i in range(self.count)]
+        self._cwd = cwd  # restarts run there too
+        for i in range(self.count):
+            argv = [sys.executable, "-m", "hora.ps", "--index", str(i), "--workers", str(self._workers)]
+            proc = subprocess.Popen(
+                argv, env=self._env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent,
+            )  # fmt: skip
+            self._pump.labels[-1 - i] = f"ps{i}"
+            self._pump.add(-1 - i, proc.stdout, proc.stderr)  # type: ignore[arg-type]
+            self._log(f"started parameter server {i} as pid {proc.pid}")
+            self.procs.append(proc)
         return [p.pid for p in self.procs]
 
     def _spawn(self, i: int, generation: int) -> subprocess.Popen[bytes]:
+        """Start server ``i`` again (``generation`` > 0: it restores its checkpoint first)."""
         argv = [sys.executable, "-m", "hora.ps", "--index", str(i), "--workers", str(self._workers),
                 "--generation", str(generation)]  # fmt: skip
         proc = subprocess.Popen(
             argv, env=self._env, cwd=self._cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent,
         )  # fmt: skip
-        key = -1 - i - 1000 * generation  # a restart's output is its own stream: [ps0.restart1]
-        self._pump.labels[key] = f"ps{i}" if generation == 0 else f"ps{i}.restart{generation}"
+        key = -1 - i - 1000 * generation  # a restart's output is a stream of its own: [ps0.restart1]
+        self._pump.labels[key] = f"ps{i}.restart{generation}"
         self._pump.add(key, proc.stdout, proc.stderr)  # type: ignore[arg-type]
-        self._log(f"started parameter server {i} as pid {proc.pid}" + (f" (restart {generation})" if generation else ""))
+        self._log(f"restarted parameter server {i} as pid {proc.pid} (restart {generation})")
         return proc
 
     def check(self) -> None:
