@@ -80,7 +80,7 @@ def staleness_schedule(ps, name, pushes, lag, rank, size, data, hvd):
     w = ps.pull(name)
     while total < pushes:
         factor = _factor(total, pushes)
-        start = _clocks(ps.stats(), name)
+        start = _clocks(ps.stats(progress=True), name)
         hvd.allreduce(np.zeros(1), name=f"{name}.round")  # the slow workers hold this round's values
         made = 0
         if rank == 0:
@@ -88,11 +88,11 @@ def staleness_schedule(ps, name, pushes, lag, rank, size, data, hvd):
                 batch = rng.choice(len(x), BATCH, replace=False)
                 w = ps.push_pull(name, _grad(w, x[batch], y[batch]) * factor)
                 made += 1
-                if min(_clocks(ps.stats(), name)[1:]) > min(start[1:]):  # the slow workers pushed: it was held back
+                if min(_clocks(ps.stats(progress=True), name)[1:]) > min(start[1:]):  # the slow workers pushed: it was held back
                     break
         else:
             while True:  # until worker 0 is `lag` ahead or the server holds its pull back
-                stats = ps.stats()
+                stats = ps.stats(progress=True)
                 ahead = _clocks(stats, name, max)[0] - start[0]  # pushed to one server, soon to the other
                 if ahead >= lag or any(0 in s["waiting"].get(name, []) for s in stats):
                     break
@@ -138,7 +138,7 @@ def digits_worker(pushes_a: int, pushes_b: int, lr_a: float, lr_b: float, lag: i
                 w = ps.pull(name)
             else:
                 w = staleness_schedule(ps, name, pushes_b, lag, rank, size, data, hvd)
-            stats = ps.stats()
+            stats = ps.stats(progress=True)
             out[name] = {
                 "accuracy": _accuracy(w, data[2], data[3]), "loss": _loss(w, data[0], data[1]),
                 "staleness": max(s["staleness"].get(name, 0) for s in stats),

@@ -297,15 +297,16 @@ class Client:
         self._run(per)
 
     # -- reports and checkpoints ----------------------------------------------------------------------------------
-    def stats(self) -> list[dict[str, Any]]:
+    def stats(self, progress: bool = False) -> list[dict[str, Any]]:
         """Every server's counters: bytes stored, in and out, the largest staleness seen (``max_staleness``, and
-        per variable in ``staleness``), rejected connections."""
+        per variable in ``staleness``), rejected connections; with ``progress``, also per variable each worker's
+        pushes (``clocks``) and the workers whose pull waits now (``waiting``)."""
         replies: dict[int, dict[str, Any]] = {}
 
         def keep(server: int) -> Callable[[dict[str, Any]], None]:
             return lambda reply: replies.__setitem__(server, reply["stats"])
 
-        self._run({s: [({"op": "stats"}, [], None)] for s in range(self.num_servers)}, keep)
+        self._run({s: [({"op": "stats", "progress": progress}, [], None)] for s in range(self.num_servers)}, keep)
         return [replies[s] for s in range(self.num_servers)]
 
     def balance(self) -> dict[str, Any]:

@@ -124,10 +124,11 @@ class ParameterServer:
             self._shards.update(shards)
             self._layouts.update(layouts)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, progress: bool = False) -> dict[str, Any]:
+        """Counters; with ``progress`` also each variable's per-worker push counts and the pulls waiting now."""
         with self._lock:
             shards = list(self._shards.values())
-        return {
+        out = {
             "server": self.index,
             "shards": len(shards),
             "bytes_stored": sum(s.value.nbytes for s in shards),
@@ -135,10 +136,11 @@ class ParameterServer:
             "bytes_out": self.bytes_out,
             "max_staleness": max((s.max_staleness for s in shards), default=0),
             "staleness": _per_variable(shards),
-            "clocks": _clocks(shards),
-            "waiting": _waiting(shards),
             "rejected_connections": self.rejected,
         }
+        if progress:  # O(variables x workers): only when asked, the reply header is at most 1 MiB
+            out.update(clocks=_clocks(shards), waiting=_waiting(shards))
+        return out
 
     # -- connections ----------------------------------------------------------------------------------------------
     def _accept_loop(self) -> None:
@@ -254,7 +256,7 @@ class ParameterServer:
             conn.shm = ShmBuffer.attach(str(header["name"]), int(header["size"]))
             return {"ok": True}, []
         if op == "stats":
-            return {"ok": True, "stats": self.stats()}, []
+            return {"ok": True, "stats": self.stats(bool(header.get("progress")))}, []
         if op in ("save", "load"):
             return self._checkpoint(op, header), []
         shard = self._shard(header)
