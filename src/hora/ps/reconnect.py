@@ -56,8 +56,12 @@ class Restarts:
         except HoraError as err:
             raise PeerLostError(_give_up(client, server, what, exc, f"the job's store cannot be reached ({err})")) from exc
         try:
+            if server not in self.generations:  # which generation did this client first connect to?
+                latest = json.loads(store.get(str(server)) or "{}")
+                same = (latest.get("host"), latest.get("port")) == tuple(client.addresses[server])
+                self.generations[server] = int(latest.get("generation", 0)) - (0 if same else 1)
             while True:
-                generation = self.generations.get(server, 0) + 1
+                generation = self.generations[server] + 1
                 left = deadline - time.monotonic()
                 try:
                     info = json.loads(store.wait([f"{server}@{generation}"], max(left, 0.0))[f"{server}@{generation}"])
