@@ -91,7 +91,10 @@ def staleness_schedule(ps, name, pushes, lag, rank, size, data, hvd):
                 if min(_clocks(ps.stats(progress=True), name)[1:]) > min(start[1:]):  # the slow workers pushed: it was held back
                     break
         else:
+            deadline = time.monotonic() + 120.0
             while True:  # until worker 0 is `lag` ahead or the server holds its pull back
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"worker {rank}: worker 0 neither got {lag} pushes of '{name}' ahead nor was held back")
                 stats = ps.stats(progress=True)
                 ahead = _clocks(stats, name, max)[0] - start[0]  # pushed to one server, soon to the other
                 if ahead >= lag or any(0 in s["waiting"].get(name, []) for s in stats):
