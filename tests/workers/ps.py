@@ -107,3 +107,84 @@ def killed_server_worker() -> None:
         if hvd.rank() == 0 and step == 3:
             os.kill(_server_pid(0), signal.SIGKILL)
         ps.push_pull("emb", np.ones((64, 8), np.float32))
+
+
+def _restart_grad(shape: tuple[int, ...], dtype: str, step: int, rank: int) -> np.ndarray:
+    return np.sin(np.arange(int(np.prod(shape))) * 0.37 * (step + 1) + rank).reshape(shape).astype(dtype)
+
+
+def restart_reference(variables: dict, placement: dict, workers: int, steps: int, kept: int, lost_to: int) -> dict:
+    """The values the sync servers hold after ``steps`` steps when server 0 restored its checkpoint after ``kept``
+    steps while it had applied ``lost_to``: its shards lose steps ``kept..lost_to-1``, the others lose nothing."""
+    from hora.ps.rules import apply_dense, check_rule, new_slots
+
+    rule = check_rule(RESTART_RULE)
+    out = {}
+    for name, (shape, dtype) in variables.items():
+        value = np.zeros(shape, dtype)
+        for lo, hi, server in placement[name]:
+            part = value[lo:hi]
+            slots = new_slots(rule, part.shape, part.dtype)
+            t = 0
+            for step in range(steps):
+                if server == 0 and kept <= step < lost_to:
+                    continue
+                grads = [_restart_grad(shape, dtype, step, r)[lo:hi] for r in range(workers)]
+                acc = grads[0].copy()
+                for g in grads[1:]:
+                    acc += g
+                np.divide(acc, workers, out=acc)
+                t += 1
+                apply_dense(rule, part, acc, slots, t)
+        out[name] = value
+    return out
+
+
+RESTART_RULE = {"rule": "adam", "lr": 0.05}
+
+
+def restarted_server_worker(ckpt_dir: str, every: int, steps: int) -> None:
+    """Sync training on 2 servers with ``--max-restarts 1``: rank 0 SIGKILLs server 0 once its checkpoint after
+    ``every`` steps is on disk (at step ``every + 2``, so 2 applied steps are lost); training goes on through the
+    restart and every rank prints its values and the reference's (``RESULT {...}``). Then rank 0 freezes the
+    restarted server (SIGSTOP): the launcher kills it, has no restart left, and every worker must fail naming it."""
+    import json
+    import signal
+    import time
+
+    import hora.numpy as hvd
+    import hora.ps
+
+    hvd.init()
+    ps = hora.ps.connect(consistency="sync", partitioner=hora.ps.FixedShardsPartitioner(2))
+    variables = {"a": ((8, 3), "float32"), "b": ((6,), "float64")}
+    ps.register({n: np.zeros(s, d) for n, (s, d) in variables.items()}, rule=RESTART_RULE)
+    placement = {n: ps.placement(n) for n in variables}
+    kill_at = every + 2
+    values = {}
+    for step in range(steps):
+        if step == kill_at:
+            hvd.allreduce(np.zeros(1), name="before.kill")  # every rank finished step kill_at - 1
+            if hvd.rank() == 0:
+                manifest = os.path.join(ckpt_dir, "ps0", "server.json")
+                for _ in range(600):  # the checkpoint after `every` steps is written in the background
+                    try:
+                        with open(manifest) as f:
+                            saved = json.load(f)["shards"]
+                        if saved and all(e["t"] >= every for e in saved):
+                            break
+                    except (OSError, ValueError):
+                        pass
+                    time.sleep(0.1)
+                os.kill(_server_pid(0), signal.SIGKILL)
+        for n, (s, d) in variables.items():
+            values[n] = ps.push_pull(n, _restart_grad(s, d, step, hvd.rank()))
+    expected = restart_reference(variables, placement, hvd.size(), steps, every, kill_at)
+    same = {n: bool(np.array_equal(values[n], expected[n])) for n in variables}
+    print("RESULT " + json.dumps({"same": same, "placement": placement, "reconnects": ps.restarts.count}), flush=True)
+    hvd.allreduce(np.zeros(1), name="before.freeze")
+    if hvd.rank() == 0:
+        os.kill(_server_pid(0), signal.SIGSTOP)
+    for step in range(100_000):
+        for n, (s, d) in variables.items():
+            ps.push_pull(n, _restart_grad(s, d, step, hvd.rank()))

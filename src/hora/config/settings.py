@@ -296,6 +296,24 @@ class Config:
         help="Parameter servers' consistency: async, bounded(k) (no worker more than k steps ahead), or sync.",
         flag=Flag("--ps-consistency", "async, bounded(k) or sync", metavar="MODE", group="run"),
     )  # fmt: skip
+    ps_max_restarts: int = setting(
+        0, parsers.non_negative_int, "HORA_PS_MAX_RESTARTS",
+        help="Times hora run restarts a parameter server that died, from its last checkpoint (needs "
+             "HORA_PS_CHECKPOINT_DIR); 0: a dead server fails the job.",
+        flag=Flag("--max-restarts", "restart a dead parameter server up to R times", metavar="R", group="run"),
+    )  # fmt: skip
+    ps_checkpoint_dir: str = setting(
+        "", str, "HORA_PS_CHECKPOINT_DIR",
+        help="Directory where every parameter server checkpoints its shards (DIR/ps<i>) and restores them from "
+             "after a restart (empty: no automatic checkpoints).",
+        flag=Flag("--ps-checkpoint-dir", "parameter servers checkpoint their shards in DIR", metavar="DIR",
+                  convert=absolute_path, show_default=lambda p: p or "none", group="run"),
+    )  # fmt: skip
+    ps_checkpoint_steps: int = setting(
+        100, parsers.positive_int, "HORA_PS_CHECKPOINT_STEPS",
+        help="A parameter server checkpoints a shard every this many updates applied to it (and when registered).",
+        flag=Flag("--ps-checkpoint-steps", "checkpoint each shard every N updates", metavar="N", group="run"),
+    )  # fmt: skip
     log_level: str = setting(
         "WARNING",
         parsers.log_level,

@@ -24,7 +24,7 @@ from hora.errors import ConfigError
 if TYPE_CHECKING:
     from hora.ps.shard import Shard
 
-__all__ = ["MANIFEST", "load_shards", "read_manifest", "reshard_sources", "save_shards", "write_manifest"]
+__all__ = ["MANIFEST", "atomic_write", "load_shards", "read_manifest", "reshard_sources", "save_shards", "write_manifest"]
 
 MANIFEST = "manifest.json"
 
@@ -44,6 +44,9 @@ def _atomic_write(path: str, write: Any) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+atomic_write = _atomic_write  # for the servers' own checkpoints (hora.ps.autosave)
 
 
 def shard_file(name: str, index: int) -> str:

@@ -15,7 +15,7 @@ import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from hora.ps.partition import MinSizePartitioner, Partitioner, ShardKey, place, 
 from hora.ps.protocol import recv_header, recv_payload_into, send_message
 from hora.ps.rules import check_rule
 from hora.ps.shm import ShmBuffer
+
+if TYPE_CHECKING:
+    from hora.ps.reconnect import Restarts
 
 __all__ = ["Client", "parse_consistency"]
 
@@ -78,16 +81,19 @@ class Client:
         shm: move payloads through shared memory (:mod:`hora.ps.shm`): one flag for every server, or one per server;
             default: for servers on a loopback address (this host). :func:`hora.ps.connect` passes one per server:
             those of this worker's host (``HORA_HOSTNAME``).
+        restarts: reconnect to servers that ``hora run --max-restarts`` restarts and retry the failed operation
+            (:mod:`hora.ps.reconnect`); default: a lost server raises :class:`PeerLostError`.
     """
 
     def __init__(
         self, servers: Sequence[tuple[str, int]], secret: bytes, rank: int, consistency: str = "async",
         staleness: int | None = None, partitioner: Partitioner | None = None, timeout: float = 30.0,
-        op_timeout: float = 300.0, shm: bool | Sequence[bool] | None = None,
+        op_timeout: float = 300.0, shm: bool | Sequence[bool] | None = None, restarts: Restarts | None = None,
     ) -> None:  # fmt: skip
         if not servers:
             raise ConfigError("a parameter-server client needs at least one server (hora run --num-ps S)")
         self.rank = rank
+        self.restarts = restarts  # how to reach a restarted server (hora.ps.reconnect); None: a lost server is fatal
         self.addresses = [(str(h), int(p)) for h, p in servers]
         self.mode, self.staleness = parse_consistency(consistency, staleness)
         self.partitioner = partitioner or MinSizePartitioner(1 << 20, max_shards=len(servers))
@@ -302,15 +308,16 @@ class Client:
         self._run(per)
 
     # -- reports and checkpoints ----------------------------------------------------------------------------------
-    def stats(self) -> list[dict[str, Any]]:
+    def stats(self, progress: bool = False) -> list[dict[str, Any]]:
         """Every server's counters: bytes stored, in and out, the largest staleness seen (``max_staleness``, and
-        per variable in ``staleness``), rejected connections."""
+        per variable in ``staleness``), rejected connections; with ``progress``, also per variable each worker's
+        pushes (``clocks``) and the workers whose pull waits now (``waiting``)."""
         replies: dict[int, dict[str, Any]] = {}
 
         def keep(server: int) -> Callable[[dict[str, Any]], None]:
             return lambda reply: replies.__setitem__(server, reply["stats"])
 
-        self._run({s: [({"op": "stats"}, [], None)] for s in range(self.num_servers)}, keep)
+        self._run({s: [({"op": "stats", "progress": progress}, [], None)] for s in range(self.num_servers)}, keep)
         return [replies[s] for s in range(self.num_servers)]
 
     def balance(self) -> dict[str, Any]:
@@ -463,10 +470,14 @@ class Client:
                     if on_reply is not None:
                         on_reply(server)(reply)
             except (OSError, PeerLostError, ProtocolError) as exc:
-                raise PeerLostError(self._lose(server, what, exc)) from exc
+                if self.restarts is None:
+                    raise PeerLostError(self._lose(server, what, exc)) from exc
+                self.restarts.recover(self, server, what, exc)  # connected to its restart, or PeerLostError
             else:
                 if refused is not None:
                     raise refused
+                return
+        self._exchange(server, reqs, on_reply)  # the failed operation again, whole, on the restarted server
 
 
 def _error(reply: dict[str, Any], what: str) -> HoraError:

@@ -1,5 +1,7 @@
 """How workers find the servers: each server publishes its address at the job's rendezvous store, under keys
-namespaced by the job id and attempt (``<job>/<attempt>/ps/<index>``), and the workers wait for all of them."""
+namespaced by the job id and attempt (``<job>/<attempt>/ps/<index>``), and the workers wait for all of them. A
+restarted server publishes again, also under ``<index>@<generation>``; the launcher publishes
+``{"failed": reason}`` there when it gives a dead server up."""
 
 from __future__ import annotations
 
@@ -28,8 +30,14 @@ def open_store(config: Config, rank: int) -> tuple[RendezvousClient, bytes]:
     return RendezvousClient(config.rendezvous_addr, config.rendezvous_port, secret, rank, prefix, deadline), secret
 
 
-def publish(store: RendezvousClient, index: int, host: str, port: int, pid: int, hostname: str = "") -> None:
-    store.set(str(index), json.dumps({"host": host, "port": port, "pid": pid, "hostname": hostname}))
+def publish(
+    store: RendezvousClient, index: int, host: str, port: int, pid: int, hostname: str = "", generation: int = 0
+) -> None:
+    """Server ``index`` listens at ``host:port`` on host ``hostname``; ``generation`` counts its restarts
+    (``<index>@<generation>`` is the key a worker waits on for a restarted server, :mod:`hora.ps.reconnect`)."""
+    value = json.dumps({"host": host, "port": port, "pid": pid, "hostname": hostname, "generation": generation})
+    store.set(f"{index}@{generation}", value)
+    store.set(str(index), value)
 
 
 def server_addresses(store: RendezvousClient, num_ps: int, timeout: float) -> list[tuple[str, int]]:

@@ -9,6 +9,7 @@ from hora._runtime import context
 from hora.errors import ConfigError
 from hora.ps.client import Client
 from hora.ps.directory import open_store, server_info
+from hora.ps.reconnect import Restarts
 
 __all__ = ["connect", "shared_client"]
 
@@ -42,6 +43,8 @@ def connect(**kwargs: Any) -> Client:
     )
     kwargs.setdefault("consistency", config.ps_consistency)
     kwargs.setdefault("op_timeout", config.op_timeout)
+    if config.ps_max_restarts:  # hora run --max-restarts: wait for a restarted server instead of failing
+        kwargs.setdefault("restarts", Restarts(config, ctx.rank, config.start_timeout + 30.0))
     return Client(addresses, secret, ctx.rank, **kwargs)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from hora.ps.protocol import recv_header, recv_payload, send_message
 from hora.ps.rules import check_rule
 from hora.ps.shard import Shard
 from hora.ps.shm import ShmBuffer
+
+if TYPE_CHECKING:
+    from hora.ps.autosave import ShardSaver
 
 __all__ = ["DTYPES", "ParameterServer"]
 
@@ -78,6 +81,7 @@ class ParameterServer:
         self._thread: threading.Thread | None = None
         self.bytes_in = 0
         self.bytes_out = 0
+        self.saver: ShardSaver | None = None  # checkpoints for restarts (hora.ps.autosave), set before start()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -111,11 +115,20 @@ class ParameterServer:
             _close(c)
         if self._thread is not None:
             self._thread.join(timeout)
+        if self.saver is not None:
+            self.saver.close(timeout)
 
-    def stats(self) -> dict[str, Any]:
+    def adopt(self, shards: dict[tuple[str, int], Shard], layouts: dict[str, Any]) -> None:
+        """Serve these shards (restored from a checkpoint) as if the workers had registered them."""
+        with self._lock:
+            self._shards.update(shards)
+            self._layouts.update(layouts)
+
+    def stats(self, progress: bool = False) -> dict[str, Any]:
+        """Counters; with ``progress`` also each variable's per-worker push counts and the pulls waiting now."""
         with self._lock:
             shards = list(self._shards.values())
-        return {
+        out = {
             "server": self.index,
             "shards": len(shards),
             "bytes_stored": sum(s.value.nbytes for s in shards),
@@ -125,6 +138,9 @@ class ParameterServer:
             "staleness": _per_variable(shards),
             "rejected_connections": self.rejected,
         }
+        if progress:  # O(variables x workers): only when asked, the reply header is at most 1 MiB
+            out.update(clocks=_clocks(shards), waiting=_waiting(shards))
+        return out
 
     # -- connections ----------------------------------------------------------------------------------------------
     def _accept_loop(self) -> None:
@@ -240,7 +256,7 @@ class ParameterServer:
             conn.shm = ShmBuffer.attach(str(header["name"]), int(header["size"]))
             return {"ok": True}, []
         if op == "stats":
-            return {"ok": True, "stats": self.stats()}, []
+            return {"ok": True, "stats": self.stats(bool(header.get("progress")))}, []
         if op in ("save", "load"):
             return self._checkpoint(op, header), []
         shard = self._shard(header)
@@ -250,6 +266,8 @@ class ParameterServer:
         if op in ("push", "push_pull"):
             grad = self._payload(conn, header, value.nbytes).view(value.dtype).reshape(value.shape)
             shard.push(rank, grad)
+            if self.saver is not None:
+                self.saver.updated(shard)
             if op == "push":
                 return {"ok": True}, []
         if op in ("pull", "push_pull"):
@@ -272,6 +290,8 @@ class ParameterServer:
             if len(np.unique(rows)) != n:
                 raise ValueError(f"push_rows '{shard.name}': row ids must be unique (the client sums duplicates)")
             shard.push(rank, (rows, data[n * 8 :].view(value.dtype).reshape((n, *value.shape[1:]))))
+            if self.saver is not None:
+                self.saver.updated(shard)
             return {"ok": True}, []
         raise ProtocolError(f"{what} asked for unknown operation {op!r}")
 
@@ -304,6 +324,8 @@ class ParameterServer:
                 existing = self._shards[(name, index)]
         if existing is not shard:
             existing.check_same(shard.describe(), rank)
+        elif self.saver is not None:
+            self.saver.registered(shard)
         return {"ok": True}
 
     def _layout(self, rank: int, header: dict[str, Any]) -> dict[str, Any]:
@@ -346,6 +368,26 @@ def _per_variable(shards: list[Shard]) -> dict[str, int]:
     for s in shards:
         out[s.name] = max(out.get(s.name, 0), s.max_staleness)
     return out
+
+
+def _clocks(shards: list[Shard]) -> dict[str, list[int]]:
+    """Each variable's pushes counted per worker (the fewest over its shards on this server)."""
+    out: dict[str, list[int]] = {}
+    for s in shards:
+        with s.cond:
+            clock = list(s.clock)
+        out[s.name] = [min(a, b) for a, b in zip(out[s.name], clock)] if s.name in out else clock
+    return out
+
+
+def _waiting(shards: list[Shard]) -> dict[str, list[int]]:
+    """The workers whose pull of a variable waits right now (bounded/sync), per variable."""
+    out: dict[str, set[int]] = {}
+    for s in shards:
+        with s.cond:
+            if s.waiting:
+                out.setdefault(s.name, set()).update(s.waiting)
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def _drain(conn: socket.socket, n: int, what: str) -> None:

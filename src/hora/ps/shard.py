@@ -49,6 +49,7 @@ class Shard:
         self.gone: set[int] = set()
         self.pending: dict[int, dict[int, Any]] = {}
         self.max_staleness = 0
+        self.waiting: set[int] = set()  # workers whose pull waits right now
         self.poisoned = ""  # a registration mismatch: every later request on this shard raises it
         self.cond = threading.Condition()
 
@@ -142,7 +143,11 @@ class Shard:
                         f"{sorted(missing)}, which disconnected; in '{self.mode}' mode every worker must push "
                         "the same number of steps (use async mode to let workers leave early)"
                     )
-                self.cond.wait(min(left, 0.5))
+                self.waiting.add(rank)  # reported by stats(): who the consistency rule holds back now
+                try:
+                    self.cond.wait(min(left, 0.5))
+                finally:
+                    self.waiting.discard(rank)
             self._observe(rank)
 
     def _readable(self, rank: int) -> bool:

@@ -237,6 +237,7 @@ def launch(spec: LaunchSpec) -> RunResult:
                 handles.update(host.ranks)
             job.procs = [handles[r] for r in range(spec.np)]
             if servers is not None:
+                servers.on_start = reaper.add
                 for pid in servers.start(spec.cwd):
                     reaper.add(pid)
             server.start()
@@ -355,6 +356,11 @@ def _server_hosts(spec: LaunchSpec, hosts: list[str], base_env: Mapping[str, str
         config = Config.resolve(env=base_env, overrides=spec.settings)
     except ConfigError:
         return []  # the workers report the bad setting themselves
+    if config.ps_max_restarts and not config.ps_checkpoint_dir:
+        raise ConfigError(
+            f"--max-restarts {config.ps_max_restarts} needs --ps-checkpoint-dir DIR (HORA_PS_CHECKPOINT_DIR): a "
+            "restarted parameter server restores its shards from there"
+        )
     return place_servers(config.num_ps, config.ps_per_host, hosts)
 
 
@@ -366,6 +372,13 @@ def _parameter_servers(
     when the job has none. Each gets the environment of its host's first rank, so it binds its host's address."""
     if not ps_hosts:
         return None
+    max_restarts = Config.resolve(env=base_env, overrides=spec.settings).ps_max_restarts
+    remote = sorted({h for h in ps_hosts if h in plan.remote_hosts})
+    if max_restarts and remote:
+        raise ConfigError(
+            f"--max-restarts restarts parameter servers on this machine only, and this job has some on "
+            f"{', '.join(remote)}: drop --max-restarts, or keep the servers here (--num-ps on a one-host job)"
+        )
     first: dict[str, RankSlot] = {}
     for slot in plan.slots:
         first.setdefault(slot.host, slot)
@@ -374,7 +387,7 @@ def _parameter_servers(
         for i, h in enumerate(ps_hosts)
         if h not in plan.remote_hosts
     }
-    return PsServers(len(ps_hosts), spec.np, {}, job.pump, job.log, local=local)
+    return PsServers(len(ps_hosts), spec.np, {}, job.pump, job.log, max_restarts=max_restarts, local=local)
 
 
 def _supervise(

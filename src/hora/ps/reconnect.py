@@ -1,0 +1,100 @@
+"""A worker's way back to a parameter server that ``hora run --max-restarts`` restarted.
+
+When a connection to server ``i`` breaks, :meth:`Restarts.recover` waits at the job's store for the next
+generation of that server (``<i>@<g+1>``, published by the restarted server once it has restored its checkpoint),
+connects and authenticates to it, and the client then runs the failed operation again, whole, on the new server. It
+waits at most ``timeout`` seconds (``HORA_START_TIMEOUT`` plus the op timeout's margin); when the launcher gave the
+server up (``--max-restarts`` used up) or the time is over, it raises :class:`PeerLostError` naming the server, its
+shards and why.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from hora._runtime.auth import Role
+from hora._runtime.rendezvous import MissingKeys, connect_with_retry
+from hora.config import Config
+from hora.errors import HoraError, PeerLostError
+from hora.ps.directory import open_store
+
+if TYPE_CHECKING:
+    from hora.ps.client import Client
+
+__all__ = ["Restarts"]
+
+log = logging.getLogger(__name__)
+
+
+class Restarts:
+    """Finds restarted servers for one client (``config``: the job's settings; ``rank``: the worker)."""
+
+    def __init__(self, config: Config, rank: int, timeout: float) -> None:
+        self._config = config
+        self._rank = rank
+        self.timeout = timeout
+        self.generations: dict[int, int] = {}
+        self.count = 0  # reconnections so far
+
+    def recover(self, client: Client, server: int, what: str, exc: BaseException) -> None:
+        """Replace ``client``'s connection to ``server`` by one to its restarted process, or raise PeerLostError."""
+        old = client._socks[server]
+        io_timeout = old.gettimeout()
+        _close(old)
+        shm = client._shm[server]
+        if shm is not None:  # the new process never mapped it
+            shm.close()
+            client._shm[server] = None
+        deadline = time.monotonic() + self.timeout
+        log.warning("%s was lost (%s); waiting up to %gs for its restart (--max-restarts)", what, exc, self.timeout)
+        try:
+            store, secret = open_store(self._config, self._rank)
+        except HoraError as err:
+            raise PeerLostError(_give_up(client, server, what, exc, f"the job's store cannot be reached ({err})")) from exc
+        try:
+            if server not in self.generations:  # which generation did this client first connect to?
+                latest = json.loads(store.get(str(server)) or "{}")
+                same = (latest.get("host"), latest.get("port")) == tuple(client.addresses[server])
+                self.generations[server] = int(latest.get("generation", 0)) - (0 if same else 1)
+            while True:
+                generation = self.generations[server] + 1
+                left = deadline - time.monotonic()
+                try:
+                    info = json.loads(store.wait([f"{server}@{generation}"], max(left, 0.0))[f"{server}@{generation}"])
+                except MissingKeys:
+                    reason = f"it was not restarted within {self.timeout:g}s (HORA_START_TIMEOUT)"
+                    raise PeerLostError(_give_up(client, server, what, exc, reason)) from exc
+                self.generations[server] = generation
+                if "failed" in info:
+                    raise PeerLostError(_give_up(client, server, what, exc, str(info["failed"]))) from exc
+                host, port = str(info["host"]), int(info["port"])
+                try:
+                    sock = connect_with_retry(host, port, secret, Role.PS, self._rank, min(deadline, time.monotonic() + 5.0),
+                                              f"parameter server {server} (restart {generation})")  # fmt: skip
+                except HoraError:  # died again before we got there: wait for the next generation
+                    continue
+                sock.settimeout(io_timeout)
+                client._socks[server] = sock
+                client.addresses[server] = (host, port)
+                self.count += 1
+                log.warning("reconnected to parameter server %d (restart %d) at %s:%d", server, generation, host, port)
+                return
+        finally:
+            store.close()
+
+
+def _give_up(client: Client, server: int, what: str, exc: BaseException, reason: str) -> str:
+    """Break the client as a lost server without restarts does (every connection shut), with ``reason``."""
+    return client._lose(server, what, PeerLostError(f"{exc}; {reason}"))
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()

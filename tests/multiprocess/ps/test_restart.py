@@ -1,0 +1,41 @@
+"""``hora run --max-restarts R --ps-checkpoint-dir DIR``: a killed parameter server comes back from its last
+checkpoint (values, Adam's slots and step) and sync training goes on to the values a sequential reference computes
+from that checkpoint plus the later steps; a server frozen (SIGSTOP) past the last restart is killed by the
+launcher and fails every worker naming it; nothing is left running."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hora.errors import ConfigError
+from hora.runner import run
+from support.harness import run_failing, stderr_of
+from workers.ps import push_pull_worker, restarted_server_worker
+
+
+def test_a_killed_server_restarts_from_its_checkpoint_and_past_max_restarts_the_job_fails(tmp_path):
+    workers, every, steps = 4, 4, 10
+    result = run_failing(
+        restarted_server_worker, workers, str(tmp_path), every, steps, timeout=120, num_ps=2, ps_max_restarts=1,
+        ps_checkpoint_dir=str(tmp_path), ps_checkpoint_steps=every, op_timeout=300.0,
+    )  # fmt: skip
+    for rank in range(workers):
+        out = [line for line in result.lines[rank]["stdout"] if line.startswith("RESULT ")]
+        assert out, stderr_of(result, rank)[-3000:]
+        report = json.loads(out[0][len("RESULT ") :])
+        assert report["same"] == {"a": True, "b": True}, report
+        assert {s for p in report["placement"].values() for _, _, s in p} == {0, 1}  # both servers hold shards
+        assert report["reconnects"] >= 1  # every worker went through the restart
+        err = stderr_of(result, rank)
+        assert "PeerLostError" in err and "parameter server 0" in err, err[-3000:]
+        assert "--max-restarts 1" in err and "stopped (SIGSTOP)" in err and "'a' shard" in err, err[-3000:]
+    restarted = "\n".join(result.lines[-1 - 1000]["stderr"])  # the restart's own output, [ps0.restart1]
+    assert "restart 1, restored 2 shard(s)" in restarted, restarted
+    # the hygiene fixture checks that no server process is left behind
+
+
+def test_max_restarts_without_a_checkpoint_directory_is_refused_before_anything_starts():
+    with pytest.raises(ConfigError, match="--ps-checkpoint-dir"):
+        run(push_pull_worker, (1,), np=1, capture=True, num_ps=1, ps_max_restarts=2)

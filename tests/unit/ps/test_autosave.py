@@ -1,0 +1,64 @@
+"""A server's own checkpoints (hora.ps.autosave), in this process with a real client over loopback TCP: a shard is
+saved when registered and every N updates (values, Adam's slots, the update count); a new server restores exactly
+that state and keeps training from it; a new job's server forgets what an earlier job left."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from hora._runtime.auth import new_secret
+from hora.ps.autosave import SERVER_MANIFEST, ShardSaver, restore_server
+from hora.ps.client import Client
+from hora.ps.rules import apply_dense, check_rule, new_slots
+from hora.ps.server import ParameterServer
+
+RULE = {"rule": "adam", "lr": 0.1}
+
+
+def _server(secret, tmp_path, steps):
+    server = ParameterServer(secret, 0, 1, op_timeout=30.0)
+    server.saver = ShardSaver(str(tmp_path), 0, steps, server._layouts)
+    return server
+
+
+def test_a_restored_server_holds_the_last_checkpoint_and_trains_on_from_it(tmp_path):
+    secret = new_secret()
+    grads = [np.full((4, 3), i + 1, np.float32) for i in range(7)]
+    server = _server(secret, tmp_path, steps=3)
+    try:
+        with Client([server.start()], secret, 0, timeout=30.0, shm=False) as c:
+            c.register("w", np.arange(12, dtype=np.float32).reshape(4, 3), rule=RULE)
+            for g in grads:
+                c.push("w", g)  # updates 1..7: checkpoints after registering, after 3 and after 6
+        assert server.saver.flush(30.0) and not server.saver.error
+    finally:
+        server.shutdown()
+    with open(os.path.join(tmp_path, "ps0", SERVER_MANIFEST)) as f:
+        manifest = json.load(f)
+    assert [(e["name"], e["shard"], e["t"], e["consistency"]) for e in manifest["shards"]] == [("w", 0, 6, "async")]
+
+    # the reference: the same six updates in one process; the restored server must hold exactly that
+    rule = check_rule(RULE)
+    value, slots = np.arange(12, dtype=np.float32).reshape(4, 3), new_slots(rule, (4, 3), np.dtype(np.float32))
+    for t, g in enumerate(grads[:6], 1):
+        apply_dense(rule, value, g, slots, t)
+    restarted = _server(secret, tmp_path, steps=3)
+    try:
+        assert restore_server(restarted, restarted.saver) == 1
+        with Client([restarted.start()], secret, 0, timeout=30.0, shm=False) as c:
+            c.register("w", np.zeros((4, 3), np.float32), rule=RULE)  # a retried registration keeps the restored state
+            np.testing.assert_array_equal(c.pull("w"), value)
+            apply_dense(rule, value, grads[6], slots, 7)  # Adam's slots and step came back too
+            np.testing.assert_array_equal(c.push_pull("w", grads[6]), value)
+    finally:
+        restarted.shutdown()
+
+    fresh = _server(secret, tmp_path, steps=3)  # generation 0 of another job
+    try:
+        fresh.saver.forget()
+        assert restore_server(fresh, fresh.saver) == 0
+    finally:
+        fresh.shutdown()
