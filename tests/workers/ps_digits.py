@@ -144,6 +144,7 @@ def digits_worker(pushes_a: int, pushes_b: int, lr_a: float, lr_b: float, lag: i
             stats = ps.stats(progress=True)
             out[name] = {
                 "accuracy": _accuracy(w, data[2], data[3]), "loss": _loss(w, data[0], data[1]),
+                "accuracy_all": _accuracy(w, np.vstack([data[0], data[2]]), np.concatenate([data[1].argmax(1), data[3]])),
                 "staleness": max(s["staleness"].get(name, 0) for s in stats),
                 "servers": sorted({s["server"] for s in stats if name in s["clocks"]}),
             }  # fmt: skip
