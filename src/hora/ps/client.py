@@ -24,8 +24,9 @@ from hora._runtime.auth import Role
 from hora._runtime.rendezvous import connect_with_retry
 from hora.errors import ConfigError, HoraError, MismatchError, PeerLostError, ProtocolError
 from hora.ps import checkpoint
+from hora.ps.channel import hot_over_shm, hot_over_tcp, ring_socket, segment_need
 from hora.ps.partition import MinSizePartitioner, Partitioner, ShardKey, place, shard_offsets
-from hora.ps.protocol import recv_header, recv_payload_into, send_message
+from hora.ps.protocol import HOT_OPS, recv_header, recv_payload_into, send_message
 from hora.ps.rules import check_rule
 from hora.ps.shm import ShmBuffer
 
@@ -99,6 +100,7 @@ class Client:
         self._socks: list[socket.socket] = []
         self._use_shm = [bool(shm) if shm is not None else _loopback(h) for h, _ in self.addresses]
         self._shm: list[ShmBuffer | None] = [None] * len(servers)
+        self._reply_timeout = op_timeout + timeout
         deadline = _deadline(timeout)
         try:
             for i, (host, port) in enumerate(self.addresses):
@@ -365,45 +367,45 @@ class Client:
         if first_error is not None:
             raise first_error
 
-    def _stage(
+    def _segment(self, server: int, sock: socket.socket, what: str, need: int) -> ShmBuffer | None:
+        """The shared segment to ``server``, created or grown to ``need`` bytes first (announced on the socket);
+        None when the bytes go over the socket (no room in /dev/shm)."""
+        shm = self._shm[server]
+        if shm is not None and shm.size >= need:
+            return shm
+        try:
+            new = ShmBuffer.create(max(need, 1 << 20, 2 * shm.size if shm else 0))
+        except OSError as exc:  # /dev/shm full or missing: the socket carries the bytes from now on
+            log.warning("parameter server %d: no shared memory for %d bytes (%s); using TCP", server, need, exc)
+            self._use_shm[server] = False
+            return None
+        try:
+            send_message(sock, {"op": "shm", "name": new.name, "size": new.size})
+            if shm is not None:
+                ring_socket(shm)
+            reply = recv_header(sock, what)
+        finally:
+            new.unlink()  # mapped by both (or refused): nothing is left in /dev/shm either way
+        if not reply.get("ok"):
+            new.close()
+            raise _error(reply, what)
+        if shm is not None:
+            shm.close()
+        self._shm[server] = new
+        return new
+
+    def _hot(
         self, server: int, sock: socket.socket, what: str, header: dict[str, Any], payload: list[Any],
         into: np.ndarray | None,
-    ) -> ShmBuffer | None:  # fmt: skip
-        """With shared memory to ``server``: put ``payload`` in the segment (grown first if a payload or reply
-        would not fit) and mark ``header``; returns the segment, or None when the bytes go over the socket."""
-        if not self._use_shm[server] or (not payload and into is None):
-            return None
-        views = [memoryview(p).cast("B") for p in payload]
-        total = sum(v.nbytes for v in views)
-        need = max(total, into.nbytes if into is not None else 0)
-        shm = self._shm[server]
-        if shm is None or shm.size < need:
-            try:
-                new = ShmBuffer.create(max(need, 1 << 20, 2 * shm.size if shm else 0))
-            except OSError as exc:  # /dev/shm full or missing: the socket carries the bytes from now on
-                log.warning("parameter server %d: no shared memory for %d bytes (%s); using TCP", server, need, exc)
-                self._use_shm[server] = False
-                if shm is not None:
-                    shm.close()
-                    self._shm[server] = None
-                return None
-            try:
-                send_message(sock, {"op": "shm", "name": new.name, "size": new.size})
-                reply = recv_header(sock, what)
-            finally:
-                new.unlink()  # mapped by both (or refused): nothing is left in /dev/shm either way
-            if not reply.get("ok"):
-                new.close()
-                raise _error(reply, what)
+    ) -> dict[str, Any] | None:  # fmt: skip
+        """One push/pull/rows request, through shared memory where there is some; the server's refusal or None."""
+        if self._use_shm[server]:
+            shm = self._segment(server, sock, what, segment_need(payload, into))
             if shm is not None:
-                shm.close()
-            self._shm[server] = shm = new
-        offset = 0
-        for v in views:
-            shm.u8[offset : offset + v.nbytes] = np.frombuffer(v, np.uint8)
-            offset += v.nbytes
-        header["shm"] = total
-        return shm
+                return hot_over_shm(shm, sock, what, header, payload, into, self._reply_timeout, lambda: self._lost)
+        if self._shm[server] is not None:  # the server still waits on the old segment's doorbell
+            raise ProtocolError(f"{what}: shared memory was given up while the server still uses it")
+        return hot_over_tcp(sock, what, header, payload, into)
 
     def _lose(self, server: int, what: str, exc: BaseException) -> str:
         """The first lost server breaks the client: every connection is shut down, so requests in flight on the
@@ -435,17 +437,20 @@ class Client:
             refused: HoraError | None = None
             try:
                 for header, payload, into in reqs:
-                    shm = self._stage(server, sock, what, header, payload, into)
-                    send_message(sock, header, [] if shm is not None else payload)
+                    if header["op"] in HOT_OPS:
+                        error = self._hot(server, sock, what, header, payload, into)
+                        if error is not None:
+                            refused = _error(error, what)  # the server answered: the connection is fine
+                            break
+                        continue
+                    send_message(sock, header, payload)
+                    if self._shm[server] is not None:
+                        ring_socket(self._shm[server])  # type: ignore[arg-type]
                     reply = recv_header(sock, what)
                     if not reply.get("ok"):
                         refused = _error(reply, what)  # the server answered: the connection is fine
                         break
-                    if into is not None and shm is not None:
-                        if reply.get("shm") != into.nbytes or reply["nbytes"]:
-                            raise ProtocolError(f"{what} answered {reply.get('shm')!r} shared bytes, not {into.nbytes}")
-                        np.copyto(into.reshape(-1).view(np.uint8), shm.u8[: into.nbytes])
-                    elif into is not None:
+                    if into is not None:
                         recv_payload_into(sock, into, what)
                     elif reply["nbytes"]:
                         raise ProtocolError(f"{what} sent an unexpected payload")

@@ -76,9 +76,32 @@ def new_slots(rule: Rule, shape: tuple[int, ...], dtype: np.dtype[Any]) -> dict[
     return slots
 
 
-def apply_dense(rule: Rule, param: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray], t: int) -> None:
-    """Update ``param`` in place from ``grad``; ``t`` is the 1-based count of updates of this shard (Adam)."""
-    _apply(rule, param, grad, slots, t)
+#: Elements updated at a time: the rule's temporaries and the copy to ``out`` stay in the cache, and no temporary
+#: as large as the shard is ever allocated (elementwise, so chunking changes no bit of the result).
+CHUNK = 1 << 17
+
+
+def apply_dense(
+    rule: Rule, param: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray], t: int, out: np.ndarray | None = None
+) -> None:
+    """Update ``param`` in place from ``grad``; ``t`` is the 1-based count of updates of this shard (Adam).
+
+    With ``out`` (same shape, C-contiguous), also copy the updated values there, chunk by chunk right after each is
+    updated; ``out`` may be ``grad`` itself (each chunk of the gradient is used before it is overwritten).
+    """
+    if not (param.flags.c_contiguous and all(v.flags.c_contiguous for v in slots.values())):
+        _apply(rule, param, grad, slots, t)  # reshaping would copy: update the arrays themselves
+        if out is not None:
+            np.copyto(out, param)
+        return
+    p, g = param.reshape(-1), np.ascontiguousarray(grad).reshape(-1)
+    flat = {k: v.reshape(-1) for k, v in slots.items()}
+    o = out.reshape(-1) if out is not None else None
+    for lo in range(0, p.size, CHUNK):
+        hi = min(lo + CHUNK, p.size)
+        _apply(rule, p[lo:hi], g[lo:hi], {k: v[lo:hi] for k, v in flat.items()}, t)
+        if o is not None:
+            o[lo:hi] = p[lo:hi]
 
 
 def apply_rows(
@@ -100,7 +123,8 @@ def _apply(rule: Rule, p: np.ndarray, g: np.ndarray, slots: dict[str, np.ndarray
     if name == "sum":
         np.add(p, g, out=p)
     elif name == "sgd":
-        p -= dt(rule["lr"]) * g
+        step = np.multiply(g, dt(rule["lr"]))
+        np.subtract(p, step, out=p)
     elif name == "momentum":
         buf = slots["buf"]
         buf *= dt(rule["momentum"])
