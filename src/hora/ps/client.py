@@ -280,8 +280,7 @@ class Client:
         g = np.asarray(grads, var.dtype)
         if g.shape != (len(inverse), *var.shape[1:]):
             raise ConfigError(f"push_rows '{name}': grads have shape {g.shape}, expected {(len(inverse), *var.shape[1:])}")
-        summed = np.zeros((len(uniq), *var.shape[1:]), var.dtype)
-        np.add.at(summed, inverse, g)
+        summed = _sum_duplicates(inverse, len(uniq), g)
         per: dict[int, list[_Request]] = {}
         for i, server in enumerate(var.servers):
             a, b = cuts[i], cuts[i + 1]
@@ -380,9 +379,9 @@ class Client:
             self._use_shm[server] = False
             return None
         try:
-            send_message(sock, {"op": "shm", "name": new.name, "size": new.size})
             if shm is not None:
                 ring_socket(shm)
+            send_message(sock, {"op": "shm", "name": new.name, "size": new.size})
             reply = recv_header(sock, what)
         finally:
             new.unlink()  # mapped by both (or refused): nothing is left in /dev/shm either way
@@ -443,9 +442,9 @@ class Client:
                             refused = _error(error, what)  # the server answered: the connection is fine
                             break
                         continue
-                    send_message(sock, header, payload)
-                    if self._shm[server] is not None:
+                    if self._shm[server] is not None:  # first: the server must read while a large payload is sent
                         ring_socket(self._shm[server])  # type: ignore[arg-type]
+                    send_message(sock, header, payload)
                     reply = recv_header(sock, what)
                     if not reply.get("ok"):
                         refused = _error(reply, what)  # the server answered: the connection is fine
@@ -461,6 +460,30 @@ class Client:
             else:
                 if refused is not None:
                     raise refused
+
+
+def _sum_duplicates(inverse: np.ndarray, n: int, grads: np.ndarray) -> np.ndarray:
+    """Row ``j`` of the result is the sum, in order of appearance, of the ``grads`` rows ``i`` with ``inverse[i] ==
+    j``: what ``np.add.at`` gives, bit for bit, without its per-element loop. The first occurrences are gathered
+    at once, then the k-th repeats of every row are added in one vectorised step per k."""
+    if n == len(inverse):  # no duplicates: a permutation
+        summed = np.empty((n, *grads.shape[1:]), grads.dtype)
+        summed[inverse] = grads
+        return summed
+    order = np.argsort(inverse, kind="stable")
+    ranks = inverse[order]
+    first = np.flatnonzero(np.diff(ranks, prepend=-1))
+    summed = grads[order[first]]
+    nth = np.arange(len(ranks)) - first[ranks]  # 0 for a first occurrence, k for the k-th repeat
+    repeats = int(nth.max())
+    if repeats > 32:  # a few very hot rows: np.add.at on the repeats only
+        rest = nth > 0
+        np.add.at(summed, ranks[rest], grads[order[rest]])
+        return summed
+    for k in range(1, repeats + 1):
+        sel = nth == k
+        summed[ranks[sel]] += grads[order[sel]]
+    return summed
 
 
 def _error(reply: dict[str, Any], what: str) -> HoraError:

@@ -69,7 +69,7 @@ def pack_request(op: str, name: bytes, shard: int, rows: int = 0, nbytes: int = 
 
 def send_parts(sock: socket.socket, head: bytes, payload: Sequence[memoryview | bytes | np.ndarray] = ()) -> None:
     """Send ``head`` and then ``payload``'s bytes: one syscall for small messages, no copy of large payloads."""
-    views = [memoryview(p).cast("B") for p in payload]
+    views = [memoryview(p).cast("B") for p in payload]  # type: ignore[arg-type]
     if sum(v.nbytes for v in views) < _SMALL:
         sock.sendall(b"".join([head, *views]))
         return

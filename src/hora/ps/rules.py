@@ -17,6 +17,7 @@ from a gradient, dense (the whole shard) or sparse (some rows, and only those ro
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -70,7 +71,7 @@ def check_rule(rule: Any, what: str = "the update rule") -> Rule:
 
 def new_slots(rule: Rule, shape: tuple[int, ...], dtype: np.dtype[Any]) -> dict[str, np.ndarray]:
     """The optimizer slots a shard keeps for ``rule`` (zeros, Adagrad's accumulator at its initial value)."""
-    slots = {name: np.zeros(shape, dtype) for name in _SLOTS[rule["rule"]]}
+    slots = {name: np.full(shape, 0, dtype) for name in _SLOTS[rule["rule"]]}  # written now: no page faults later
     if rule["rule"] == "adagrad" and rule["initial_accumulator"]:
         slots["acc"].fill(rule["initial_accumulator"])
     return slots
@@ -117,37 +118,59 @@ def apply_rows(
         slots[k][rows] = v
 
 
+_local = threading.local()
+_TEMP_LIMIT = 1 << 22  # elements: larger updates (unchunked) allocate their temporaries instead of keeping them
+
+
+def _temps(like: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two scratch arrays shaped like ``like``, reused by this thread: the rules allocate nothing per update (a
+    fresh temporary of a megabyte costs its page faults each time)."""
+    if like.size > _TEMP_LIMIT:
+        return np.empty_like(like), np.empty_like(like)
+    cache = _local.__dict__.setdefault("temps", {})
+    buf = cache.get(like.dtype.str)
+    if buf is None or buf.shape[1] < like.size:
+        buf = cache[like.dtype.str] = np.empty((2, max(like.size, CHUNK)), like.dtype)
+    return buf[0, : like.size].reshape(like.shape), buf[1, : like.size].reshape(like.shape)
+
+
 def _apply(rule: Rule, p: np.ndarray, g: np.ndarray, slots: dict[str, np.ndarray], t: int) -> None:
+    """One update, written as the textbook expression but with every temporary in scratch (``out=``): the same
+    operations in the same order, so the same bits as ``p -= lr * g / (sqrt(acc) + eps)`` and friends."""
     name = rule["rule"]
     dt = p.dtype.type
     if name == "sum":
         np.add(p, g, out=p)
-    elif name == "sgd":
-        step = np.multiply(g, dt(rule["lr"]))
-        np.subtract(p, step, out=p)
+        return
+    t0, t1 = _temps(p)
+    if name == "sgd":
+        np.subtract(p, np.multiply(g, dt(rule["lr"]), out=t0), out=p)
     elif name == "momentum":
         buf = slots["buf"]
         buf *= dt(rule["momentum"])
         buf += g
         if rule["nesterov"]:
-            p -= dt(rule["lr"]) * (g + dt(rule["momentum"]) * buf)
+            np.add(g, np.multiply(buf, dt(rule["momentum"]), out=t0), out=t0)
+            np.subtract(p, np.multiply(t0, dt(rule["lr"]), out=t0), out=p)
         else:
-            p -= dt(rule["lr"]) * buf
+            np.subtract(p, np.multiply(buf, dt(rule["lr"]), out=t0), out=p)
     elif name == "adagrad":
         acc = slots["acc"]
-        acc += g * g
-        p -= dt(rule["lr"]) * g / (np.sqrt(acc) + dt(rule["epsilon"]))
+        acc += np.multiply(g, g, out=t0)
+        np.multiply(g, dt(rule["lr"]), out=t0)
+        np.add(np.sqrt(acc, out=t1), dt(rule["epsilon"]), out=t1)
+        np.subtract(p, np.divide(t0, t1, out=t0), out=p)
     elif name == "adam":
         m, v = slots["m"], slots["v"]
         b1, b2 = dt(rule["beta1"]), dt(rule["beta2"])
         m *= b1
-        m += (dt(1) - b1) * g
+        m += np.multiply(g, dt(1) - b1, out=t0)
         v *= b2
-        v += (dt(1) - b2) * (g * g)
+        v += np.multiply(np.multiply(g, g, out=t0), dt(1) - b2, out=t0)
         bc1 = 1.0 - rule["beta1"] ** t
         bc2 = 1.0 - rule["beta2"] ** t
         step = dt(rule["lr"] / bc1)
-        denom = np.sqrt(v) / dt(math.sqrt(bc2)) + dt(rule["epsilon"])
-        p -= step * m / denom
+        np.add(np.divide(np.sqrt(v, out=t1), dt(math.sqrt(bc2)), out=t1), dt(rule["epsilon"]), out=t1)
+        np.subtract(p, np.divide(np.multiply(m, step, out=t0), t1, out=t0), out=p)
     else:  # check_rule keeps anything else out
         raise ConfigError(f"unknown rule {name!r}")

@@ -208,7 +208,7 @@ class ParameterServer:
         buf = np.empty(due, np.uint8)
         if due:
             conn.reader.expect(due)
-            conn.reader.into(memoryview(buf))
+            conn.reader.into(memoryview(buf))  # type: ignore[arg-type]
         return buf
 
     def _dispatch(self, conn: Conn, op: Any, header: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
