@@ -27,6 +27,7 @@ from hora.ps import checkpoint
 from hora.ps.channel import hot_over_shm, hot_over_tcp, ring_socket, segment_need
 from hora.ps.partition import MinSizePartitioner, Partitioner, ShardKey, place, shard_offsets
 from hora.ps.protocol import HOT_OPS, recv_header, recv_payload_into, send_message
+from hora.ps.rows import sum_duplicates
 from hora.ps.rules import check_rule
 from hora.ps.shm import ShmBuffer
 
@@ -101,6 +102,7 @@ class Client:
         self._use_shm = [bool(shm) if shm is not None else _loopback(h) for h, _ in self.addresses]
         self._shm: list[ShmBuffer | None] = [None] * len(servers)
         self._reply_timeout = op_timeout + timeout
+        self._last_rows: tuple[_Var, np.ndarray, tuple[_Var, np.ndarray, np.ndarray, list[int]]] | None = None
         deadline = _deadline(timeout)
         try:
             for i, (host, port) in enumerate(self.addresses):
@@ -253,11 +255,16 @@ class Client:
         ids = np.asarray(ids)
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
             raise ConfigError(f"{op} '{name}': ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}")
+        last = self._last_rows  # a step pulls rows and then pushes the same ids: sort them once
+        if last is not None and last[0] is var and last[1].shape == ids.shape and np.array_equal(last[1], ids):
+            return last[2]
         uniq, inverse = np.unique(ids.astype(np.int64), return_inverse=True)
         if len(uniq) and (uniq[0] < 0 or uniq[-1] >= var.shape[0]):
             raise ConfigError(f"{op} '{name}': ids must lie in 0..{var.shape[0] - 1}, got {uniq[0]}..{uniq[-1]}")
         cuts = np.searchsorted(uniq, var.offsets).tolist()
-        return var, uniq, inverse.reshape(-1), cuts
+        result = (var, uniq, inverse.reshape(-1), cuts)
+        self._last_rows = (var, ids.copy(), result)
+        return result
 
     def pull_rows(self, name: str, ids: Any) -> np.ndarray:
         """Rows ``ids`` of the variable (duplicates allowed, fetched once), shape ``(len(ids), *row_shape)``."""
@@ -280,7 +287,7 @@ class Client:
         g = np.asarray(grads, var.dtype)
         if g.shape != (len(inverse), *var.shape[1:]):
             raise ConfigError(f"push_rows '{name}': grads have shape {g.shape}, expected {(len(inverse), *var.shape[1:])}")
-        summed = _sum_duplicates(inverse, len(uniq), g)
+        summed = sum_duplicates(inverse, len(uniq), g)
         per: dict[int, list[_Request]] = {}
         for i, server in enumerate(var.servers):
             a, b = cuts[i], cuts[i + 1]
@@ -460,30 +467,6 @@ class Client:
             else:
                 if refused is not None:
                     raise refused
-
-
-def _sum_duplicates(inverse: np.ndarray, n: int, grads: np.ndarray) -> np.ndarray:
-    """Row ``j`` of the result is the sum, in order of appearance, of the ``grads`` rows ``i`` with ``inverse[i] ==
-    j``: what ``np.add.at`` gives, bit for bit, without its per-element loop. The first occurrences are gathered
-    at once, then the k-th repeats of every row are added in one vectorised step per k."""
-    if n == len(inverse):  # no duplicates: a permutation
-        summed = np.empty((n, *grads.shape[1:]), grads.dtype)
-        summed[inverse] = grads
-        return summed
-    order = np.argsort(inverse, kind="stable")
-    ranks = inverse[order]
-    first = np.flatnonzero(np.diff(ranks, prepend=-1))
-    summed = grads[order[first]]
-    nth = np.arange(len(ranks)) - first[ranks]  # 0 for a first occurrence, k for the k-th repeat
-    repeats = int(nth.max())
-    if repeats > 32:  # a few very hot rows: np.add.at on the repeats only
-        rest = nth > 0
-        np.add.at(summed, ranks[rest], grads[order[rest]])
-        return summed
-    for k in range(1, repeats + 1):
-        sel = nth == k
-        summed[ranks[sel]] += grads[order[sel]]
-    return summed
 
 
 def _error(reply: dict[str, Any], what: str) -> HoraError:

@@ -259,3 +259,14 @@ def test_no_room_in_dev_shm_falls_back_to_tcp(two_servers, monkeypatch):
     with two_servers.client(0, shm=True) as c:
         c.register("fallback.w", np.arange(6, dtype=np.float32), rule="sum")
         np.testing.assert_array_equal(c.push_pull("fallback.w", np.ones(6, np.float32)), np.arange(1, 7))
+
+
+def test_a_large_registration_after_shared_memory_is_in_use_does_not_stall(two_servers):
+    # the servers wait on the segments' doorbells, not the sockets: a control message larger than the sockets'
+    # buffers must be announced first, or both sides block in send
+    with two_servers.client(0, shm=True, partitioner=FixedShardsPartitioner(2)) as c:
+        c.register("doorbell.small", np.zeros(4, np.float32), rule="sum")
+        np.testing.assert_array_equal(c.push_pull("doorbell.small", np.ones(4, np.float32)), np.ones(4))
+        big = np.arange(16 << 20, dtype=np.float32).reshape(-1, 64)  # 32 MiB to each server over its socket
+        c.register("doorbell.big", big, rule="sum")
+        np.testing.assert_array_equal(c.pull_rows("doorbell.big", [3, 3, len(big) - 1]), big[[3, 3, -1]])
