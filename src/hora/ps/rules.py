@@ -90,8 +90,8 @@ def apply_dense(
     With ``out`` (same shape, C-contiguous), also copy the updated values there, chunk by chunk right after each is
     updated; ``out`` may be ``grad`` itself (each chunk of the gradient is used before it is overwritten).
     """
-    if not (param.flags.c_contiguous and all(v.flags.c_contiguous for v in slots.values())):
-        _apply(rule, param, grad, slots, t)  # reshaping would copy: update the arrays themselves
+    if param.size <= CHUNK or not (param.flags.c_contiguous and all(v.flags.c_contiguous for v in slots.values())):
+        _apply(rule, param, grad, slots, t)  # small (nothing to chunk), or reshaping would copy: update in place
         if out is not None:
             np.copyto(out, param)
         return
@@ -127,10 +127,13 @@ def _temps(like: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     fresh temporary of a megabyte costs its page faults each time)."""
     if like.size > _TEMP_LIMIT:
         return np.empty_like(like), np.empty_like(like)
-    cache = _local.__dict__.setdefault("temps", {})
-    buf = cache.get(like.dtype.str)
+    try:
+        cache = _local.temps
+    except AttributeError:
+        cache = _local.temps = {}
+    buf = cache.get(like.dtype)
     if buf is None or buf.shape[1] < like.size:
-        buf = cache[like.dtype.str] = np.empty((2, max(like.size, CHUNK)), like.dtype)
+        buf = cache[like.dtype] = np.empty((2, max(like.size, CHUNK)), like.dtype)
     return buf[0, : like.size].reshape(like.shape), buf[1, : like.size].reshape(like.shape)
 
 

@@ -180,6 +180,9 @@ class Shard:
         )
 
     def _observe(self, rank: int) -> None:
+        if not self.gone:
+            self.max_staleness = max(self.max_staleness, self.clock[rank] - min(self.clock))
+            return
         live = [c for w, c in enumerate(self.clock) if w not in self.gone] or [self.clock[rank]]
         self.max_staleness = max(self.max_staleness, self.clock[rank] - min(live))
 
