@@ -102,6 +102,7 @@ class Client:
         self._use_shm = [bool(shm) if shm is not None else _loopback(h) for h, _ in self.addresses]
         self._shm: list[ShmBuffer | None] = [None] * len(servers)
         self._reply_timeout = op_timeout + timeout
+        self._scratch = threading.local()
         self._last_rows: tuple[_Var, np.ndarray, tuple[_Var, np.ndarray, np.ndarray, list[int]]] | None = None
         deadline = _deadline(timeout)
         try:
@@ -269,7 +270,7 @@ class Client:
     def pull_rows(self, name: str, ids: Any) -> np.ndarray:
         """Rows ``ids`` of the variable (duplicates allowed, fetched once), shape ``(len(ids), *row_shape)``."""
         var, uniq, inverse, cuts = self._rows(name, "pull_rows", ids)
-        fetched = np.empty((len(uniq), *var.shape[1:]), var.dtype)
+        fetched = self._buffer(0, (len(uniq), *var.shape[1:]), var.dtype)  # we return fetched[inverse]
         per: dict[int, list[_Request]] = {}
         for i, server in enumerate(var.servers):
             a, b = cuts[i], cuts[i + 1]
@@ -287,7 +288,7 @@ class Client:
         g = np.asarray(grads, var.dtype)
         if g.shape != (len(inverse), *var.shape[1:]):
             raise ConfigError(f"push_rows '{name}': grads have shape {g.shape}, expected {(len(inverse), *var.shape[1:])}")
-        summed = sum_duplicates(inverse, len(uniq), g)
+        summed = sum_duplicates(inverse, len(uniq), g, out=self._buffer(1, (len(uniq), *var.shape[1:]), var.dtype))
         per: dict[int, list[_Request]] = {}
         for i, server in enumerate(var.servers):
             a, b = cuts[i], cuts[i + 1]
@@ -297,6 +298,15 @@ class Client:
                     ({"op": "push_rows", "name": name, "shard": i, "n": b - a}, [local, summed[a:b]], None)
                 )
         self._run(per)
+
+    def _buffer(self, slot: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        """A reused scratch array of this thread (a fresh megabyte costs ~0.6 ms of page faults here)."""
+        pool = self._scratch.__dict__.setdefault("pool", {})
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        buf = pool.get(slot)
+        if buf is None or buf.nbytes < nbytes:
+            buf = pool[slot] = np.empty(max(nbytes, 1 << 16), np.uint8)
+        return buf[:nbytes].view(dtype).reshape(shape)
 
     # -- reports and checkpoints ----------------------------------------------------------------------------------
     def stats(self) -> list[dict[str, Any]]:
