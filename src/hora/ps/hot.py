@@ -139,6 +139,8 @@ def _serve_hot(
         return
     if nbytes != due:
         raise ProtocolError(f"{conn.what} sent {nbytes} bytes for {op} '{name}' shard {index} (due: {due})")
+    if rows > len(shard.value):  # distinct ids (checked below) cannot be more: bounds what is allocated next
+        raise ProtocolError(f"{conn.what} asked for {rows} rows of '{name}' shard {index}, which has {len(shard.value)}")
     region = conn.shm.data if via_shm and conn.shm is not None else None
     if region is None:
         need = rows * max(8, shard.row_bytes) if op == "pull_rows" else max(due, shard.value.nbytes)
@@ -181,6 +183,8 @@ def _apply(server: ParameterServer, conn: Conn, shard: Shard, op: str, region: n
     if rows and (ids.min() < 0 or ids.max() >= len(value)):
         raise ValueError(f"{op} '{shard.name}' shard {shard.index}: row ids out of range 0..{len(value) - 1}")
     if op == "pull_rows":
+        if rows > 1 and not (np.diff(ids) > 0).all():
+            raise ValueError(f"pull_rows '{shard.name}': row ids must be sorted and distinct (the client dedups them)")
         out = region[: rows * shard.row_bytes].view(value.dtype).reshape((rows, *value.shape[1:]))
         shard.read_rows(rank, ids, timeout, out=out)
         return region[: rows * shard.row_bytes]
