@@ -110,7 +110,7 @@ def apply_rows(
 ) -> None:
     """Update the rows ``rows`` (unique, in range) of ``param`` from ``grad`` (one row each); only those rows of
     the slots change."""
-    bufs = _scratch(param.dtype, (len(rows), *param.shape[1:]), 2, 1 + len(slots))
+    bufs = _scratch(param.dtype, (len(rows), *param.shape[1:]), len(rows) * (param.size // max(len(param), 1)), 2, 1 + len(slots))
     p = np.take(param, rows, axis=0, out=bufs[0], mode="clip")  # rows are checked; "raise" would buffer
     s = {k: np.take(v, rows, axis=0, out=b, mode="clip") for (k, v), b in zip(slots.items(), bufs[1:])}
     _apply(rule, p, grad, s, t)
@@ -124,10 +124,9 @@ _TEMP_LIMIT = 1 << 22  # elements: larger updates (unchunked) allocate their tem
 _POOL = 5  # two temporaries, then a sparse update's gathered rows and at most two slots
 
 
-def _scratch(dtype: np.dtype[Any], shape: tuple[int, ...], first: int, count: int) -> list[np.ndarray]:
-    """``count`` scratch arrays of ``shape``, rows ``first..`` of this thread's pool: the rules allocate nothing per
-    update (a fresh megabyte costs its page faults, ~0.6 ms here, every time)."""
-    size = int(np.prod(shape))
+def _scratch(dtype: np.dtype[Any], shape: tuple[int, ...], size: int, first: int, count: int) -> list[np.ndarray]:
+    """``count`` scratch arrays of ``shape`` (``size`` elements), rows ``first..`` of this thread's pool: the rules
+    allocate nothing per update (a fresh megabyte costs its page faults, ~0.6 ms here, every time)."""
     if size > _TEMP_LIMIT:
         return [np.empty(shape, dtype) for _ in range(count)]
     try:
@@ -141,7 +140,7 @@ def _scratch(dtype: np.dtype[Any], shape: tuple[int, ...], first: int, count: in
 
 
 def _temps(like: np.ndarray) -> list[np.ndarray]:
-    return _scratch(like.dtype, like.shape, 0, 2)
+    return _scratch(like.dtype, like.shape, like.size, 0, 2)
 
 
 def _apply(rule: Rule, p: np.ndarray, g: np.ndarray, slots: dict[str, np.ndarray], t: int) -> None:
