@@ -110,7 +110,8 @@ def apply_rows(
 ) -> None:
     """Update the rows ``rows`` (unique, in range) of ``param`` from ``grad`` (one row each); only those rows of
     the slots change."""
-    bufs = _scratch(param.dtype, (len(rows), *param.shape[1:]), len(rows) * (param.size // max(len(param), 1)), 2, 1 + len(slots))
+    row = param.size // max(len(param), 1)
+    bufs = _scratch(param.dtype, (len(rows), *param.shape[1:]), len(rows) * row, 2, 1 + len(slots))
     p = np.take(param, rows, axis=0, out=bufs[0], mode="clip")  # rows are checked; "raise" would buffer
     s = {k: np.take(v, rows, axis=0, out=b, mode="clip") for (k, v), b in zip(slots.items(), bufs[1:])}
     _apply(rule, p, grad, s, t)
