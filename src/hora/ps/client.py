@@ -391,10 +391,10 @@ class Client:
             return shm
         try:
             new = ShmBuffer.create(max(need, 1 << 20, 2 * shm.size if shm else 0))
-        except OSError as exc:  # /dev/shm full or missing: the socket carries the bytes from now on
+        except OSError as exc:  # /dev/shm full or missing: the socket carries what does not fit from now on
             log.warning("parameter server %d: no shared memory for %d bytes (%s); using TCP", server, need, exc)
             self._use_shm[server] = False
-            return None
+            return shm
         try:
             if shm is not None:
                 ring_socket(shm)
@@ -415,12 +415,12 @@ class Client:
         into: np.ndarray | None,
     ) -> dict[str, Any] | None:  # fmt: skip
         """One push/pull/rows request, through shared memory where there is some; the server's refusal or None."""
-        if self._use_shm[server]:
-            shm = self._segment(server, sock, what, segment_need(payload, into))
-            if shm is not None:
-                return hot_over_shm(shm, sock, what, header, payload, into, self._reply_timeout, lambda: self._lost)
-        if self._shm[server] is not None:  # the server still waits on the old segment's doorbell
-            raise ProtocolError(f"{what}: shared memory was given up while the server still uses it")
+        need = segment_need(payload, into)
+        shm = self._segment(server, sock, what, need) if self._use_shm[server] else self._shm[server]
+        if shm is not None and shm.size >= need:
+            return hot_over_shm(shm, sock, what, header, payload, into, self._reply_timeout, lambda: self._lost)
+        if shm is not None:  # it could not grow: the server waits on its doorbell, so ring before using the socket
+            ring_socket(shm)
         return hot_over_tcp(sock, what, header, payload, into)
 
     def _lose(self, server: int, what: str, exc: BaseException) -> str:

@@ -270,3 +270,22 @@ def test_a_large_registration_after_shared_memory_is_in_use_does_not_stall(two_s
         big = np.arange(16 << 20, dtype=np.float32).reshape(-1, 64)  # 32 MiB to each server over its socket
         c.register("doorbell.big", big, rule="sum")
         np.testing.assert_array_equal(c.pull_rows("doorbell.big", [3, 3, len(big) - 1]), big[[3, 3, -1]])
+
+
+def test_a_segment_that_cannot_grow_sends_larger_requests_over_tcp(two_servers, monkeypatch):
+    import errno
+
+    from hora.ps import client as client_module
+
+    with two_servers.client(0, shm=True, partitioner=FixedShardsPartitioner(1)) as c:
+        c.register({"grow.small": np.zeros(4, np.float32), "grow.big": np.zeros(1 << 19, np.float32)}, rule="sum")
+        np.testing.assert_array_equal(c.push_pull("grow.small", np.ones(4, np.float32)), np.ones(4))
+
+        def full(size):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(client_module.ShmBuffer, "create", staticmethod(full))
+        big = np.arange(1 << 19, dtype=np.float32)  # 2 MiB: more than the 1 MiB segment holds
+        np.testing.assert_array_equal(c.push_pull("grow.big", big), big)
+        np.testing.assert_array_equal(c.push_pull("grow.small", np.ones(4, np.float32)), np.full(4, 2))
+        np.testing.assert_array_equal(c.pull_rows("grow.big", [5, 1]), [5, 1])
