@@ -40,7 +40,7 @@ from hora.ps.shm import (
     spin_until,
 )
 
-__all__ = ["hot_over_shm", "hot_over_tcp", "ring_socket", "segment_need"]
+__all__ = ["hot_over_shm", "hot_over_tcp", "loopback", "ring_socket", "segment_need"]
 
 _LEN = struct.Struct("!Q")
 _SLICE = 0.1  # seconds between checks for a lost server while waiting on the doorbell
@@ -55,6 +55,11 @@ def _views(payload: Sequence[Any]) -> list[memoryview]:
 
 def _bytes(into: np.ndarray) -> memoryview:
     return memoryview(into).cast("B")  # type: ignore[arg-type]
+
+
+def loopback(host: str) -> bool:
+    """Whether ``host`` is this machine's loopback address (where shared memory can replace the socket)."""
+    return host.startswith("127.") or host in ("localhost", "::1")
 
 
 def segment_need(payload: Sequence[Any], into: np.ndarray | None) -> int:

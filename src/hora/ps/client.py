@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import re
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -24,7 +23,8 @@ from hora._runtime.auth import Role
 from hora._runtime.rendezvous import connect_with_retry
 from hora.errors import ConfigError, HoraError, MismatchError, PeerLostError, ProtocolError
 from hora.ps import checkpoint
-from hora.ps.channel import hot_over_shm, hot_over_tcp, ring_socket, segment_need
+from hora.ps.channel import hot_over_shm, hot_over_tcp, loopback, ring_socket, segment_need
+from hora.ps.consistency import parse_consistency
 from hora.ps.partition import MinSizePartitioner, Partitioner, ShardKey, place, shard_offsets
 from hora.ps.protocol import HOT_OPS, recv_header, recv_payload_into, send_message
 from hora.ps.rows import sum_duplicates
@@ -36,23 +36,6 @@ __all__ = ["Client", "parse_consistency"]
 log = logging.getLogger(__name__)
 
 _Request = tuple[dict[str, Any], list[Any], "np.ndarray | None"]
-
-
-def parse_consistency(text: str, staleness: int | None = None) -> tuple[str, int]:
-    """``"async"``, ``"sync"`` or ``"bounded(k)"`` (also ``"bounded:k"``, or ``"bounded"`` with ``staleness``)
-    -> (mode, k)."""
-    value = text.strip().lower()
-    m = re.fullmatch(r"bounded(?:\((\d+)\)|:(\d+))?", value)
-    if m:
-        k = m.group(1) or m.group(2)
-        if k is None and staleness is None:
-            raise ConfigError("consistency 'bounded' needs a staleness: write bounded(k) or pass staleness=k")
-        return "bounded", int(k) if k is not None else int(staleness or 0)
-    if value in ("async", "sync"):
-        if staleness is not None and value == "sync" and staleness:
-            raise ConfigError(f"consistency 'sync' has no staleness (got staleness={staleness}); use bounded({staleness})")
-        return value, 0
-    raise ConfigError(f"consistency {text!r} is not one of async, sync, bounded(k)")
 
 
 @dataclass
@@ -99,7 +82,7 @@ class Client:
         self._locks = [threading.Lock() for _ in servers]
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, len(servers) - 1), thread_name_prefix="hora-ps")
         self._socks: list[socket.socket] = []
-        self._use_shm = [bool(shm) if shm is not None else _loopback(h) for h, _ in self.addresses]
+        self._use_shm = [bool(shm) if shm is not None else loopback(h) for h, _ in self.addresses]
         self._shm: list[ShmBuffer | None] = [None] * len(servers)
         self._reply_timeout = op_timeout + timeout
         self._scratch = threading.local()
@@ -119,7 +102,13 @@ class Client:
         return len(self.addresses)
 
     def close(self) -> None:
-        for s in self._socks:
+        for i, s in enumerate(self._socks):
+            shm = self._shm[i]
+            if shm is not None and self._locks[i].acquire(blocking=False):
+                try:  # the server then reads the socket, finds it closed and counts this worker gone at once
+                    ring_socket(shm)
+                finally:
+                    self._locks[i].release()
             try:
                 s.close()
             except OSError:
@@ -484,10 +473,6 @@ def _error(reply: dict[str, Any], what: str) -> HoraError:
     if not (isinstance(kind, type) and issubclass(kind, HoraError)):
         kind = errors.CollectiveError
     return kind(f"{what}: {reply.get('error')}")
-
-
-def _loopback(host: str) -> bool:
-    return host.startswith("127.") or host in ("localhost", "::1")
 
 
 def _deadline(timeout: float) -> float:
