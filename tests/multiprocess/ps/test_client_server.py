@@ -187,14 +187,18 @@ def test_async_mode_lets_the_fast_worker_run_ahead(two_servers):
             c.close()
 
 
-def test_registration_mismatch_raises_on_every_worker(two_servers):
-    a, b = two_servers.client(0), two_servers.client(1)
+@pytest.mark.parametrize("shm", [False, True], ids=["tcp", "shm"])
+def test_registration_mismatch_raises_on_every_worker(two_servers, shm):
+    a, b = two_servers.client(0, shm=shm), two_servers.client(1, shm=shm)
+    name = f"mm.{shm}"
     try:
-        a.register("mm.w", np.zeros((4, 2), np.float32), rule="sgd")
-        with pytest.raises(MismatchError, match=r"mm\.w.*shape"):
-            b.register("mm.w", np.zeros((4, 3), np.float32), rule="sgd")
-        with pytest.raises(MismatchError, match=r"mm\.w"):  # the first worker hears of it at its next request
-            a.push("mm.w", np.zeros((4, 2), np.float32))
+        a.register(name, np.zeros((4, 2), np.float32), rule="sgd")
+        with pytest.raises(MismatchError, match=rf"mm\.{shm}.*shape"):
+            b.register(name, np.zeros((4, 3), np.float32), rule="sgd")
+        with pytest.raises(MismatchError, match=rf"mm\.{shm}"):  # the first worker hears of it at its next request
+            a.push(name, np.zeros((4, 2), np.float32))
+        with pytest.raises(MismatchError):  # a refusal leaves the connection usable: the same answer again
+            a.push_pull(name, np.zeros((4, 2), np.float32))
     finally:
         a.close()
         b.close()
