@@ -64,7 +64,7 @@ def loopback(host: str) -> bool:
 
 def segment_need(payload: Sequence[Any], into: np.ndarray | None) -> int:
     """Bytes of segment (control block included) a request and its reply need."""
-    return DATA + max(sum(memoryview(p).nbytes for p in payload), into.nbytes if into is not None else 0)
+    return DATA + max(sum(p.nbytes for p in payload), into.nbytes if into is not None else 0)
 
 
 def hot_over_tcp(
@@ -114,8 +114,12 @@ def hot_over_shm(
     """The same through the segment (big enough: :func:`segment_need`): payload in, doorbell, wait, reply out."""
     offset = 0
     for v in _views(payload):
-        shm.data[offset : offset + v.nbytes] = np.frombuffer(v, np.uint8)
-        offset += v.nbytes
+        end = offset + v.nbytes
+        if v.nbytes < 1 << 16:  # small: a memoryview copy is cheaper; large: numpy's releases the GIL
+            shm.mv[DATA + offset : DATA + end] = v
+        else:
+            shm.data[offset:end] = np.frombuffer(v, np.uint8)
+        offset = end
     code = HOT_OPS.index(header["op"]) + 1
     _ring(shm, REQUEST_MAGIC, code, header["name"].encode(), header["shard"], header.get("n", 0), offset)
     if not spin_until(shm.words, REP_WORD // 4, shm.seq, SPIN):

@@ -157,7 +157,7 @@ def _serve_hot(
     n = out.nbytes if out is not None else 0
     server.bytes_out += n
     if via_shm and conn.shm is not None:
-        _ring_reply(conn.shm, REPLY.pack(REPLY_MAGIC, 0, 0, 0, 0, n))
+        _ring_reply(conn.shm, 0, n)
     else:
         send_parts(conn.sock, REPLY.pack(REPLY_MAGIC, 0, 0, 0, n, 0), [out] if n else [])
 
@@ -195,8 +195,8 @@ def _apply(server: ParameterServer, conn: Conn, shard: Shard, op: str, region: n
     return None
 
 
-def _ring_reply(shm: ShmBuffer, head: bytes) -> None:
-    shm.mv[REPLY_AT : REPLY_AT + len(head)] = head
+def _ring_reply(shm: ShmBuffer, status: int, n: int) -> None:
+    REPLY.pack_into(shm.mv, REPLY_AT, REPLY_MAGIC, status, 0, 0, 0, n)
     shm.words[REP_WORD // 4] = shm.seq
     futex.wake(shm.base + REP_WORD)
 
@@ -206,6 +206,6 @@ def _error(conn: Conn, exc: BaseException, via_shm: bool) -> None:
     if via_shm and conn.shm is not None:
         text = json.dumps(body).encode()[: conn.shm.data.nbytes]
         conn.shm.data[: len(text)] = np.frombuffer(text, np.uint8)
-        _ring_reply(conn.shm, REPLY.pack(REPLY_MAGIC, 1, 0, 0, 0, len(text)))
+        _ring_reply(conn.shm, 1, len(text))
     else:
         send_message(conn.sock, body)

@@ -122,6 +122,7 @@ def apply_rows(
 
 _local = threading.local()
 _TEMP_LIMIT = 1 << 22  # elements: larger updates (unchunked) allocate their temporaries instead of keeping them
+_SMALL = 1 << 12  # elements
 _POOL = 5  # two temporaries, then a sparse update's gathered rows and at most two slots
 
 
@@ -141,6 +142,8 @@ def _scratch(dtype: np.dtype[Any], shape: tuple[int, ...], size: int, first: int
 
 
 def _temps(like: np.ndarray) -> list[np.ndarray]:
+    if like.size <= _SMALL:  # a small block from malloc's free lists costs less than slicing the pool
+        return [np.empty_like(like), np.empty_like(like)]
     return _scratch(like.dtype, like.shape, like.size, 0, 2)
 
 
