@@ -215,11 +215,11 @@ def main() -> None:
              str(args.batch_rows), "--steps", str(args.steps), "--warmup", str(args.warmup)]  # fmt: skip
     record: dict[str, Any] = {"machine": machine(), "hora": [], "tf": [], "slow": {}, "balance": _balance()}
     notes: list[str] = []
-    for r in range(args.rounds):  # interleaved, so drifts of the machine hit both
+    for _ in range(args.rounds):  # interleaved, so drifts of the machine hit both
         record["hora"] += _hora_run(1, 2, ["--worker", "hora", *sizes], 600)
         if not args.no_tf:
             try:
-                record["tf"].append(_tf_push_pull(args) if r == 0 else _tf_in_child(sizes))
+                record["tf"].append(_tf_in_child(sizes))  # never in this process: its gRPC threads stay and busy the cores
             except Exception as exc:  # report, do not hide hora's numbers
                 notes.append(f"TensorFlow ParameterServerStrategy failed: {exc!r}")
                 args.no_tf = True
@@ -243,7 +243,8 @@ def main() -> None:
 
 
 def _tf_in_child(sizes: list[str]) -> dict[str, Any]:
-    """Later rounds of TensorFlow in a fresh process (a gRPC cluster cannot be rebuilt in one process)."""
+    """A round of TensorFlow in a fresh process: a gRPC cluster cannot be rebuilt in one process, and its server
+    threads, which outlive it, took half a core from the driver during hora's later rounds."""
     code = (
         f"import sys, json; sys.path.insert(0, {os.path.dirname(HERE)!r}); sys.argv = ['ps.py', *{sizes!r}]; "
         "import ps, argparse; p = argparse.ArgumentParser(); [p.add_argument(a, type=int) for a in "

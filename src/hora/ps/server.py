@@ -18,17 +18,16 @@ import numpy as np
 
 from hora._runtime.auth import Role, server_handshake
 from hora._runtime.gate import PendingHandshakes, RejectLog
-from hora._wire import recv_exact
 from hora.errors import (
     AuthenticationError,
     HoraError,
-    MismatchError,
     PeerLostError,
     ProtocolError,
     TimeoutError,
 )
 from hora.ps import checkpoint
-from hora.ps.protocol import recv_header, recv_payload, send_message
+from hora.ps.hot import Conn, next_request
+from hora.ps.protocol import send_message
 from hora.ps.rules import check_rule
 from hora.ps.shard import Shard
 from hora.ps.shm import ShmBuffer
@@ -45,16 +44,6 @@ DTYPES = ("<f4", "<f8")
 _MODES = ("async", "bounded", "sync")
 
 
-class _Conn:
-    """One worker's connection: its socket, its rank, its shared segment, whether the current payload was read."""
-
-    def __init__(self, sock: socket.socket, rank: int) -> None:
-        self.sock, self.rank = sock, rank
-        self.what = f"worker {rank}"
-        self.shm: ShmBuffer | None = None
-        self.read = False
-
-
 class ParameterServer:
     """Server ``index`` of a job whose ``workers`` workers connect with ``secret``. ``start()`` binds and serves;
     ``shutdown(timeout)`` stops it and closes every connection."""
@@ -66,15 +55,16 @@ class ParameterServer:
         self.index = index
         self.workers = workers
         self._secret = secret
-        self._op_timeout = op_timeout
+        self.op_timeout = op_timeout
         self._handshake_timeout = handshake_timeout
-        self._max_bytes = max_bytes  # largest payload a request may announce
+        self.max_bytes = max_bytes  # largest payload a request may announce
         self._listener = socket.create_server((host, port), backlog=128)
         self._lock = threading.Lock()
         self._registered = threading.Condition(self._lock)
         self._shards: dict[tuple[str, int], Shard] = {}
         self._layouts: dict[str, dict[str, Any]] = {}
         self._clients: set[socket.socket] = set()
+        self._live: dict[int, int] = {}  # connections open per worker
         self._closed = threading.Event()
         self._pending = PendingHandshakes()
         self._rejects = RejectLog(log, f"parameter server {index}")
@@ -156,7 +146,7 @@ class ParameterServer:
                 threading.Thread(target=self._serve, args=(conn,), name="hora-ps-client", daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
-        conn: _Conn | None = None
+        conn: Conn | None = None
         try:
             try:
                 _, rank = server_handshake(sock, self._secret, self._handshake_timeout, roles=(Role.PS,))
@@ -169,34 +159,41 @@ class ParameterServer:
                 if self._closed.is_set():
                     return
                 self._clients.add(sock)
+                self._live[rank] = self._live.get(rank, 0) + 1
                 shards = list(self._shards.values())
+            conn = Conn(sock, rank)
             for s in shards:
                 s.rejoin(rank)
-            conn = _Conn(sock, rank)
             while True:
                 try:
-                    header = recv_header(sock, conn.what)
+                    header = next_request(self, conn)
                 except PeerLostError:
                     return
-                self._request(conn, header)
+                if header is not None:
+                    self._request(conn, header)
         except (AuthenticationError, ProtocolError) as exc:
             self._rejects.drop(exc)
         except OSError:
             pass
         finally:
+            gone = False
             with self._lock:
                 self._clients.discard(sock)
                 shards = list(self._shards.values())
+                if conn is not None:
+                    self._live[conn.rank] -= 1
+                    # an old connection noticed closed late must not mark a worker gone that is connected again
+                    gone = not self._live[conn.rank]
             if conn is not None:
-                for s in shards:
+                for s in shards if gone else ():
                     s.leave(conn.rank)
                 if conn.shm is not None:
                     conn.shm.close()
             _close(sock)
 
-    def _request(self, conn: _Conn, header: dict[str, Any]) -> None:
+    def _request(self, conn: Conn, header: dict[str, Any]) -> None:
         nbytes = header["nbytes"]
-        if nbytes > self._max_bytes:
+        if nbytes > self.max_bytes:
             raise ProtocolError(f"{conn.what} announced a payload of {nbytes} bytes, above this server's limit")
         conn.read = False  # the payload is still on the wire until a handler reads it
         try:
@@ -205,48 +202,37 @@ class ParameterServer:
             if isinstance(exc, ProtocolError):
                 raise
             if not conn.read and nbytes:
-                _drain(conn.sock, nbytes, conn.what)
+                conn.reader.expect(nbytes)
+                conn.reader.skip(nbytes)
             send_message(conn.sock, {"ok": False, "type": type(exc).__name__, "error": str(exc)})
             return
-        self.bytes_out += sum(memoryview(p).nbytes for p in payload) + int(reply.get("shm", 0))
+        self.bytes_out += sum(memoryview(p).nbytes for p in payload)
         send_message(conn.sock, reply, payload)
 
-    def _shard(self, header: dict[str, Any]) -> Shard:
-        key = (str(header["name"]), int(header["shard"]))
-        with self._lock:
-            shard = self._shards.get(key)
+    def shard(self, name: str, index: int) -> Shard:
+        shard = self._shards.get((name, index))  # one dict read: atomic, no lock needed
         if shard is None:
-            raise KeyError(f"server {self.index} holds no shard {key[1]} of '{key[0]}': register the variable first")
+            raise KeyError(f"server {self.index} holds no shard {index} of '{name}': register the variable first")
         return shard
 
-    def _payload(self, conn: _Conn, header: dict[str, Any], due: int) -> np.ndarray:
-        """The request's ``due`` payload bytes (uint8): a view of the shared segment, or read from the socket."""
-        if "shm" in header:
-            if conn.shm is None or header["shm"] != due or header["nbytes"] or due > conn.shm.size:
-                raise ProtocolError(f"{conn.what} announced {header['shm']!r} shared-memory bytes where {due} were due")
-            conn.read = True
-            self.bytes_in += due
-            return conn.shm.u8[:due]
+    def _payload(self, conn: Conn, header: dict[str, Any], due: int) -> np.ndarray:
+        """The request's ``due`` payload bytes (uint8), read from the socket into a fresh array."""
         if header["nbytes"] != due:
             raise ProtocolError(f"{conn.what} sent {header['nbytes']} bytes for '{header.get('name')}' (due: {due})")
         conn.read = True
         self.bytes_in += due
-        return recv_payload(conn.sock, due, conn.what)
+        buf = np.empty(due, np.uint8)
+        if due:
+            conn.reader.expect(due)
+            conn.reader.into(memoryview(buf))  # type: ignore[arg-type]
+        return buf
 
-    def _reply(self, conn: _Conn, header: dict[str, Any], value: np.ndarray) -> tuple[dict[str, Any], list[Any]]:
-        if "shm" in header and conn.shm is not None:
-            if value.nbytes > conn.shm.size:
-                raise ProtocolError(f"{conn.what}'s shared segment cannot hold a reply of {value.nbytes} bytes")
-            conn.shm.u8[: value.nbytes] = value.reshape(-1).view(np.uint8)
-            return {"ok": True, "shm": value.nbytes}, []
-        return {"ok": True}, [value]
-
-    def _dispatch(self, conn: _Conn, op: Any, header: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
-        rank, what = conn.rank, conn.what
+    def _dispatch(self, conn: Conn, op: Any, header: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        what = conn.what
         if op == "register":
             return self._register(conn, header), []
         if op == "layout":
-            return self._layout(rank, header), []
+            return self._layout(conn.rank, header), []
         if op == "poison":
             return self._poison(header), []
         if op == "shm":
@@ -259,43 +245,9 @@ class ParameterServer:
             return {"ok": True, "stats": self.stats(bool(header.get("progress")))}, []
         if op in ("save", "load"):
             return self._checkpoint(op, header), []
-        shard = self._shard(header)
-        if shard.poisoned:
-            raise MismatchError(shard.poisoned)
-        value = shard.value
-        if op in ("push", "push_pull"):
-            grad = self._payload(conn, header, value.nbytes).view(value.dtype).reshape(value.shape)
-            shard.push(rank, grad)
-            if self.saver is not None:
-                self.saver.updated(shard)
-            if op == "push":
-                return {"ok": True}, []
-        if op in ("pull", "push_pull"):
-            if op == "pull" and header["nbytes"]:
-                raise ProtocolError(f"{what} sent a payload with a pull")
-            if "shm" in header and conn.shm is not None and value.nbytes <= conn.shm.size:
-                shard.read(rank, self._op_timeout, out=conn.shm.u8[: value.nbytes].view(value.dtype).reshape(value.shape))
-                return {"ok": True, "shm": value.nbytes}, []
-            return self._reply(conn, header, shard.read(rank, self._op_timeout))
-        if op in ("push_rows", "pull_rows"):
-            n = int(header["n"])
-            if n < 0:
-                raise ProtocolError(f"{what} asked for {n} rows")
-            data = self._payload(conn, header, n * 8 + (n * shard.row_bytes if op == "push_rows" else 0))
-            rows = data[: n * 8].view("<i8").astype(np.intp)
-            if n and (rows.min() < 0 or rows.max() >= len(value)):
-                raise ValueError(f"{op} '{shard.name}' shard {shard.index}: row ids out of range 0..{len(value) - 1}")
-            if op == "pull_rows":
-                return self._reply(conn, header, shard.read_rows(rank, rows, self._op_timeout))
-            if len(np.unique(rows)) != n:
-                raise ValueError(f"push_rows '{shard.name}': row ids must be unique (the client sums duplicates)")
-            shard.push(rank, (rows, data[n * 8 :].view(value.dtype).reshape((n, *value.shape[1:]))))
-            if self.saver is not None:
-                self.saver.updated(shard)
-            return {"ok": True}, []
         raise ProtocolError(f"{what} asked for unknown operation {op!r}")
 
-    def _register(self, conn: _Conn, header: dict[str, Any]) -> dict[str, Any]:
+    def _register(self, conn: Conn, header: dict[str, Any]) -> dict[str, Any]:
         rank = conn.rank
         name, index = str(header["name"]), int(header["shard"])
         dtype = str(header["dtype"])
@@ -315,9 +267,9 @@ class ParameterServer:
             if rank == 0:  # worker 0's values win, as when Horovod broadcasts the parameters from rank 0
                 existing = self._shards.setdefault((name, index), shard)
                 self._registered.notify_all()
-            elif not self._registered.wait_for(lambda: (name, index) in self._shards, self._op_timeout):
+            elif not self._registered.wait_for(lambda: (name, index) in self._shards, self.op_timeout):
                 raise TimeoutError(
-                    f"register '{name}' shard {index}: worker {rank} waited {self._op_timeout:g}s for worker 0 to "
+                    f"register '{name}' shard {index}: worker {rank} waited {self.op_timeout:g}s for worker 0 to "
                     "register it; every worker must register the same variables"
                 )
             else:
@@ -388,14 +340,6 @@ def _waiting(shards: list[Shard]) -> dict[str, list[int]]:
             if s.waiting:
                 out.setdefault(s.name, set()).update(s.waiting)
     return {k: sorted(v) for k, v in out.items()}
-
-
-def _drain(conn: socket.socket, n: int, what: str) -> None:
-    """Read and drop a payload frame of ``n`` bytes (after a request failed before its payload was read)."""
-    if int.from_bytes(recv_exact(conn, 8, what), "big") != n:
-        raise ProtocolError(f"{what} sent a payload frame whose length differs from its header's")
-    while n:
-        n -= len(recv_exact(conn, min(n, 1 << 20), what))
 
 
 def _close(sock: socket.socket) -> None:

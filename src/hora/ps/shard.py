@@ -96,6 +96,19 @@ class Shard:
             if self.mode == "bounded":
                 self.cond.notify_all()
 
+    def push_pull(self, rank: int, grad: np.ndarray, out: np.ndarray, timeout: float) -> None:
+        """A dense push and then a read into ``out`` (which may be ``grad``'s memory). Under ``async`` one pass:
+        each chunk is updated and copied out while it is in the cache."""
+        if self.mode != "async":
+            self.push(rank, grad)
+            self.read(rank, timeout, out=out)
+            return
+        with self.cond:
+            self.t += 1
+            apply_dense(self.rule, self.value, grad, self.slots, self.t, out=out)
+            self.clock[rank] += 1
+            self._observe(rank)
+
     def _apply_step(self, grads: dict[int, Any]) -> None:
         n = len(grads)
         self.t += 1
@@ -172,6 +185,9 @@ class Shard:
         )
 
     def _observe(self, rank: int) -> None:
+        if not self.gone:
+            self.max_staleness = max(self.max_staleness, self.clock[rank] - min(self.clock))
+            return
         live = [c for w, c in enumerate(self.clock) if w not in self.gone] or [self.clock[rank]]
         self.max_staleness = max(self.max_staleness, self.clock[rank] - min(live))
 
@@ -184,10 +200,10 @@ class Shard:
             np.copyto(out, self.value)
             return out
 
-    def read_rows(self, rank: int, rows: np.ndarray, timeout: float) -> np.ndarray:
+    def read_rows(self, rank: int, rows: np.ndarray, timeout: float, out: np.ndarray | None = None) -> np.ndarray:
         self.wait_readable(rank, timeout)
         with self.cond:
-            return self.value[rows]
+            return np.take(self.value, rows, axis=0, out=out, mode="clip")  # rows were checked by the caller
 
     def rejoin(self, rank: int) -> None:
         with self.cond:

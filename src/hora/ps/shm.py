@@ -1,11 +1,17 @@
-"""Shared memory between a worker and a server on the same host: the payloads skip the socket.
+"""Shared memory between a worker and a server on the same host: hot requests skip the socket entirely.
 
 The client creates a segment of its own in /dev/shm (a random name, mode 0600, created exclusively), announces it
 on its authenticated connection (``{"op": "shm", "name", "size"}``), and unlinks it as soon as the server has mapped
-it, so no crash can leave it behind. From then on a request with ``"shm": n`` in its header has its n payload bytes
-at the start of the segment instead of in a payload frame, and a reply with ``"shm": n`` has its payload there too;
-the request/reply order on the socket is the only synchronisation needed (one request at a time per connection).
-The server checks the segment's owner and size, and every announced length against the size, before using it.
+it, so no crash can leave it behind. The server checks the segment's owner, mode and size before mapping it.
+
+The segment starts with a control block (:data:`DATA` bytes): two 32-bit doorbell words and the binary headers of
+:mod:`hora.ps.protocol`; the payloads follow it. A hot request (push, pull, rows) is its header written at
+:data:`HEAD`, its payload at :data:`DATA`, and the request word incremented and woken (a futex); the server answers
+with a reply header at :data:`REPLY_AT`, the reply's payload at :data:`DATA`, and the reply word set to the same
+count. One request at a time per connection, so nothing else orders the uses of the segment. A control message
+still travels on the socket; the client rings with :data:`SOCKET_CODE` so the server reads it. Both sides wait in
+slices and check the socket between them, so a peer that dies is noticed without a reply. The server checks every
+header field and length read from the segment (copied out first) against the segment's size before using it.
 """
 
 from __future__ import annotations
@@ -13,15 +19,48 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+import select
+import socket
+import time
 
 import numpy as np
 
 from hora.errors import ProtocolError
 
-__all__ = ["PREFIX", "ShmBuffer"]
+__all__ = ["DATA", "HEAD", "PREFIX", "REPLY_AT", "REP_WORD", "REQ_WORD", "SOCKET_CODE", "ShmBuffer", "spin_readable", "spin_until"]
 
 PREFIX = "hora-ps-"
 _DIR = "/dev/shm"
+#: Byte offsets of the control block: the request and reply doorbell words (their own cache lines), the request
+#: header and name, the reply header; the payloads start at DATA.
+REQ_WORD, REP_WORD, HEAD, REPLY_AT, DATA = 0, 64, 128, 2048, 4096
+#: The op code of a doorbell that says "a control message is on the socket".
+SOCKET_CODE = 0x7F
+
+
+def spin_until(words: memoryview, index: int, value: int, seconds: float) -> bool:
+    """Poll ``words[index]`` for ``value`` for up to ``seconds``, yielding the core (and the GIL) between looks:
+    a futex wake-up costs tens of microseconds on a busy virtual machine, a look a fraction of one."""
+    if words[index] == value:
+        return True
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        os.sched_yield()
+        if words[index] == value:
+            return True
+    return False
+
+
+def spin_readable(sock: socket.socket, seconds: float) -> bool:
+    """Poll ``sock`` for data for up to ``seconds`` (yielding the core between looks) before a blocking read, which
+    would cost a wake-up: the same trade as :func:`spin_until`, for the socket."""
+    end = time.perf_counter() + seconds
+    while True:
+        if select.select([sock], [], [], 0)[0]:
+            return True
+        if time.perf_counter() >= end:
+            return False
+        os.sched_yield()
 
 
 class ShmBuffer:
@@ -31,6 +70,15 @@ class ShmBuffer:
         self._mm: mmap.mmap | None = mm
         self.name, self.size = name, size
         self.u8 = np.frombuffer(mm, np.uint8)
+        self.data = self.u8[DATA:]
+        self.mv = memoryview(mm)  # headers are packed and unpacked in place (struct), no numpy on the hot path
+        self.words = self.mv[:DATA].cast("I")
+        self.base = int(self.u8.ctypes.data)
+        self.seq = 0  # the last request count rung (client) or served (server)
+
+    def address(self, word: int) -> int:
+        """The address of the doorbell word at byte offset ``word`` (for futex waits)."""
+        return self.base + word
 
     @classmethod
     def create(cls, size: int) -> ShmBuffer:
@@ -51,7 +99,7 @@ class ShmBuffer:
     @classmethod
     def attach(cls, name: str, size: int) -> ShmBuffer:
         """Map a worker's segment; refuse names outside hora's, other owners and sizes that differ."""
-        if not name.startswith(PREFIX) or os.path.basename(name) != name or not 0 < size <= 1 << 40:
+        if not name.startswith(PREFIX) or os.path.basename(name) != name or not DATA < size <= 1 << 40:
             raise ProtocolError(f"refusing shared-memory segment {name!r} of {size} bytes")
         fd = os.open(os.path.join(_DIR, name), os.O_RDWR | os.O_NOFOLLOW)
         try:
@@ -71,7 +119,9 @@ class ShmBuffer:
 
     def close(self) -> None:
         if self._mm is not None:
-            self.u8 = np.empty(0, np.uint8)
+            self.u8 = self.data = np.empty(0, np.uint8)
+            self.words.release()
+            self.mv.release()
             try:
                 self._mm.close()
             except BufferError:  # a view is still alive somewhere: the mapping goes when it does

@@ -187,14 +187,18 @@ def test_async_mode_lets_the_fast_worker_run_ahead(two_servers):
             c.close()
 
 
-def test_registration_mismatch_raises_on_every_worker(two_servers):
-    a, b = two_servers.client(0), two_servers.client(1)
+@pytest.mark.parametrize("shm", [False, True], ids=["tcp", "shm"])
+def test_registration_mismatch_raises_on_every_worker(two_servers, shm):
+    a, b = two_servers.client(0, shm=shm), two_servers.client(1, shm=shm)
+    name = f"mm.{shm}"
     try:
-        a.register("mm.w", np.zeros((4, 2), np.float32), rule="sgd")
-        with pytest.raises(MismatchError, match=r"mm\.w.*shape"):
-            b.register("mm.w", np.zeros((4, 3), np.float32), rule="sgd")
-        with pytest.raises(MismatchError, match=r"mm\.w"):  # the first worker hears of it at its next request
-            a.push("mm.w", np.zeros((4, 2), np.float32))
+        a.register(name, np.zeros((4, 2), np.float32), rule="sgd")
+        with pytest.raises(MismatchError, match=rf"mm\.{shm}.*shape"):
+            b.register(name, np.zeros((4, 3), np.float32), rule="sgd")
+        with pytest.raises(MismatchError, match=rf"mm\.{shm}"):  # the first worker hears of it at its next request
+            a.push(name, np.zeros((4, 2), np.float32))
+        with pytest.raises(MismatchError):  # a refusal leaves the connection usable: the same answer again
+            a.push_pull(name, np.zeros((4, 2), np.float32))
     finally:
         a.close()
         b.close()
@@ -259,3 +263,33 @@ def test_no_room_in_dev_shm_falls_back_to_tcp(two_servers, monkeypatch):
     with two_servers.client(0, shm=True) as c:
         c.register("fallback.w", np.arange(6, dtype=np.float32), rule="sum")
         np.testing.assert_array_equal(c.push_pull("fallback.w", np.ones(6, np.float32)), np.arange(1, 7))
+
+
+def test_a_large_registration_after_shared_memory_is_in_use_does_not_stall(two_servers):
+    # the servers wait on the segments' doorbells, not the sockets: a control message larger than the sockets'
+    # buffers must be announced first, or both sides block in send
+    with two_servers.client(0, shm=True, partitioner=FixedShardsPartitioner(2)) as c:
+        c.register("doorbell.small", np.zeros(4, np.float32), rule="sum")
+        np.testing.assert_array_equal(c.push_pull("doorbell.small", np.ones(4, np.float32)), np.ones(4))
+        big = np.arange(16 << 20, dtype=np.float32).reshape(-1, 64)  # 32 MiB to each server over its socket
+        c.register("doorbell.big", big, rule="sum")
+        np.testing.assert_array_equal(c.pull_rows("doorbell.big", [3, 3, len(big) - 1]), big[[3, 3, -1]])
+
+
+def test_a_segment_that_cannot_grow_sends_larger_requests_over_tcp(two_servers, monkeypatch):
+    import errno
+
+    from hora.ps import client as client_module
+
+    with two_servers.client(0, shm=True, partitioner=FixedShardsPartitioner(1)) as c:
+        c.register({"grow.small": np.zeros(4, np.float32), "grow.big": np.zeros(1 << 19, np.float32)}, rule="sum")
+        np.testing.assert_array_equal(c.push_pull("grow.small", np.ones(4, np.float32)), np.ones(4))
+
+        def full(size):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(client_module.ShmBuffer, "create", staticmethod(full))
+        big = np.arange(1 << 19, dtype=np.float32)  # 2 MiB: more than the 1 MiB segment holds
+        np.testing.assert_array_equal(c.push_pull("grow.big", big), big)
+        np.testing.assert_array_equal(c.push_pull("grow.small", np.ones(4, np.float32)), np.full(4, 2))
+        np.testing.assert_array_equal(c.pull_rows("grow.big", [5, 1]), [5, 1])

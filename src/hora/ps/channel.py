@@ -1,0 +1,163 @@
+"""The worker's side of the hot operations on one connection: over the socket, or through the shared segment
+with its doorbell (:mod:`hora.ps.shm`). Each call sends one request and waits for its reply; the caller holds the
+connection's lock. A refusal comes back as the server's JSON error object; a lost server raises."""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import struct
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from hora._transport import futex
+from hora._wire import recv_exact, recv_into_exact
+from hora.errors import PeerLostError, ProtocolError
+from hora.ps.protocol import (
+    HOT_OPS,
+    MAX_HEADER,
+    REPLY,
+    REPLY_MAGIC,
+    REQUEST,
+    REQUEST_MAGIC,
+    pack_request,
+    parse_header,
+    send_parts,
+)
+from hora.ps.shm import (
+    DATA,
+    HEAD,
+    REP_WORD,
+    REPLY_AT,
+    REQ_WORD,
+    SOCKET_CODE,
+    ShmBuffer,
+    spin_readable,
+    spin_until,
+)
+
+__all__ = ["hot_over_shm", "hot_over_tcp", "loopback", "ring_socket", "segment_need"]
+
+_LEN = struct.Struct("!Q")
+_SLICE = 0.1  # seconds between checks for a lost server while waiting on the doorbell
+#: Seconds to poll for a reply before sleeping on the doorbell (a small request's reply comes sooner).
+SPIN = 200e-6
+SPIN_BELOW = 1 << 20  # larger requests take longer than a spin: sleep at once
+
+
+def _views(payload: Sequence[Any]) -> list[memoryview]:
+    return [memoryview(p).cast("B") for p in payload]
+
+
+def _bytes(into: np.ndarray) -> memoryview:
+    return memoryview(into).cast("B")  # type: ignore[arg-type]
+
+
+def loopback(host: str) -> bool:
+    """Whether ``host`` is this machine's loopback address (where shared memory can replace the socket)."""
+    return host.startswith("127.") or host in ("localhost", "::1")
+
+
+def segment_need(payload: Sequence[Any], into: np.ndarray | None) -> int:
+    """Bytes of segment (control block included) a request and its reply need."""
+    return DATA + max(sum(p.nbytes for p in payload), into.nbytes if into is not None else 0)
+
+
+def hot_over_tcp(
+    sock: socket.socket, what: str, header: dict[str, Any], payload: Sequence[Any], into: np.ndarray | None
+) -> dict[str, Any] | None:
+    """Send a hot request with its payload, receive the reply into ``into``; the server's error object or None."""
+    views = _views(payload)
+    nbytes = sum(v.nbytes for v in views)
+    head = pack_request(header["op"], header["name"].encode(), header["shard"], header.get("n", 0), nbytes)
+    send_parts(sock, head, views)
+    if nbytes < SPIN_BELOW:
+        spin_readable(sock, SPIN)
+    reply = recv_exact(sock, REPLY.size, what)
+    if reply[0] != REPLY_MAGIC:  # a JSON error: its frame's length, then the first bytes of the frame
+        (length,) = _LEN.unpack(reply[:8])
+        if not REPLY.size - 8 < length <= MAX_HEADER:
+            raise ProtocolError(f"{what} sent a malformed reply")
+        error = parse_header(reply[8:] + recv_exact(sock, length - (REPLY.size - 8), what), what)
+        if error["nbytes"] or error.get("ok"):
+            raise ProtocolError(f"{what} sent a malformed error reply")
+        return error
+    _, status, _, _, n, shm = REPLY.unpack(reply)
+    if status or shm or n != (into.nbytes if into is not None else 0):
+        raise ProtocolError(f"{what} answered with {n} bytes where {into.nbytes if into is not None else 0} were due")
+    if into is not None and n:
+        recv_into_exact(sock, _bytes(into), what)
+    return None
+
+
+def ring_socket(shm: ShmBuffer) -> None:
+    """Tell the server that a control message is on the socket."""
+    _ring(shm, REQUEST_MAGIC, SOCKET_CODE, b"", 0, 0, 0)
+
+
+def _ring(shm: ShmBuffer, magic: int, code: int, name: bytes, shard: int, rows: int, nbytes: int) -> None:
+    REQUEST.pack_into(shm.mv, HEAD, magic, code, len(name), shard, rows, 0, nbytes)
+    shm.mv[HEAD + REQUEST.size : HEAD + REQUEST.size + len(name)] = name
+    shm.seq = (shm.seq + 1) & 0xFFFFFFFF
+    shm.words[REQ_WORD // 4] = shm.seq
+    futex.wake(shm.base + REQ_WORD)
+
+
+def hot_over_shm(
+    shm: ShmBuffer, sock: socket.socket, what: str, header: dict[str, Any], payload: Sequence[Any],
+    into: np.ndarray | None, timeout: float, lost: Callable[[], str | None],
+) -> dict[str, Any] | None:  # fmt: skip
+    """The same through the segment (big enough: :func:`segment_need`): payload in, doorbell, wait, reply out."""
+    offset = 0
+    for v in _views(payload):
+        end = offset + v.nbytes
+        if v.nbytes < 1 << 16:  # small: a memoryview copy is cheaper; large: numpy's releases the GIL
+            shm.mv[DATA + offset : DATA + end] = v
+        else:
+            shm.data[offset:end] = np.frombuffer(v, np.uint8)
+        offset = end
+    code = HOT_OPS.index(header["op"]) + 1
+    _ring(shm, REQUEST_MAGIC, code, header["name"].encode(), header["shard"], header.get("n", 0), offset)
+    if not spin_until(shm.words, REP_WORD // 4, shm.seq, SPIN):
+        _await(shm, sock, what, timeout, lost)
+    _, status, _, _, _, n = REPLY.unpack_from(shm.mv, REPLY_AT)
+    if n > shm.data.nbytes:
+        raise ProtocolError(f"{what} answered {n} shared bytes, more than the segment holds")
+    if status:
+        try:
+            return dict(json.loads(bytes(shm.data[:n])))
+        except ValueError:
+            raise ProtocolError(f"{what} sent an error that is not JSON") from None
+    if n != (into.nbytes if into is not None else 0):
+        raise ProtocolError(f"{what} answered {n} shared bytes where {into.nbytes if into is not None else 0} were due")
+    if into is not None and n:
+        np.copyto(into.reshape(-1).view(np.uint8), shm.data[:n])
+    return None
+
+
+def _await(shm: ShmBuffer, sock: socket.socket, what: str, timeout: float, lost: Callable[[], str | None]) -> None:
+    """Wait for the reply word to reach the request's count; between slices, a lost client or a closed socket (the
+    server died) ends the wait."""
+    deadline = time.monotonic() + timeout
+    address, words = shm.address(REP_WORD), shm.words
+    while True:
+        word = words[REP_WORD // 4]
+        if word == shm.seq:
+            return
+        futex.wait(address, word, _SLICE)
+        if words[REP_WORD // 4] == shm.seq:
+            return
+        reason = lost()
+        if reason is not None:
+            raise PeerLostError(reason)
+        try:
+            if select.select([sock], [], [], 0)[0] and not sock.recv(1, socket.MSG_PEEK):
+                raise PeerLostError(f"{what} closed the connection")
+        except (OSError, ValueError) as exc:
+            raise PeerLostError(f"connection to {what} failed ({exc})") from exc
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no reply from {what} within {timeout:g}s")

@@ -1,0 +1,33 @@
+"""Summing the gradients of repeated row ids on the worker, so each row crosses the wire once."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["sum_duplicates"]
+
+
+def sum_duplicates(inverse: np.ndarray, n: int, grads: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Row ``j`` of the result is the sum, in order of appearance, of the ``grads`` rows ``i`` with ``inverse[i] ==
+    j``: the sums ``np.add.at`` gives (it adds to zeros, so only the sign of a zero sum can differ), without its
+    per-element loop. The first occurrences are gathered at once, then the k-th repeats of every row are added in
+    one vectorised step per k (a few very hot rows: ``np.add.at`` on their repeats only). Into ``out`` if given
+    (shape ``(n, *row_shape)``)."""
+    summed = np.empty((n, *grads.shape[1:]), grads.dtype) if out is None else out
+    if n == len(inverse):  # no duplicates: a permutation
+        summed[inverse] = grads
+        return summed
+    order = np.argsort(inverse, kind="stable")
+    ranks = inverse[order]
+    first = np.flatnonzero(np.diff(ranks, prepend=-1))
+    np.take(grads, order[first], axis=0, out=summed, mode="clip")  # "raise" would buffer
+    nth = np.arange(len(ranks)) - first[ranks]  # 0 for a first occurrence, k for the k-th repeat
+    repeats = int(nth.max())
+    if repeats > 32:  # a few very hot rows: np.add.at on the repeats only
+        rest = nth > 0
+        np.add.at(summed, ranks[rest], grads[order[rest]])
+        return summed
+    for k in range(1, repeats + 1):
+        sel = nth == k
+        summed[ranks[sel]] += grads[order[sel]]
+    return summed
