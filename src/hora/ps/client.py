@@ -12,6 +12,7 @@ import concurrent.futures
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -99,7 +100,7 @@ class Client:
         self._reply_timeout = op_timeout + timeout
         self._scratch = threading.local()
         self._last_rows: tuple[_Var, np.ndarray, tuple[_Var, np.ndarray, np.ndarray, list[int]]] | None = None
-        deadline = _deadline(timeout)
+        deadline = time.monotonic() + timeout
         try:
             for i, (host, port) in enumerate(self.addresses):
                 sock = connect_with_retry(host, port, secret, Role.PS, rank, deadline, f"parameter server {i}")
@@ -495,9 +496,3 @@ def _error(reply: dict[str, Any], what: str) -> HoraError:
     if not (isinstance(kind, type) and issubclass(kind, HoraError)):
         kind = errors.CollectiveError
     return kind(f"{what}: {reply.get('error')}")
-
-
-def _deadline(timeout: float) -> float:
-    import time
-
-    return time.monotonic() + timeout
