@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import platform
@@ -17,7 +18,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -197,3 +199,17 @@ def run_ranks(
         why = f"stopped after --timeout {timeout:g}s" if expired.is_set() else f"exit code {proc.returncode}"
         return records, f"workers failed ({why}); last stderr lines:\n{tail}"
     return records, None
+
+
+@contextlib.contextmanager
+def busy_processes(k: int) -> Iterator[None]:
+    """``k`` foreign processes that keep a core busy each (a data loader, another job), stopped by their pids."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
+    try:
+        if procs:
+            time.sleep(0.5)  # let the scheduler see them
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

@@ -26,18 +26,16 @@ nccl-tests: allreduce busbw = algbw*2(N-1)/N, allgather busbw = algbw*(N-1)/N, b
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from _common import (
+    busy_processes,
     emit,
     finish,
     format_gbps,
@@ -456,20 +454,6 @@ def _tables_at(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
                 lines.append("| " + " | ".join(row) + " |")
             lines.append("")
     return "\n".join(lines)
-
-
-@contextlib.contextmanager
-def busy_processes(k: int) -> Iterator[None]:
-    """``k`` foreign processes that keep a core busy each (a data loader, another job), stopped by their pids."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
-    try:
-        if procs:
-            time.sleep(0.5)  # let the scheduler see them
-        yield
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
 
 
 def driver(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ Driver (default)::
 
     python benchmarks/ps.py                        # the sizes above, 3 rounds
     python benchmarks/ps.py --smoke                # tiny sizes: checks that it runs
+    python benchmarks/ps.py --load 1               # quiet, then with 1 busy foreign process, back to back
 
 Worker (``--worker hora|slow``): runs inside ``hora run`` and prints ``HORA_BENCH {json}`` lines from rank 0.
 """
@@ -34,7 +35,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _common import MARKER, finish, machine
+from _common import MARKER, busy_processes, finish, machine
 
 HERE = os.path.abspath(__file__)
 
@@ -202,6 +203,8 @@ def main() -> None:
     parser.add_argument("--consistency", default="async")
     parser.add_argument("--no-tf", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one round")
+    parser.add_argument("--load", type=int, default=0, metavar="K",
+                        help="also measure everything with K foreign busy processes (after the quiet run)")  # fmt: skip
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.worker == "hora":
@@ -213,33 +216,46 @@ def main() -> None:
     start = time.time()
     sizes = ["--size-mb", str(args.size_mb), "--table-rows", str(args.table_rows), "--batch-rows",
              str(args.batch_rows), "--steps", str(args.steps), "--warmup", str(args.warmup)]  # fmt: skip
-    record: dict[str, Any] = {"machine": machine(), "hora": [], "tf": [], "slow": {}, "balance": _balance()}
+    record: dict[str, Any] = {"machine": machine(), "balance": _balance(), "loads": {}}
     notes: list[str] = []
+    for load in [0, args.load] if args.load else [0]:
+        with busy_processes(load):
+            record["loads"][str(load)] = run = _measure(args, sizes, notes)
+        print(f"## {'quiet' if not load else f'with {load} busy foreign process(es)'}")
+        _report(args, run)
+    for case, b in record["balance"].items():
+        print(f"balance {case} (servers/partitioner): hora {b['hora']:.4f}, round-robin {b['round_robin']:.4f} (max/mean)")
+    finish(notes, time.time() - start, args.json, record)
+
+
+def _measure(args: argparse.Namespace, sizes: list[str], notes: list[str]) -> dict[str, Any]:
+    run: dict[str, Any] = {"hora": [], "tf": [], "slow": {}}
     for _ in range(args.rounds):  # interleaved, so drifts of the machine hit both
-        record["hora"] += _hora_run(1, 2, ["--worker", "hora", *sizes], 600)
+        run["hora"] += _hora_run(1, 2, ["--worker", "hora", *sizes], 600)
         if not args.no_tf:
             try:
-                record["tf"].append(_tf_in_child(sizes))  # never in this process: its gRPC threads stay and busy the cores
+                run["tf"].append(_tf_in_child(sizes))  # never in this process: its gRPC threads stay and busy the cores
             except Exception as exc:  # report, do not hide hora's numbers
                 notes.append(f"TensorFlow ParameterServerStrategy failed: {exc!r}")
                 args.no_tf = True
     for mode in ("async", "sync"):
         extra = ["--worker", "slow", "--consistency", mode, "--seconds", str(args.seconds), "--step-ms", str(args.step_ms)]
-        record["slow"][mode] = _hora_run(2, 1, extra, 600)[0]["samples_per_s"]
+        run["slow"][mode] = _hora_run(2, 1, extra, 600)[0]["samples_per_s"]
+    return run
+
+
+def _report(args: argparse.Namespace, run: dict[str, Any]) -> None:
     def med(key: str) -> float:
-        return statistics.median(x[key] for x in record["hora"])
+        return statistics.median(x[key] for x in run["hora"])
 
     for path in ("tcp", "shm"):
         print(f"hora ({path}) push+pull {args.size_mb} MB over 2 servers: {med(f'push_pull_gbps_{path}'):.2f} GB/s; "
               f"4 KB push+pull {med(f'latency_4k_us_{path}'):.0f} us; sparse {med(f'sparse_rows_per_s_{path}'):.3g} rows/s")  # fmt: skip
-    if record["tf"]:
-        tf_gbps = statistics.median(x["push_pull_gbps"] for x in record["tf"])
+    if run["tf"]:
+        tf_gbps = statistics.median(x["push_pull_gbps"] for x in run["tf"])
         print(f"TF ParameterServerStrategy, same bytes: {tf_gbps:.2f} GB/s; hora tcp/TF = {med('push_pull_gbps_tcp') / tf_gbps:.2f}x")
-    for case, b in record["balance"].items():
-        print(f"balance {case} (servers/partitioner): hora {b['hora']:.4f}, round-robin {b['round_robin']:.4f} (max/mean)")
-    print(f"N=2, one worker 3x slower: async {record['slow']['async']:.1f} vs sync {record['slow']['sync']:.1f} "
-          f"samples/s ({record['slow']['async'] / record['slow']['sync']:.2f}x)")  # fmt: skip
-    finish(notes, time.time() - start, args.json, record)
+    print(f"N=2, one worker 3x slower: async {run['slow']['async']:.1f} vs sync {run['slow']['sync']:.1f} "
+          f"samples/s ({run['slow']['async'] / run['slow']['sync']:.2f}x)")  # fmt: skip
 
 
 def _tf_in_child(sizes: list[str]) -> dict[str, Any]:
