@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from hora.errors import PeerLostError, ProtocolError
 
-__all__ = ["read_fd", "read_fully", "recv_exact", "recv_frame", "recv_into_exact", "send_frame"]
+__all__ = ["close_socket", "read_fd", "read_fully", "recv_exact", "recv_frame", "recv_into_exact", "send_frame"]
 
 _LEN = struct.Struct("!Q")
 
@@ -77,3 +77,12 @@ def read_fully(read: Callable[[int], bytes], n: int) -> bytes:
 def read_fd(fd: int, n: int) -> bytes:
     """:func:`read_fully` on a file descriptor (pipes hand out at most what they hold: read in 1 MiB steps)."""
     return read_fully(lambda k: os.read(fd, min(k, 1 << 20)), n)
+
+
+def close_socket(sock: socket.socket) -> None:
+    """Shut both directions first (a thread blocked in recv on it wakes up), then close."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()

@@ -17,7 +17,7 @@ from typing import Any
 
 from hora._runtime.auth import Role, client_handshake, server_handshake
 from hora._runtime.gate import PendingHandshakes, RejectLog
-from hora._wire import recv_frame, send_frame
+from hora._wire import close_socket, recv_frame, send_frame
 from hora.errors import AuthenticationError, HoraError, PeerLostError, ProtocolError, RendezvousError
 
 __all__ = ["MissingKeys", "RendezvousClient", "RendezvousServer", "connect_with_retry"]
@@ -93,7 +93,7 @@ class RendezvousServer:
             self._listener.close()
         self._pending.close()
         for c in clients:
-            _close(c)
+            close_socket(c)
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -122,7 +122,7 @@ class RendezvousServer:
                 continue
             delay = 0.01
             if not self._pending.admit(conn):
-                _close(conn)
+                close_socket(conn)
                 continue
             threading.Thread(
                 target=self._serve, args=(conn,), name="hora-rendezvous-client", daemon=True
@@ -131,7 +131,7 @@ class RendezvousServer:
     def _serve(self, conn: socket.socket) -> None:
         with self._cond:
             if self._closed:
-                _close(conn)
+                close_socket(conn)
                 return
             self._clients.add(conn)
         try:
@@ -159,7 +159,7 @@ class RendezvousServer:
         finally:
             with self._cond:
                 self._clients.discard(conn)
-            _close(conn)
+            close_socket(conn)
 
     def _handle(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req["op"]
@@ -201,13 +201,6 @@ class RendezvousServer:
                 return {"ok": False, "missing": missing, "closed": self._closed}
         raise ValueError(f"unknown op {op!r}")
 
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()
 
 
 def connect_with_retry(
@@ -289,7 +282,7 @@ class RendezvousClient:
         return {k[len(self.prefix) :]: v for k, v in reply["values"].items()}
 
     def close(self) -> None:
-        _close(self._sock)
+        close_socket(self._sock)
 
 
 class MissingKeys(RendezvousError):

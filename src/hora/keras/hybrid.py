@@ -88,15 +88,10 @@ class _HybridMixin:
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         from hora.keras.optimizer import reduce_gradients
+        from hora.keras.ps_optimizer import built_variables
 
         grads = list(grads)
-        if trainable_variables is None:
-            variables = list(self._trainable_variables)  # type: ignore[attr-defined]
-        else:
-            variables = list(trainable_variables)
-            if not self.built:
-                self.build(variables)
-                self.built = True
+        variables = built_variables(self, trainable_variables)
         names = self._hora_hybrid.names
         held = [i for i, v in enumerate(variables) if id(v) in names]
         dense = [i for i, v in enumerate(variables) if id(v) not in names]

@@ -20,9 +20,21 @@ import numpy as np
 
 from hora.errors import UnsupportedError
 
-__all__ = ["keras_rule", "make_ps_optimizer"]
+__all__ = ["built_variables", "keras_rule", "make_ps_optimizer"]
 
 _SUPPORTED = "SGD (momentum, Nesterov), Adagrad and Adam"
+
+
+def built_variables(optimizer: Any, trainable_variables: Any) -> list[Any]:
+    """The variables an ``apply`` updates (Keras's own rule: those given, else the built ones), building the
+    optimizer on first use as Keras's ``apply`` does."""
+    if trainable_variables is None:
+        return list(optimizer._trainable_variables)
+    variables = list(trainable_variables)
+    if not optimizer.built:
+        optimizer.build(variables)
+        optimizer.built = True
+    return variables
 
 
 def keras_rule(optimizer: Any) -> dict[str, Any]:
@@ -89,13 +101,7 @@ class _PSMixin:
         grads = list(grads)
         if not grads:
             return None
-        if trainable_variables is None:
-            variables = list(self._trainable_variables)  # type: ignore[attr-defined]
-        else:
-            variables = list(trainable_variables)
-            if not self.built:
-                self.build(variables)
-                self.built = True
+        variables = built_variables(self, trainable_variables)
         settings = self._hora_ps
         missing = [v.path for v in variables if id(v) not in settings.names]
         if missing:

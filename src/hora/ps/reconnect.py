@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import time
 from typing import TYPE_CHECKING
 
 from hora._runtime.auth import Role
 from hora._runtime.rendezvous import MissingKeys, connect_with_retry
+from hora._wire import close_socket
 from hora.config import Config
 from hora.errors import HoraError, PeerLostError
 from hora.ps.directory import open_store
@@ -44,7 +44,7 @@ class Restarts:
         """Replace ``client``'s connection to ``server`` by one to its restarted process, or raise PeerLostError."""
         old = client._socks[server]
         io_timeout = old.gettimeout()
-        _close(old)
+        close_socket(old)
         shm = client._shm[server]
         if shm is not None:  # the new process never mapped it
             shm.close()
@@ -90,11 +90,3 @@ class Restarts:
 def _give_up(client: Client, server: int, what: str, exc: BaseException, reason: str) -> str:
     """Break the client as a lost server without restarts does (every connection shut), with ``reason``."""
     return client._lose(server, what, PeerLostError(f"{exc}; {reason}"))
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()

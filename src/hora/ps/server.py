@@ -18,6 +18,7 @@ import numpy as np
 
 from hora._runtime.auth import Role, server_handshake
 from hora._runtime.gate import PendingHandshakes, RejectLog
+from hora._wire import close_socket
 from hora.errors import (
     AuthenticationError,
     HoraError,
@@ -102,7 +103,7 @@ class ParameterServer:
         with self._lock:
             clients = list(self._clients)
         for c in clients:
-            _close(c)
+            close_socket(c)
         if self._thread is not None:
             self._thread.join(timeout)
         if self.saver is not None:
@@ -189,7 +190,7 @@ class ParameterServer:
                     s.leave(conn.rank)
                 if conn.shm is not None:
                     conn.shm.close()
-            _close(sock)
+            close_socket(sock)
 
     def _request(self, conn: Conn, header: dict[str, Any]) -> None:
         nbytes = header["nbytes"]
@@ -340,11 +341,3 @@ def _waiting(shards: list[Shard]) -> dict[str, list[int]]:
             if s.waiting:
                 out.setdefault(s.name, set()).update(s.waiting)
     return {k: sorted(v) for k, v in out.items()}
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()
