@@ -28,14 +28,22 @@ __all__ = [
 STRATEGIES = ("allreduce", "parameter_server", "hybrid")
 
 
-def resolve_strategy(strategy: str | None, allowed: tuple[str, ...] = STRATEGIES) -> str:
-    """``strategy``, or the job's setting (``HORA_STRATEGY``, ``hora run --strategy``) when None."""
+def resolve_strategy(
+    strategy: str | None, allowed: tuple[str, ...] = STRATEGIES, staleness: int | None = None,
+    consistency: str | None = None, ps_parameters: Any = None,
+) -> str:  # fmt: skip
+    """``strategy``, or the job's setting (``HORA_STRATEGY``, ``hora run --strategy``) when None; ``ValueError``
+    when the parameter-server arguments given do not fit it."""
     if strategy is None:
         from hora._runtime.context import current, is_initialized
 
         strategy = current().config.strategy if is_initialized() else "allreduce"
     if strategy not in allowed:
         raise ValueError(f"strategy must be one of {', '.join(repr(s) for s in allowed)}; got {strategy!r}")
+    if strategy == "parameter_server" and ps_parameters is not None:
+        raise ValueError("ps_parameters picks what the servers hold under strategy='hybrid'; parameter_server holds all")
+    if strategy == "allreduce" and (staleness is not None or consistency is not None or ps_parameters is not None):
+        raise ValueError("staleness, consistency and ps_parameters apply to strategy='parameter_server' or 'hybrid' only")
     return strategy
 
 

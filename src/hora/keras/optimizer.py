@@ -177,17 +177,13 @@ def DistributedOptimizer(
     allreduces the rest (TensorFlow backend); see docs/ps.md."""
     from hora._strategy import resolve_strategy
 
-    strategy = resolve_strategy(strategy)
+    strategy = resolve_strategy(strategy, staleness=staleness, consistency=consistency, ps_parameters=ps_parameters)
     if strategy != "allreduce" and _is_legacy(type(optimizer)):
         raise NotImplementedError(f"strategy={strategy!r} needs a Keras 3 optimizer; tf_keras ones are not supported")
     if strategy == "parameter_server":
         from hora.keras.ps_optimizer import make_ps_optimizer
 
-        if ps_parameters is not None:
-            raise ValueError("ps_parameters picks the server-held variables of strategy='hybrid'; parameter_server holds all")
         return make_ps_optimizer(optimizer, name, staleness, consistency)
-    if strategy == "allreduce" and (staleness is not None or consistency is not None or ps_parameters is not None):
-        raise ValueError("staleness, consistency and ps_parameters apply to strategy='parameter_server' or 'hybrid' only")
     if compression is None:
         from hora.keras.compression import Compression
 

@@ -366,15 +366,11 @@ def DistributedOptimizer(
     ``strategy="hybrid"`` keeps ``ps_parameters`` (the model: its ``nn.Embedding(sparse=True)`` weights; or
     modules, parameters, names) on the servers, updated row by row, and allreduces the rest; see docs/ps.md.
     """
-    strategy = resolve_strategy(strategy)
+    strategy = resolve_strategy(strategy, staleness=staleness, consistency=consistency, ps_parameters=ps_parameters)
     if strategy == "parameter_server":
         from hora.torch.ps_optimizer import make_ps_optimizer
 
-        if ps_parameters is not None:
-            raise ValueError("ps_parameters picks the server-held parameters of strategy='hybrid'; parameter_server holds all")
         return make_ps_optimizer(optimizer, named_parameters, staleness, consistency)
-    if strategy == "allreduce" and (staleness is not None or consistency is not None or ps_parameters is not None):
-        raise ValueError("staleness, consistency and ps_parameters apply to strategy='parameter_server' or 'hybrid' only")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum:
