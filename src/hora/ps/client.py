@@ -481,7 +481,7 @@ class Client:
                     if on_reply is not None:
                         on_reply(server)(reply)
             except (OSError, PeerLostError, ProtocolError) as exc:
-                if self.restarts is None:
+                if self.restarts is None or self._lost is not None:  # no restarts, or another server is gone
                     raise PeerLostError(self._lose(server, what, exc)) from exc
                 self.restarts.recover(self, server, what, exc)  # connected to its restart, or PeerLostError
             else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hora._runtime.auth import Role
 from hora._runtime.rendezvous import MissingKeys, connect_with_retry
@@ -62,10 +62,8 @@ class Restarts:
                 self.generations[server] = int(latest.get("generation", 0)) - (0 if same else 1)
             while True:
                 generation = self.generations[server] + 1
-                left = deadline - time.monotonic()
-                try:
-                    info = json.loads(store.wait([f"{server}@{generation}"], max(left, 0.0))[f"{server}@{generation}"])
-                except MissingKeys:
+                info = self._next(store, client, server, generation, deadline)
+                if info is None:
                     reason = f"it was not restarted within {self.timeout:g}s (HORA_START_TIMEOUT)"
                     raise PeerLostError(_give_up(client, server, what, exc, reason)) from exc
                 self.generations[server] = generation
@@ -85,6 +83,21 @@ class Restarts:
                 return
         finally:
             store.close()
+
+    @staticmethod
+    def _next(store: Any, client: Client, server: int, generation: int, deadline: float) -> dict[str, Any] | None:
+        """The published ``<server>@<generation>``, or None once ``deadline`` passed. Waits in 1 s slices: when
+        another server is given up meanwhile, the client is broken and this wait ends with that error."""
+        while True:
+            if client._lost is not None:
+                raise PeerLostError(client._lost)
+            left = deadline - time.monotonic()
+            try:
+                key = f"{server}@{generation}"
+                return dict(json.loads(store.wait([key], max(min(left, 1.0), 0.0))[key]))
+            except MissingKeys:
+                if left <= 1.0:
+                    return None
 
 
 def _give_up(client: Client, server: int, what: str, exc: BaseException, reason: str) -> str:
