@@ -258,7 +258,7 @@ class Client:
         return per
 
     # -- sparse ---------------------------------------------------------------------------------------------------
-    def _rows(self, name: str, op: str, ids: Any) -> tuple[_Var, np.ndarray, np.ndarray, list[int]]:
+    def _rows(self, name: str, op: str, ids: Any) -> tuple[_Var, np.ndarray, np.ndarray, np.ndarray, list[int]]:
         var = self._var(name, op)
         ids = np.asarray(ids)
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
@@ -266,18 +266,18 @@ class Client:
         last = self._last_rows  # a step pulls rows and then pushes the same ids: sort them once
         if last is not None and last[0] is var and last[1].shape == ids.shape and np.array_equal(last[1], ids):
             return last[2]
-        uniq, inverse = np.unique(ids.astype(np.int64), return_inverse=True)
+        uniq, first, inverse = np.unique(ids.astype(np.int64), return_index=True, return_inverse=True)
         if len(uniq) and (uniq[0] < 0 or uniq[-1] >= var.shape[0]):
             raise ConfigError(f"{op} '{name}': ids must lie in 0..{var.shape[0] - 1}, got {uniq[0]}..{uniq[-1]}")
         cuts = np.searchsorted(uniq, var.offsets).tolist()
-        result = (var, uniq, inverse.reshape(-1), cuts)
+        result = (var, uniq, first, inverse.reshape(-1), cuts)
         self._last_rows = (var, ids.copy(), result)
         return result
 
     def pull_rows(self, name: str, ids: Any) -> np.ndarray:
         """Rows ``ids`` of the variable (duplicates allowed, fetched once), shape ``(len(ids), *row_shape)``."""
-        var, uniq, inverse, cuts = self._rows(name, "pull_rows", ids)
-        fetched = self._buffer(0, (len(uniq), *var.shape[1:]), var.dtype)  # we return fetched[inverse]
+        var, uniq, _, inverse, cuts = self._rows(name, "pull_rows", ids)
+        fetched = self._buffer(0, (len(uniq), *var.shape[1:]), var.dtype)  # reused: we return a gather of it
         per: dict[int, list[_Request]] = {}
         for i, server in enumerate(var.servers):
             a, b = cuts[i], cuts[i + 1]
@@ -287,15 +287,16 @@ class Client:
                     ({"op": "pull_rows", "name": name, "shard": i, "n": b - a}, [local], fetched[a:b])
                 )
         self._run(per)
-        return fetched[inverse]
+        return np.take(fetched, inverse, axis=0, mode="clip")  # a new array (fetched is reused); faster than []
 
     def push_rows(self, name: str, ids: Any, grads: np.ndarray) -> None:
         """Gradients of rows ``ids`` (duplicates are summed here, so each row crosses the wire once)."""
-        var, uniq, inverse, cuts = self._rows(name, "push_rows", ids)
+        var, uniq, first, inverse, cuts = self._rows(name, "push_rows", ids)
         g = np.asarray(grads, var.dtype)
         if g.shape != (len(inverse), *var.shape[1:]):
             raise ConfigError(f"push_rows '{name}': grads have shape {g.shape}, expected {(len(inverse), *var.shape[1:])}")
-        summed = sum_duplicates(inverse, len(uniq), g, out=self._buffer(1, (len(uniq), *var.shape[1:]), var.dtype))
+        summed = self._buffer(1, (len(uniq), *var.shape[1:]), var.dtype)
+        sum_duplicates(inverse, len(uniq), g, out=summed, first=first)
         per: dict[int, list[_Request]] = {}
         for i, server in enumerate(var.servers):
             a, b = cuts[i], cuts[i + 1]
