@@ -183,10 +183,39 @@ def torch_hybrid_worker(steps: int, keras_steps: int = 0) -> dict[str, Any]:
         "placement": shared_client().placement("emb.weight"), "bounded_error": bounded_error,
         "fc_on_servers": [s for s in shared_client().stats()[0]["staleness"] if s.startswith("fc")],
     }  # fmt: skip
+    out["async"] = _torch_hybrid_async(steps)
     if keras_steps:
         out["keras"] = _keras_torch_backend(keras_steps)
     hvd.shutdown()
     return out
+
+
+def _torch_hybrid_async(steps: int) -> dict[str, Any]:
+    """The same model (named ``a.*``) under ``consistency="async"``: each push is applied on arrival, and the rows
+    every worker touched are pulled back after the step's allgather; returns the local and the servers' table."""
+    import torch
+
+    import hora.torch as hvd
+    from hora.ps.job import shared_client
+
+    me = hvd.rank()
+    holder = torch.nn.Sequential()
+    holder.add_module("a", _hybrid_net(seed=10 + me))
+    net = holder.a
+    hvd.broadcast_parameters({"a.fc.weight": net.fc.weight, "a.fc.bias": net.fc.bias}, root_rank=0)
+    opt = hvd.DistributedOptimizer(torch.optim.Adagrad(holder.parameters(), lr=0.1),
+                                   named_parameters=holder.named_parameters(), strategy="hybrid",
+                                   ps_parameters=holder, consistency="async")  # fmt: skip
+    start = net.emb.weight.detach().clone()
+    for step in range(steps):
+        ids, target = _hybrid_batch(step, me)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(ids), target).backward()
+        opt.step()
+    return {
+        "emb": net.emb.weight.detach().numpy().copy(), "server": shared_client().pull("a.emb.weight"),
+        "start": start.numpy(), "fc": [net.fc.weight.detach().numpy().copy(), net.fc.bias.detach().numpy().copy()],
+    }  # fmt: skip
 
 
 def _keras_torch_backend(steps: int) -> dict[str, Any]:

@@ -99,7 +99,7 @@ class Client:
         self._shm: list[ShmBuffer | None] = [None] * len(servers)
         self._reply_timeout = op_timeout + timeout
         self._scratch = threading.local()
-        self._last_rows: tuple[_Var, np.ndarray, tuple[_Var, np.ndarray, np.ndarray, list[int]]] | None = None
+        self._last_rows: tuple[_Var, np.ndarray, tuple[_Var, np.ndarray, np.ndarray, np.ndarray, list[int]]] | None = None
         deadline = time.monotonic() + timeout
         try:
             for i, (host, port) in enumerate(self.addresses):

@@ -86,6 +86,18 @@ def test_torch_hybrid_embedding_on_servers_dense_on_allreduce():
     np.testing.assert_allclose(r0["emb"], ref["emb"], rtol=1e-5, atol=1e-6)
     for got, want in zip(r0["fc"], ref["fc"]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # async: every push applied on arrival; after the last step's pull every worker holds the servers' table
+    a0 = r0["async"]
+    for r in results:
+        np.testing.assert_array_equal(r["async"]["emb"], r["async"]["server"])
+        np.testing.assert_array_equal(r["async"]["emb"], a0["emb"])
+        np.testing.assert_array_equal(r["async"]["start"], a0["start"])  # worker 0's table, from the servers
+        for a, b in zip(r["async"]["fc"], a0["fc"]):
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a0["emb"][untouched], a0["start"][untouched])
+    touched = np.r_[0:1000, 2048:3000]
+    changed = (a0["emb"][touched] != a0["start"][touched]).any(axis=1)
+    assert changed.sum() >= 20, changed.sum()  # the rows of the batches moved
     # Keras on the torch backend, strategy="parameter_server": the servers' Nesterov vs Keras' own
     if keras_steps:
         assert r0["keras"]["backend"] == "torch"
