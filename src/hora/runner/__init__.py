@@ -174,7 +174,7 @@ def run(
         if result.interrupted is not None:
             # The launcher caught the signal to stop the ranks; now that they are gone, hand it to the caller's own
             # handler (Ctrl-C raises KeyboardInterrupt here, as it would have without hora).
-            _hand_back(result.interrupted)
+            signal.raise_signal(result.interrupted)
         if result.exit_code != 0:
             raise RunError(result.report() or f"the job failed with exit code {result.exit_code}", result)
         out = []
@@ -184,15 +184,3 @@ def run(
         return out
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _hand_back(signum: int) -> None:
-    """Run what this process does on ``signum`` without hora: its Python handler is called directly (Ctrl-C's
-    default raises KeyboardInterrupt), the default action is taken with ``raise_signal``. Not ``raise_signal`` for
-    both: it signals the calling thread only, and where the signal is blocked there (a library's doing) it stays
-    pending and nothing is raised (one CI run of the whole suite got RunError instead of KeyboardInterrupt)."""
-    handler = signal.getsignal(signum)
-    if callable(handler):
-        handler(signum, None)
-    elif handler == signal.SIG_DFL:
-        signal.raise_signal(signum)

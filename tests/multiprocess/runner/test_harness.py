@@ -28,8 +28,15 @@ def test_a_hang_ends_with_every_ranks_stack():
 
 
 def test_ctrl_c_stops_the_ranks_then_reaches_the_caller(tmp_path):
-    """hora.runner.run catches SIGINT to stop the ranks; afterwards the caller gets its KeyboardInterrupt, so a
-    script (or pytest) that runs a job can still be interrupted."""
+    """hora.runner.run catches SIGINT to stop the ranks; afterwards the caller's own handler gets the signal (the
+    default one raises KeyboardInterrupt), so a script (or pytest) that runs a job can still be interrupted. The
+    caller's handler is set here: a pytest started in the background by a non-interactive shell inherits SIGINT
+    ignored, and then there is no handler to hand the signal to (hora restores SIG_IGN and raises RunError)."""
+    calls: list[int] = []
+
+    def callers_handler(signum: int, frame: object) -> None:
+        calls.append(signum)
+        raise KeyboardInterrupt
 
     def interrupt_once_started() -> None:
         deadline = time.monotonic() + 60
@@ -37,9 +44,14 @@ def test_ctrl_c_stops_the_ranks_then_reaches_the_caller(tmp_path):
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)
 
-    thread = threading.Thread(target=interrupt_once_started, daemon=True)
-    thread.start()
-    with pytest.raises(KeyboardInterrupt):
-        run(marker_then_sleep_worker, args=(str(tmp_path),), np=2, capture=True, timeout=120)
-    thread.join(5)
+    previous = signal.signal(signal.SIGINT, callers_handler)
+    try:
+        thread = threading.Thread(target=interrupt_once_started, daemon=True)
+        thread.start()
+        with pytest.raises(KeyboardInterrupt):
+            run(marker_then_sleep_worker, args=(str(tmp_path),), np=2, capture=True, timeout=120)
+        thread.join(5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert calls == [signal.SIGINT]  # once: hora's own handler took the first delivery
     assert len(list(tmp_path.glob("started.*"))) == 2
