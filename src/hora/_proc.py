@@ -79,11 +79,13 @@ def kill_group(pid: int, sig: int) -> None:
 @contextlib.contextmanager
 def handle_signals(handler: Callable[[int, Any], Any], *signals: int) -> Iterator[bool]:
     """Install ``handler`` for ``signals`` while the block runs and restore the previous handlers after it.
-    Python only lets the main thread install handlers: elsewhere this installs nothing and yields False."""
+    Python only lets the main thread install handlers: elsewhere this installs nothing and yields False. A signal
+    this process ignores (SIG_IGN: a background command of a non-interactive shell gets SIGINT so) stays ignored,
+    as Python itself leaves it: a Ctrl-C meant for the foreground must not stop a job started in the background."""
     if threading.current_thread() is not threading.main_thread():
         yield False
         return
-    previous = {s: signal.signal(s, handler) for s in signals}
+    previous = {s: signal.signal(s, handler) for s in signals if signal.getsignal(s) != signal.SIG_IGN}
     try:
         yield True
     finally:

@@ -31,7 +31,7 @@ def test_ctrl_c_stops_the_ranks_then_reaches_the_caller(tmp_path):
     """hora.runner.run catches SIGINT to stop the ranks; afterwards the caller's own handler gets the signal (the
     default one raises KeyboardInterrupt), so a script (or pytest) that runs a job can still be interrupted. The
     caller's handler is set here: a pytest started in the background by a non-interactive shell inherits SIGINT
-    ignored, and then there is no handler to hand the signal to (hora restores SIG_IGN and raises RunError)."""
+    ignored, and hora leaves an ignored signal ignored (tests/unit/runner/test_signals.py)."""
     calls: list[int] = []
 
     def callers_handler(signum: int, frame: object) -> None:
