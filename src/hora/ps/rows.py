@@ -30,9 +30,9 @@ def sum_duplicates(
         return summed
     order = np.argsort(inverse, kind="stable")
     ranks = inverse[order]
-    first = np.flatnonzero(np.diff(ranks, prepend=-1))
-    np.take(grads, order[first], axis=0, out=summed, mode="clip")  # "raise" would buffer
-    nth = np.arange(len(ranks)) - first[ranks]  # 0 for a first occurrence, k for the k-th repeat
+    starts = np.flatnonzero(np.diff(ranks, prepend=-1))  # where each row's run begins in sorted order
+    np.take(grads, order[starts], axis=0, out=summed, mode="clip")  # "raise" would buffer
+    nth = np.arange(len(ranks)) - starts[ranks]  # 0 for a first occurrence, k for the k-th repeat
     repeats = int(nth.max())
     if repeats > 32:  # a few very hot rows: np.add.at on the repeats only
         rest = nth > 0
