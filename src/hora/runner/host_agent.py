@@ -8,7 +8,10 @@ its stdout, in binary frames: that it started, each rank's pid, every chunk of o
 With ``--num-ps``/``--ps-per-host`` it also starts the host's parameter servers (``python -m hora.ps``, with the
 environment of the host's first rank), reported under the negative numbers ``-1 - index`` like the launcher's own
 (``[psI]``). They serve the ranks of every host, so they outlive this host's ranks: they stop when the launcher
-says the job is over (the end of stdin), not when this host's ranks are done.
+says the job is over (the end of stdin), not when this host's ranks are done. With ``--max-restarts R`` the agent
+restarts a server of its host that dies (or stays stopped, SIGSTOP) while the job runs, as the launcher does for its
+own (:class:`hora.runner.ps_servers.RestartBudget`): the restart is reported as started under a key of its own
+(``[psI.restartG]``), and past R restarts the server is given up at the job's store so the workers fail naming it.
 
 Later messages on stdin forward signals to ranks. When stdin reaches EOF — the launcher finished, died, or the SSH
 connection broke — the agent stops its ranks (SIGTERM, then SIGKILL after the grace period) and exits, so no rank
@@ -30,6 +33,7 @@ import time
 from typing import IO, Any
 
 from hora._proc import die_with_parent, kill_group, set_parent_death_signal, usable_cpus
+from hora.config import Config
 from hora.config.variables import environment
 from hora.config.worker_env import thread_defaults
 from hora.runner.agent_protocol import (
@@ -43,6 +47,7 @@ from hora.runner.agent_protocol import (
     interface_address,
     read_message,
 )
+from hora.runner.ps_servers import RestartBudget, give_up, server_argv, server_key, server_of
 
 
 class _Agent:
@@ -57,6 +62,11 @@ class _Agent:
         self.stopping_at: float | None = None
         self.open_streams = 0
         self.sel = selectors.DefaultSelector()
+        self.stdin_open = True
+        self.workers = 0
+        self.server_env: dict[int, dict[str, str]] = {}  # index -> environment of this host's servers
+        self.budget: RestartBudget | None = None
+        self.pending: list[tuple[int, list[str], dict[str, Any]]] = []  # restarts to start
 
     def send(self, kind: int, rank: int = -1, stream: int = 0, payload: bytes = b"") -> None:
         with self.lock:
@@ -75,31 +85,51 @@ class _Agent:
         iface = self.job.get("network_interface")
         if iface:
             env["HORA_BIND_ADDR"] = interface_address(iface)
-        workers = str(int(self.job.get("workers", 0)))
-        ranks = [(int(e["rank"]), list(self.job["command"]), e["env"]) for e in self.job["ranks"]]
-        servers = [
-            (-1 - int(s["index"]), [sys.executable, "-m", "hora.ps", "--index", str(int(s["index"])), "--workers", workers], s["env"])
-            for s in self.job.get("servers", [])
-        ]  # fmt: skip
-        for rank, argv, extra in ranks + servers:
-            rank_env = {**env, **extra}
-            thread_defaults(rank_env, int(rank_env.get("HORA_LOCAL_SIZE", "1")), usable_cpus())
-            proc = subprocess.Popen(
-                argv,
-                env=rank_env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                preexec_fn=die_with_parent,  # the forked rank dies with the agent
-            )
-            self.procs[rank] = proc
-            for stream, pipe in ((1, proc.stdout), (2, proc.stderr)):
-                assert pipe is not None
-                os.set_blocking(pipe.fileno(), False)
-                self.sel.register(pipe, selectors.EVENT_READ, (rank, stream))
-                self.open_streams += 1
-            self.send(STARTED, rank, 0, json.dumps({"pid": proc.pid}).encode())
+        self.workers = int(self.job.get("workers", 0))
+        for e in self.job["ranks"]:
+            self._spawn(int(e["rank"]), list(self.job["command"]), {**env, **e["env"]})
+        for s in self.job.get("servers", []):
+            index = int(s["index"])
+            self.server_env[index] = {**env, **s["env"]}
+            self._spawn(server_key(index), server_argv(index, self.workers), self.server_env[index])
+        if self.server_env:  # the workers' own setting: restart a dead server up to R times (--max-restarts)
+            max_restarts = Config.resolve(env=next(iter(self.server_env.values()))).ps_max_restarts
+            self.budget = RestartBudget(max_restarts, self.server_env)
+
+    def _spawn(self, key: int, argv: list[str], env: dict[str, str], info: dict[str, Any] | None = None) -> None:
+        """Start a rank (``key`` >= 0) or a server (``key`` < 0, :func:`server_key`), reported as started."""
+        thread_defaults(env, int(env.get("HORA_LOCAL_SIZE", "1")), usable_cpus())
+        proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, preexec_fn=die_with_parent,  # the forked rank dies with the agent
+        )  # fmt: skip
+        self.procs[key] = proc
+        for stream, pipe in ((1, proc.stdout), (2, proc.stderr)):
+            assert pipe is not None
+            os.set_blocking(pipe.fileno(), False)
+            self.sel.register(pipe, selectors.EVENT_READ, (key, stream))
+            self.open_streams += 1
+        self.send(STARTED, key, 0, json.dumps({"pid": proc.pid, **(info or {})}).encode())
+
+    def _server_ended(self, key: int, code: int) -> dict[str, Any]:
+        """A server ended: while the job runs, restart it if the budget allows (``--max-restarts``), else give it
+        up. Returns what the launcher is told beside the exit code."""
+        index, _ = server_of(key)
+        if self.budget is None or self.stopping_at is not None or not self.stdin_open:
+            return {}
+        how = self.budget.how(index, code)
+        generation = self.budget.next_generation(index)
+        if generation is None:
+            reason = self.budget.given_up(index)
+            if self.budget.max_restarts:
+                next_one = self.budget.restarts[index] + 1
+                failed = give_up(self.server_env[index], index, next_one, f"it {how} and {reason}")
+                if failed:
+                    print(f"hora agent: {failed}", file=sys.stderr, flush=True)
+            return {"how": how, "given_up": reason}
+        argv = server_argv(index, self.workers, generation)
+        self.pending.append((server_key(index, generation), argv, {"index": index, "generation": generation}))
+        return {"how": how, "restart": generation, "max_restarts": self.budget.max_restarts}
 
     def signal(self, sig: int, ranks: list[int] | None = None) -> None:
         for rank, proc in self.procs.items():
@@ -131,14 +161,21 @@ class _Agent:
                     self.send(CLOSED, rank, stream)
         else:
             time.sleep(timeout)
-        for rank, proc in self.procs.items():
+        for rank, proc in list(self.procs.items()):
             if rank in self.codes:
                 continue
             code = proc.poll()
-            if code is not None:
-                self.codes[rank] = code
-                kill_group(proc.pid, signal.SIGKILL)  # whatever is left of its session goes with it
-                self.send(EXITED, rank, 0, json.dumps({"code": code}).encode())
+            if code is None:
+                if rank < 0 and self.budget is not None and self.stopping_at is None:
+                    self.budget.watch(server_of(rank)[0], proc.pid)  # a frozen server is killed, then restarted
+                continue
+            self.codes[rank] = code
+            kill_group(proc.pid, signal.SIGKILL)  # whatever is left of its session goes with it
+            said = self._server_ended(rank, code) if rank < 0 else {}
+            self.send(EXITED, rank, 0, json.dumps({"code": code, **said}).encode())
+        while self.pending:  # restarts, started once their predecessor's exit was told
+            server, argv, info = self.pending.pop(0)
+            self._spawn(server, argv, self.server_env[info["index"]], info)
         if self.stopping_at is not None and time.monotonic() - self.stopping_at > self.grace:
             self.signal(signal.SIGKILL)
 
@@ -180,17 +217,16 @@ def main() -> int:
         agent.send(ERROR, payload=f"cannot start {job['command'][0]!r}: {exc.strerror or exc}".encode())
         agent.signal(signal.SIGKILL)
         return 1
-    stdin_open = True
     while not agent.done or agent.open_streams:
         if received:
             agent.stop(received.pop())
-        if stdin_open:
+        if agent.stdin_open:
             ready, _, _ = select.select([0], [], [], 0)
             if ready:
                 try:
                     message = read_message(0, 1 << 16)
                 except (EOFError, OSError, ValueError):
-                    stdin_open = False  # the launcher is gone (or finished): stop everything
+                    agent.stdin_open = False  # the launcher is gone (or finished): stop everything
                     if agent.stopping_at is not None:  # the ranks are stopping already; the servers go now
                         agent.signal(signal.SIGTERM, [key for key in agent.procs if key < 0])
                     agent.stop(signal.SIGTERM)

@@ -372,13 +372,7 @@ def _parameter_servers(
     when the job has none. Each gets the environment of its host's first rank, so it binds its host's address."""
     if not ps_hosts:
         return None
-    max_restarts = Config.resolve(env=base_env, overrides=spec.settings).ps_max_restarts
-    remote = sorted({h for h in ps_hosts if h in plan.remote_hosts})
-    if max_restarts and remote:
-        raise ConfigError(
-            f"--max-restarts restarts parameter servers on this machine only, and this job has some on "
-            f"{', '.join(remote)}: drop --max-restarts, or keep the servers here (--num-ps on a one-host job)"
-        )
+    max_restarts = Config.resolve(env=base_env, overrides=spec.settings).ps_max_restarts  # remote hosts: agents'
     first: dict[str, RankSlot] = {}
     for slot in plan.slots:
         first.setdefault(slot.host, slot)

@@ -76,8 +76,10 @@ class OutputPump:
             self._open += 1
 
     def add_remote(self, rank: int) -> None:
-        """A rank whose output arrives through :meth:`feed` (from a remote host's agent), not through pipes."""
-        self._add_rank(rank)
+        """A rank whose output arrives through :meth:`feed` (from a remote host's agent), not through pipes; may be
+        called while the pump runs (a remote server's restart)."""
+        with self._lock:
+            self._add_rank(rank)
 
     def feed(self, rank: int, stream: str, data: bytes) -> None:
         """Output of a remote rank (called by the thread that reads its host's agent)."""

@@ -9,6 +9,8 @@ again instead (``--generation g``: it restores its checkpoint and publishes its 
 server; past that it publishes the server as given up, so the workers waiting for it fail at once naming it. A
 server stopped by a signal (SIGSTOP, state ``T`` in /proc) for :data:`FROZEN_AFTER` seconds is killed with SIGKILL
 and handled as dead (restarted, or failing the workers within seconds instead of after their socket timeout).
+:class:`RestartBudget` holds that policy; a remote host's agent (:mod:`hora.runner.host_agent`) applies it to the
+servers it starts.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from hora._proc import die_with_parent, kill_group
 from hora.config import Config
@@ -40,6 +42,31 @@ def report_exit(index: int, pid: int, code: int, where: str = "") -> None:
     )  # fmt: skip
 
 
+def server_key(index: int, generation: int = 0) -> int:
+    """The output key of server ``index`` (of its restart ``generation``): negative, so never a rank's."""
+    return -1 - index - 1000 * generation
+
+
+def server_of(key: int) -> tuple[int, int]:
+    """The server index and generation of an output key made by :func:`server_key`."""
+    return (-1 - key) % 1000, (-1 - key) // 1000
+
+
+def server_label(index: int, generation: int) -> str:
+    """How a server's output is prefixed: ``ps0``, and ``ps0.restart1`` for its first restart."""
+    return f"ps{index}.restart{generation}" if generation else f"ps{index}"
+
+
+def server_argv(index: int, workers: int, generation: int = 0) -> list[str]:
+    """The command line of server ``index`` (``generation`` > 0: a restart, which restores its checkpoint)."""
+    argv = [sys.executable, "-m", "hora.ps", "--index", str(index), "--workers", str(workers)]
+    return [*argv, "--generation", str(generation)] if generation else argv
+
+
+def restarting(generation: int, max_restarts: int) -> str:
+    return f"restarting it from its last checkpoint (restart {generation} of {max_restarts}, --max-restarts)"
+
+
 def _state(pid: int) -> str:
     """The process state letter from /proc (``R``, ``S``, ``T`` = stopped, ...); empty when unknown."""
     try:
@@ -49,11 +76,72 @@ def _state(pid: int) -> str:
         return ""
 
 
+class RestartBudget:
+    """What happens to a server that ended while the workers ran: restarted up to ``max_restarts`` times (each
+    restart a new generation), else given up. A server stopped (SIGSTOP, state ``T``) for :data:`FROZEN_AFTER`
+    seconds is killed first (:meth:`watch`), and its end is then told as such. Used by the launcher for the servers
+    of its own machine and by each remote host's agent for that host's."""
+
+    def __init__(self, max_restarts: int, indices: Iterable[int]) -> None:
+        self.max_restarts = max_restarts
+        self.restarts = dict.fromkeys(indices, 0)
+        self._stopped_since: dict[int, float] = {}
+        self._frozen: set[int] = set()  # servers killed for being stopped
+
+    def watch(self, index: int, pid: int) -> None:
+        """Kill server ``index`` (alive, ``pid``) when it has been stopped for :data:`FROZEN_AFTER` seconds."""
+        if _state(pid) != "T":
+            self._stopped_since.pop(index, None)
+            return
+        since = self._stopped_since.setdefault(index, time.monotonic())
+        if time.monotonic() - since >= FROZEN_AFTER:
+            self._stopped_since.pop(index, None)
+            print(f"hora run: parameter server {index} (pid {pid}) is stopped (SIGSTOP?) and has not served for "
+                  f"{FROZEN_AFTER:g}s: killing it (SIGKILL) so the workers do not wait for it", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            self._frozen.add(index)
+            kill_group(pid, signal.SIGKILL)
+
+    def how(self, index: int, code: int) -> str:
+        """How server ``index`` ended (once per end: "exited with -9", or killed as frozen)."""
+        if index in self._frozen:
+            self._frozen.discard(index)
+            return f"was stopped (SIGSTOP) for {FROZEN_AFTER:g}s and killed"
+        return f"exited with {code}"
+
+    def next_generation(self, index: int) -> int | None:
+        """The generation to restart server ``index`` as, counted against the budget; None: give it up."""
+        if self.restarts[index] >= self.max_restarts:
+            return None
+        self.restarts[index] += 1
+        return self.restarts[index]
+
+    def given_up(self, index: int) -> str:
+        """Why server ``index`` is not restarted again."""
+        if not self.max_restarts:
+            return "the job runs without --max-restarts"
+        return f"hora run gave it up after {self.restarts[index]} restart(s) (--max-restarts {self.max_restarts})"
+
+
+def give_up(env: Mapping[str, str], index: int, generation: int, reason: str) -> str | None:
+    """Tell the workers waiting for server ``index``'s restart ``generation`` that none comes (the store key
+    ``<index>@<generation>``, :mod:`hora.ps.reconnect`); ``env``: the server's. Returns why that failed, or None."""
+    try:
+        store, _ = open_store(Config.resolve(env=env), -1 - index)
+        try:
+            store.set(f"{index}@{generation}", json.dumps({"failed": reason}))
+        finally:
+            store.close()
+    except HoraError as exc:  # the workers then fail when their wait for the restart times out
+        return f"could not tell the workers that parameter server {index} is given up: {exc}"
+    return None
+
+
 class PsServers:
     """Start, watch, restart and stop the job's parameter-server processes on this machine.
 
     ``local``: the servers to start here, index -> environment on top of ``env`` (default: all ``count``); the
-    others run on remote hosts, started by their hosts' agents (``--ps-per-host``), which do not restart them.
+    others run on remote hosts, started (and restarted) by their hosts' agents (``--ps-per-host``).
     """
 
     def __init__(
@@ -67,14 +155,11 @@ class PsServers:
         self._env = dict(env)
         self._pump = pump
         self._log = log
-        self.max_restarts = max_restarts
-        self.restarts = dict.fromkeys(self._local, 0)
+        self.budget = RestartBudget(max_restarts, self._local)
         self.procs: list[subprocess.Popen[bytes]] = []
         self.on_start: Callable[[int], None] = lambda pid: None  # the launcher's reaper learns restarted pids
         self._cwd: str | None = None
         self._reported: set[int] = set()
-        self._stopped_since: dict[int, float] = {}
-        self._frozen: set[int] = set()  # servers the launcher killed for being stopped
 
     def start(self, cwd: str | None = None) -> list[int]:
         """Start every server of this machine; returns their pids (each the leader of its process group)."""
@@ -86,15 +171,13 @@ class PsServers:
 
     def _spawn(self, i: int, generation: int) -> subprocess.Popen[bytes]:
         """Start server ``i`` (``generation`` > 0: a restart, which restores its checkpoint first)."""
-        argv = [sys.executable, "-m", "hora.ps", "--index", str(i), "--workers", str(self._workers)]
-        if generation:
-            argv += ["--generation", str(generation)]
         proc = subprocess.Popen(
-            argv, env=self._server_env(i), cwd=self._cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent,
+            server_argv(i, self._workers, generation), env=self._server_env(i), cwd=self._cwd,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            preexec_fn=die_with_parent,
         )  # fmt: skip
-        key = -1 - i - 1000 * generation  # a restart's output is a stream of its own: [ps0.restart1]
-        self._pump.labels[key] = f"ps{i}.restart{generation}" if generation else f"ps{i}"
+        key = server_key(i, generation)  # a restart's output is a stream of its own: [ps0.restart1]
+        self._pump.labels[key] = server_label(i, generation)
         self._pump.add(key, proc.stdout, proc.stderr)  # type: ignore[arg-type]
         if generation:
             self._log(f"restarted parameter server {i} as pid {proc.pid} (restart {generation})")
@@ -110,53 +193,25 @@ class PsServers:
         for j, (i, p) in enumerate(zip(self.indices, self.procs)):
             code = p.poll()
             if code is None:
-                self._check_frozen(i, p)
+                self.budget.watch(i, p.pid)
                 continue
             if i in self._reported:
                 continue
-            how = f"was stopped (SIGSTOP) for {FROZEN_AFTER:g}s and killed" if i in self._frozen else f"exited with {code}"
-            self._frozen.discard(i)
+            how = self.budget.how(i, code)
             said = f"hora run: parameter server {i} (pid {p.pid}) {how} while the workers were running"
-            if self.restarts[i] < self.max_restarts:
-                self.restarts[i] += 1
-                print(f"{said}; restarting it from its last checkpoint (restart {self.restarts[i]} of "
-                      f"{self.max_restarts}, --max-restarts)", file=sys.stderr, flush=True)  # fmt: skip
-                self.procs[j] = self._spawn(i, self.restarts[i])
+            generation = self.budget.next_generation(i)
+            if generation is not None:
+                print(f"{said}; {restarting(generation, self.budget.max_restarts)}", file=sys.stderr, flush=True)
+                self.procs[j] = self._spawn(i, generation)
                 self.on_start(self.procs[j].pid)
                 continue
             self._reported.add(i)
-            reason = (
-                f"hora run gave it up after {self.restarts[i]} restart(s) (--max-restarts {self.max_restarts})"
-                if self.max_restarts else "the job runs without --max-restarts"
-            )  # fmt: skip
+            reason = self.budget.given_up(i)
             print(f"{said}; {reason}", file=sys.stderr, flush=True)
-            if self.max_restarts:
-                self._give_up(i, f"it {how} and {reason}")
-
-    def _check_frozen(self, i: int, p: subprocess.Popen[bytes]) -> None:
-        if _state(p.pid) not in ("T",):
-            self._stopped_since.pop(i, None)
-            return
-        since = self._stopped_since.setdefault(i, time.monotonic())
-        if time.monotonic() - since >= FROZEN_AFTER:
-            self._stopped_since.pop(i, None)
-            print(f"hora run: parameter server {i} (pid {p.pid}) is stopped (SIGSTOP?) and has not served for "
-                  f"{FROZEN_AFTER:g}s: killing it (SIGKILL) so the workers do not wait for it", file=sys.stderr,
-                  flush=True)  # fmt: skip
-            self._frozen.add(i)
-            kill_group(p.pid, signal.SIGKILL)
-
-    def _give_up(self, i: int, reason: str) -> None:
-        """Tell the workers waiting for server ``i``'s next restart that none comes (key ``<i>@<generation>``)."""
-        try:
-            config = Config.resolve(env=self._server_env(i))
-            store, _ = open_store(config, -1 - i)
-            try:
-                store.set(f"{i}@{self.restarts[i] + 1}", json.dumps({"failed": reason}))
-            finally:
-                store.close()
-        except HoraError as exc:  # the workers then fail when their wait for the restart times out
-            self._log(f"could not tell the workers that parameter server {i} is given up: {exc}")
+            if self.budget.max_restarts:
+                failed = give_up(self._server_env(i), i, self.budget.restarts[i] + 1, f"it {how} and {reason}")
+                if failed:
+                    self._log(failed)
 
     def stop(self, grace: float) -> None:
         """SIGTERM every server, SIGKILL what is left after ``grace`` seconds, and reap them all."""

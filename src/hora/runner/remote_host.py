@@ -24,7 +24,7 @@ from hora._proc import kill_group
 from hora._wire import read_fully
 from hora.runner.agent_protocol import CLOSED, ERROR, EXITED, HEADER, HELLO, OUTPUT, STARTED, write_message
 from hora.runner.output import OutputPump
-from hora.runner.ps_servers import report_exit
+from hora.runner.ps_servers import report_exit, restarting, server_key, server_label, server_of
 
 __all__ = ["RemoteHost", "RemoteRank"]
 
@@ -71,7 +71,7 @@ class RemoteHost:
         self.host = host
         self.ranks = {r: RemoteRank(r, self) for r in ranks}
         self.servers = list(servers)  # indexes of the host's parameter servers
-        self.server_pids: dict[int, int] = {}
+        self.server_pids: dict[int, int] = {}  # output key (server_key) -> pid, restarts included
         self.server_codes: dict[int, int] = {}
         self.argv = argv
         self._job = job
@@ -101,8 +101,9 @@ class RemoteHost:
         )
         self._started_at = time.monotonic()
         for i in self.servers:
-            self._pump.labels[-1 - i] = f"ps{i}"
-        for r in [*self.ranks, *(-1 - i for i in self.servers)]:
+            self._pump.labels[server_key(i)] = server_label(i, 0)
+            self.server_pids[server_key(i)] = 0  # its output is expected
+        for r in [*self.ranks, *(server_key(i) for i in self.servers)]:
             self._pump.add_remote(r)
             self._open |= {(r, "stdout"), (r, "stderr")}
 
@@ -140,9 +141,9 @@ class RemoteHost:
             self.agent_pid = int(json.loads(payload)["pid"])
         elif kind == STARTED and rank in self.ranks:
             self.ranks[rank].pid = int(json.loads(payload)["pid"])
-        elif kind in (STARTED, EXITED) and -1 - rank in self.servers:
-            self._server(-1 - rank, kind, json.loads(payload))
-        elif kind == OUTPUT and (rank in self.ranks or -1 - rank in self.servers) and stream in _STREAMS:
+        elif kind in (STARTED, EXITED) and rank < 0 and server_of(rank)[0] in self.servers:
+            self._server(rank, kind, json.loads(payload))
+        elif kind == OUTPUT and (rank in self.ranks or rank in self.server_pids) and stream in _STREAMS:
             self._pump.feed(rank, _STREAMS[stream], payload)
         elif kind == CLOSED and (rank, _STREAMS.get(stream, "")) in self._open:
             self._open.discard((rank, _STREAMS[stream]))
@@ -152,15 +153,33 @@ class RemoteHost:
         elif kind == ERROR:
             self._fail_all(f"host {self.host}: {payload.decode(errors='replace')}", 1)
 
-    def _server(self, index: int, kind: int, info: dict[str, Any]) -> None:
+    def _server(self, key: int, kind: int, info: dict[str, Any]) -> None:
+        """A server of this host started (a restart: its output is a stream of its own) or ended; the agent says
+        whether it restarts it (``--max-restarts``)."""
+        index, generation = server_of(key)
         if kind == STARTED:
-            self.server_pids[index] = int(info["pid"])
+            if generation:
+                self._pump.labels[key] = server_label(index, generation)
+                self._pump.add_remote(key)
+                self._open |= {(key, "stdout"), (key, "stderr")}
+            self.server_pids[key] = int(info["pid"])
             return
-        self.server_codes[index] = int(info["code"])
+        code = int(info["code"])
+        self.server_codes[key] = code
         with self._lock:
             over = self._stdin_closed  # the launcher ended the job: the agent stopped the server
-        if not over:
-            report_exit(index, self.server_pids.get(index, 0), int(info["code"]), f" on host {self.host}")
+        if over:
+            return
+        pid, where = self.server_pids.get(key, 0), f" on host {self.host}"
+        if "how" not in info:
+            report_exit(index, pid, code, where)
+            return
+        said = f"hora run: parameter server {index} (pid {pid}){where} {info['how']} while the workers were running"
+        if "restart" in info:
+            said += f"; {restarting(int(info['restart']), int(info['max_restarts']))}"
+        else:
+            said += f"; {info['given_up']}"
+        print(said, file=sys.stderr, flush=True)
 
     def _read_stderr(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None

@@ -15,8 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from hora.runner import run_command
+from hora.runner.ps_servers import server_key
 from support import netns_hosts as netns
 from support.harness import run_failing, stderr_of
+from workers.ps import restarted_server_worker
 from workers.ps_hosts import STEPS, killed_server
 
 LIMIT = 240.0  # hard limit of the job: reaching it is a hang, and fails the test
@@ -100,3 +102,39 @@ def test_a_killed_remote_server_is_reported_by_the_launcher_and_fails_every_work
     while (left := netns.job_processes(result.job_id)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, left
+
+
+def test_a_remote_server_restarts_from_its_checkpoint_through_its_hosts_agent(netns_cluster, capfd, tmp_path):
+    """``--max-restarts`` with the server on the SSH host: its agent restarts it from DIR/ps0 when SIGKILLed (the
+    workers of both hosts go on, sync training ends at the sequential reference), kills it when frozen past the last
+    restart, and gives it up, so every worker fails naming it; nothing is left on either host."""
+    c = netns_cluster
+    remote = c.hosts[0]
+    every, steps = 4, 10
+    result = run_failing(
+        restarted_server_worker, 2, str(tmp_path), every, steps, hosts=f"{remote.addr}:1,{c.root_addr}:1",
+        timeout=LIMIT, ps_per_host=1, ps_max_restarts=1, ps_checkpoint_dir=str(tmp_path),
+        ps_checkpoint_steps=every, op_timeout=300.0, **c.ssh_kwargs(),
+    )  # fmt: skip
+    for rank in range(2):
+        out = [line for line in result.lines[rank]["stdout"] if line.startswith("RESULT ")]
+        assert out, stderr_of(result, rank)[-3000:]
+        report = json.loads(out[0][len("RESULT ") :])
+        assert report["same"] == {"a": True, "b": True}, report
+        assert report["reconnects"] >= 1
+        err = stderr_of(result, rank)
+        assert f"PeerLostError: parameter server 0 at {remote.addr}:" in err, err[-3000:]
+        assert "--max-restarts 1" in err and "stopped (SIGSTOP)" in err and "'a' shard" in err, err[-3000:]
+    restarted = "\n".join(result.lines[server_key(0, 1)]["stderr"])  # [ps0.restart1], through the agent
+    assert "restart 1, restored 2 shard(s)" in restarted, restarted
+    launcher = capfd.readouterr().err
+    where = rf"hora run: parameter server 0 \(pid \d+\) on host {re.escape(remote.addr)}"
+    assert re.search(rf"{where} exited with -9 while the workers were running; restarting it from its last "
+                     r"checkpoint \(restart 1 of 1, --max-restarts\)", launcher), launcher[-3000:]  # fmt: skip
+    assert re.search(rf"{where} was stopped \(SIGSTOP\) for 2s and killed while the workers were running; hora run "
+                     r"gave it up after 1 restart\(s\) \(--max-restarts 1\)", launcher), launcher[-3000:]  # fmt: skip
+    deadline = time.monotonic() + 20
+    while (left := netns.job_processes(result.job_id)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, left
+    assert c.processes_in(remote.netns) - {remote.pid} == set()
