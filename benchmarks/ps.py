@@ -2,7 +2,7 @@
 
 Measures, for hora (``hora run -np 1 --num-ps 2``, servers as processes, TCP on loopback):
 
-    push+pull     (over TCP and over shared memory, each) GB/s of push_pull on a ``--size-mb`` float32 variable (default 100 MB) over 2 servers with SGD on the
+    push+pull     (over TCP, over shared memory with single copy, and through the shared segment only, each) GB/s of push_pull on a ``--size-mb`` float32 variable (default 100 MB) over 2 servers with SGD on the
                   servers; GB/s counts the bytes pushed plus the bytes pulled per second
     latency       median push_pull round trip of a 4 KB variable (one server)
     balance       max/mean of the bytes per server for a 1M x 64 embedding + dense layers over 2 and 3 servers,
@@ -38,6 +38,7 @@ import numpy as np
 from _common import MARKER, busy_processes, finish, machine
 
 HERE = os.path.abspath(__file__)
+PATHS = ("tcp", "shm", "segment")
 
 
 # -- workers (inside hora run) -------------------------------------------------------------------------------------
@@ -47,8 +48,9 @@ def _hora_worker(args: argparse.Namespace) -> None:
 
     hvd.init()
     out: dict[str, Any] = {}
-    for path in ("tcp", "shm"):
-        with hora.ps.connect(partitioner=hora.ps.FixedShardsPartitioner(2), shm=path == "shm") as ps:
+    for path in PATHS:  # shm: single copy where the kernel allows it; segment: every byte through the segment
+        part = hora.ps.FixedShardsPartitioner(2)
+        with hora.ps.connect(partitioner=part, shm=path != "tcp", single_copy=path == "shm") as ps:
             n = args.size_mb * (1 << 20) // 4
             rows = max(2, n // 256)
             ps.register(f"big.{path}", np.zeros((rows, 256), np.float32), rule={"rule": "sgd", "lr": 1e-3})
@@ -248,7 +250,7 @@ def _report(args: argparse.Namespace, run: dict[str, Any]) -> None:
     def med(key: str) -> float:
         return statistics.median(x[key] for x in run["hora"])
 
-    for path in ("tcp", "shm"):
+    for path in PATHS:
         print(f"hora ({path}) push+pull {args.size_mb} MB over 2 servers: {med(f'push_pull_gbps_{path}'):.2f} GB/s; "
               f"4 KB push+pull {med(f'latency_4k_us_{path}'):.0f} us; sparse {med(f'sparse_rows_per_s_{path}'):.3g} rows/s")  # fmt: skip
     if run["tf"]:

@@ -314,14 +314,16 @@ class Config:
         help="A parameter server checkpoints a shard every this many updates applied to it (and when registered).",
         flag=Flag("--ps-checkpoint-steps", "checkpoint each shard every N updates", metavar="N", group="run"),
     )  # fmt: skip
+    ps_single_copy: bool = setting(
+        True, parsers.parse_bool, "HORA_PS_SINGLE_COPY",
+        help="A parameter server on the worker's host reads dense gradients from the worker's arrays and writes the "
+             "values into them (process_vm_readv/writev) where the kernel allows it; 0: through the shared segment.",
+    )  # fmt: skip
     log_level: str = setting(
-        "WARNING",
-        parsers.log_level,
-        "HORA_LOG_LEVEL",
-        "HOROVOD_LOG_LEVEL",
+        "WARNING", parsers.log_level, "HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL",
         help="Level of the 'hora' logger (trace, debug, info, warning, error, fatal).",
         flag=Flag("--log-level", "level of hora's own log messages in the workers", group="run", choices=parsers.LOG_LEVELS),
-    )
+    )  # fmt: skip
     hostname: str = setting(
         "",
         str,

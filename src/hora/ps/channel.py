@@ -5,6 +5,7 @@ connection's lock. A refusal comes back as the server's JSON error object; a los
 from __future__ import annotations
 
 import json
+import os
 import select
 import socket
 import struct
@@ -17,6 +18,8 @@ import numpy as np
 from hora._transport import futex
 from hora._wire import recv_exact, recv_into_exact
 from hora.errors import PeerLostError, ProtocolError
+from hora.ps import cma
+from hora.ps.cma import ADDRESSES, CMA_FLAG
 from hora.ps.protocol import (
     HOT_OPS,
     MAX_HEADER,
@@ -40,13 +43,17 @@ from hora.ps.shm import (
     spin_until,
 )
 
-__all__ = ["hot_over_shm", "hot_over_tcp", "loopback", "ring_socket", "segment_need"]
+__all__ = ["announce", "hot_over_shm", "hot_over_tcp", "loopback", "ring_socket", "segment_need"]
 
 _LEN = struct.Struct("!Q")
 _SLICE = 0.1  # seconds between checks for a lost server while waiting on the doorbell
 #: Seconds to poll for a reply before sleeping on the doorbell (a small request's reply comes sooner).
 SPIN = 200e-6
 SPIN_BELOW = 1 << 20  # larger requests take longer than a spin: sleep at once
+#: Bytes from which a dense request goes single-copy where it can: below, copying through the segment costs less
+#: than the server's two system calls.
+SINGLE_COPY_FROM = 1 << 18
+_DENSE = ("push", "pull", "push_pull")
 
 
 def _views(payload: Sequence[Any]) -> list[memoryview]:
@@ -111,7 +118,10 @@ def hot_over_shm(
     shm: ShmBuffer, sock: socket.socket, what: str, header: dict[str, Any], payload: Sequence[Any],
     into: np.ndarray | None, timeout: float, lost: Callable[[], str | None],
 ) -> dict[str, Any] | None:  # fmt: skip
-    """The same through the segment (big enough: :func:`segment_need`): payload in, doorbell, wait, reply out."""
+    """The same through the segment (big enough: :func:`segment_need`): payload in, doorbell, wait, reply out. A
+    large dense request on a single-copy segment (:mod:`hora.ps.cma`) sends only the addresses of its arrays."""
+    if shm.single_copy and header["op"] in _DENSE and _direct(payload, into):
+        return _single_copy(shm, sock, what, header, payload, into, timeout, lost)
     offset = 0
     for v in _views(payload):
         end = offset + v.nbytes
@@ -128,15 +138,60 @@ def hot_over_shm(
     if n > shm.data.nbytes:
         raise ProtocolError(f"{what} answered {n} shared bytes, more than the segment holds")
     if status:
-        try:
-            return dict(json.loads(bytes(shm.data[:n])))
-        except ValueError:
-            raise ProtocolError(f"{what} sent an error that is not JSON") from None
+        return _shm_error(shm, n, what)
     if n != (into.nbytes if into is not None else 0):
         raise ProtocolError(f"{what} answered {n} shared bytes where {into.nbytes if into is not None else 0} were due")
     if into is not None and n:
         np.copyto(into.reshape(-1).view(np.uint8), shm.data[:n])
     return None
+
+
+def _direct(payload: Sequence[Any], into: np.ndarray | None) -> bool:
+    """Whether a dense request's arrays can be reached in place, and are large enough for it to pay."""
+    arrays = [*payload, *([into] if into is not None else [])]
+    return (
+        all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays)
+        and max(a.nbytes for a in arrays) >= SINGLE_COPY_FROM
+    )
+
+
+def _single_copy(
+    shm: ShmBuffer, sock: socket.socket, what: str, header: dict[str, Any], payload: Sequence[Any],
+    into: np.ndarray | None, timeout: float, lost: Callable[[], str | None],
+) -> dict[str, Any] | None:  # fmt: skip
+    """The server reads ``payload[0]`` and writes ``into`` itself: only their addresses go into the segment."""
+    src = int(payload[0].ctypes.data) if payload else 0
+    dst = int(into.ctypes.data) if into is not None else 0
+    ADDRESSES.pack_into(shm.mv, DATA, src, dst)
+    code = (HOT_OPS.index(header["op"]) + 1) | CMA_FLAG
+    nbytes = payload[0].nbytes if payload else 0
+    _ring(shm, REQUEST_MAGIC, code, header["name"].encode(), header["shard"], 0, nbytes)
+    _await(shm, sock, what, timeout, lost)  # large: no reply within a spin
+    _, status, _, _, _, n = REPLY.unpack_from(shm.mv, REPLY_AT)
+    if status:
+        return _shm_error(shm, n, what)
+    if n != (into.nbytes if into is not None else 0):
+        raise ProtocolError(f"{what} wrote {n} bytes where {into.nbytes if into is not None else 0} were due")
+    return None
+
+
+def _shm_error(shm: ShmBuffer, n: int, what: str) -> dict[str, Any]:
+    if n > shm.data.nbytes:
+        raise ProtocolError(f"{what} answered {n} shared bytes, more than the segment holds")
+    try:
+        return dict(json.loads(bytes(shm.data[:n])))
+    except ValueError:
+        raise ProtocolError(f"{what} sent an error that is not JSON") from None
+
+
+def announce(shm: ShmBuffer, single_copy: bool) -> dict[str, Any]:
+    """The control message that hands a new segment to the server; with ``single_copy``, the pid and the address
+    of a token in the segment, with which the server checks that it may read this process (:mod:`hora.ps.cma`)."""
+    message: dict[str, Any] = {"op": "shm", "name": shm.name, "size": shm.size}
+    if single_copy and cma.available():
+        at, _ = cma.new_token(shm.data)
+        message.update(pid=os.getpid(), token_at=at)
+    return message
 
 
 def _await(shm: ShmBuffer, sock: socket.socket, what: str, timeout: float, lost: Callable[[], str | None]) -> None:

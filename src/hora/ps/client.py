@@ -19,15 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hora import errors
 from hora._runtime.auth import Role
 from hora._runtime.rendezvous import connect_with_retry
 from hora.errors import ConfigError, HoraError, MismatchError, PeerLostError, ProtocolError
 from hora.ps import checkpoint
-from hora.ps.channel import hot_over_shm, hot_over_tcp, loopback, ring_socket, segment_need
+from hora.ps.channel import announce, hot_over_shm, hot_over_tcp, loopback, ring_socket, segment_need
 from hora.ps.consistency import parse_consistency
 from hora.ps.partition import MinSizePartitioner, Partitioner, ShardKey, place, shard_offsets
-from hora.ps.protocol import HOT_OPS, recv_header, recv_payload_into, send_message
+from hora.ps.protocol import HOT_OPS, error_of, recv_header, recv_payload_into, send_message
 from hora.ps.rows import sum_duplicates
 from hora.ps.rules import check_rule
 from hora.ps.shm import ShmBuffer
@@ -69,16 +68,19 @@ class Client:
             those of this worker's host (``HORA_HOSTNAME``).
         restarts: reconnect to servers that ``hora run --max-restarts`` restarts and retry the failed operation
             (:mod:`hora.ps.reconnect`); default: a lost server raises :class:`PeerLostError`.
+        single_copy: let servers on this host read gradients from and write values into this process's arrays
+            (:mod:`hora.ps.cma`) where the kernel allows it; :func:`hora.ps.connect`: ``HORA_PS_SINGLE_COPY``.
     """
 
     def __init__(
         self, servers: Sequence[tuple[str, int]], secret: bytes, rank: int, consistency: str = "async",
         staleness: int | None = None, partitioner: Partitioner | None = None, timeout: float = 30.0,
         op_timeout: float = 300.0, shm: bool | Sequence[bool] | None = None, restarts: Restarts | None = None,
+        single_copy: bool = True,
     ) -> None:  # fmt: skip
         if not servers:
             raise ConfigError("a parameter-server client needs at least one server (hora run --num-ps S)")
-        self.rank = rank
+        self.rank, self.single_copy = rank, single_copy
         self.restarts = restarts  # how to reach a restarted server (hora.ps.reconnect); None: a lost server is fatal
         self.addresses = [(str(h), int(p)) for h, p in servers]
         self.mode, self.staleness = parse_consistency(consistency, staleness)
@@ -407,13 +409,14 @@ class Client:
         try:
             if shm is not None:
                 ring_socket(shm)
-            send_message(sock, {"op": "shm", "name": new.name, "size": new.size})
+            send_message(sock, announce(new, self.single_copy))
             reply = recv_header(sock, what)
         finally:
             new.unlink()  # mapped by both (or refused): nothing is left in /dev/shm either way
         if not reply.get("ok"):
             new.close()
-            raise _error(reply, what)
+            raise error_of(reply, what)
+        new.single_copy = bool(reply.get("single_copy"))
         if shm is not None:
             shm.close()
         self._shm[server] = new
@@ -465,7 +468,7 @@ class Client:
                     if header["op"] in HOT_OPS:
                         error = self._hot(server, sock, what, header, payload, into)
                         if error is not None:
-                            refused = _error(error, what)  # the server answered: the connection is fine
+                            refused = error_of(error, what)  # the server answered: the connection is fine
                             break
                         continue
                     if self._shm[server] is not None:  # first: the server must read while a large payload is sent
@@ -473,7 +476,7 @@ class Client:
                     send_message(sock, header, payload)
                     reply = recv_header(sock, what)
                     if not reply.get("ok"):
-                        refused = _error(reply, what)  # the server answered: the connection is fine
+                        refused = error_of(reply, what)  # the server answered: the connection is fine
                         break
                     if into is not None:
                         recv_payload_into(sock, into, what)
@@ -490,10 +493,3 @@ class Client:
                     raise refused
                 return
         self._exchange(server, reqs, on_reply)  # the failed operation again, whole, on the restarted server
-
-
-def _error(reply: dict[str, Any], what: str) -> HoraError:
-    kind = getattr(errors, str(reply.get("type")), None)
-    if not (isinstance(kind, type) and issubclass(kind, HoraError)):
-        kind = errors.CollectiveError
-    return kind(f"{what}: {reply.get('error')}")

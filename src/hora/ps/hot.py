@@ -17,6 +17,7 @@ import numpy as np
 
 from hora._transport import futex
 from hora.errors import HoraError, MismatchError, PeerLostError, ProtocolError
+from hora.ps.cma import ADDRESSES, CMA_FLAG, RemoteMemory
 from hora.ps.protocol import (
     HOT_OPS,
     MAX_HEADER,
@@ -30,7 +31,17 @@ from hora.ps.protocol import (
     send_message,
     send_parts,
 )
-from hora.ps.shm import HEAD, REP_WORD, REPLY_AT, REQ_WORD, SOCKET_CODE, ShmBuffer, spin_readable, spin_until
+from hora.ps.shm import (
+    DATA,
+    HEAD,
+    REP_WORD,
+    REPLY_AT,
+    REQ_WORD,
+    SOCKET_CODE,
+    ShmBuffer,
+    spin_readable,
+    spin_until,
+)
 
 if TYPE_CHECKING:
     from hora.ps.server import ParameterServer
@@ -38,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Conn", "next_request"]
 
+_DENSE = ("push", "pull", "push_pull")  # the operations that may go single-copy
 _SLICE = 0.2  # seconds between checks of the socket while waiting on the doorbell
 #: Seconds to poll for a worker's next request after serving one, before sleeping on the doorbell.
 SPIN = 200e-6
@@ -51,6 +63,7 @@ class Conn:
         self.what = f"worker {rank}"
         self.reader = Reader(sock, self.what)
         self.shm: ShmBuffer | None = None
+        self.remote: RemoteMemory | None = None  # the worker's memory, where the kernel lets us reach it
         self.read = False  # whether the current JSON request's payload was read
         self._scratch = np.empty(0, np.uint8)
 
@@ -102,15 +115,55 @@ def _doorbell(server: ParameterServer, conn: Conn) -> bool:
                 raise ProtocolError(f"{conn.what} rang with a malformed request header")
             if code == SOCKET_CODE:
                 return True
-            if not 1 <= code <= len(HOT_OPS):
+            single_copy = bool(code & CMA_FLAG) and conn.remote is not None
+            if single_copy:
+                code &= ~CMA_FLAG
+            if not 1 <= code <= len(HOT_OPS) or (single_copy and HOT_OPS[code - 1] not in _DENSE):
                 raise ProtocolError(f"{conn.what} rang with unknown operation {code}")
             name = _name(bytes(shm.mv[HEAD + REQUEST.size : HEAD + REQUEST.size + name_len]), conn)
-            _serve_hot(server, conn, HOT_OPS[code - 1], name, index, rows, shm_bytes, True)
+            if single_copy:
+                _serve_remote(server, conn, HOT_OPS[code - 1], name, index, shm_bytes)
+            else:
+                _serve_hot(server, conn, HOT_OPS[code - 1], name, index, rows, shm_bytes, True)
             return False
         futex.wait(shm.base + REQ_WORD, seq, _SLICE)
         idle = words[at] == seq and not conn.reader.buffered
         if idle and select.select([conn.sock], [], [], 0)[0] and not conn.sock.recv(1, socket.MSG_PEEK):
             raise PeerLostError(f"{conn.what} closed the connection")
+
+
+def _serve_remote(server: ParameterServer, conn: Conn, op: str, name: str, index: int, nbytes: int) -> None:
+    """A dense request whose gradient and result are in the worker's own memory (:mod:`hora.ps.cma`): their
+    addresses are in the segment; the server reads and writes them itself, a chunk at a time."""
+    shm, remote = conn.shm, conn.remote
+    assert shm is not None and remote is not None
+    src, dst = ADDRESSES.unpack_from(shm.mv, DATA)  # copied out: the worker cannot change them under us
+    try:
+        shard = server.shard(name, index)
+        if shard.poisoned:
+            raise MismatchError(shard.poisoned)
+    except (HoraError, ValueError, KeyError) as exc:
+        _error(conn, exc, True)
+        return
+    size = shard.value.nbytes
+    if nbytes != (size if op != "pull" else 0) or (op != "pull" and not src) or (op != "push" and not dst):
+        raise ProtocolError(f"{conn.what} sent a malformed single-copy {op} of '{name}' shard {index}")
+    item = shard.value.itemsize
+    fetch = (lambda lo, buf: remote.read(src + lo * item, buf)) if op != "pull" else None
+    deliver = (lambda lo, values: remote.write(dst + lo * item, values)) if op != "push" else None
+    server.bytes_in += nbytes
+    try:
+        shard.exchange_remote(conn.rank, fetch, deliver, server.op_timeout)
+    except (HoraError, ValueError, KeyError, TypeError) as exc:
+        if isinstance(exc, ProtocolError):
+            raise
+        _error(conn, exc, True)
+        return
+    if op != "pull":
+        _saved(server, shard)
+    n = size if op != "push" else 0
+    server.bytes_out += n
+    _ring_reply(shm, 0, n)
 
 
 def _due(shard: Shard, op: str, rows: int) -> int:

@@ -43,6 +43,7 @@ def connect(**kwargs: Any) -> Client:
     )
     kwargs.setdefault("consistency", config.ps_consistency)
     kwargs.setdefault("op_timeout", config.op_timeout)
+    kwargs.setdefault("single_copy", config.ps_single_copy)
     if config.ps_max_restarts:  # hora run --max-restarts: wait for a restarted server instead of failing
         kwargs.setdefault("restarts", Restarts(config, ctx.rank, config.start_timeout + 30.0))
     return Client(addresses, secret, ctx.rank, **kwargs)

@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from hora import errors
 from hora._wire import recv_exact, recv_frame, recv_into_exact
-from hora.errors import PeerLostError, ProtocolError
+from hora.errors import HoraError, PeerLostError, ProtocolError
 
 __all__ = [
     "HOT_OPS",
@@ -38,6 +39,7 @@ __all__ = [
     "REQUEST",
     "REQUEST_MAGIC",
     "Reader",
+    "error_of",
     "pack_request",
     "parse_header",
     "recv_header",
@@ -60,6 +62,14 @@ REPLY = struct.Struct("<BBHIQQ")
 REQUEST_MAGIC, REPLY_MAGIC = 0xB1, 0xB2
 _LEN = struct.Struct("!Q")
 _SMALL = 1 << 16
+
+
+def error_of(reply: dict[str, Any], what: str) -> HoraError:
+    """The exception a server's JSON error reply stands for (its ``type``, when that is one of hora's)."""
+    kind = getattr(errors, str(reply.get("type")), None)
+    if not (isinstance(kind, type) and issubclass(kind, HoraError)):
+        kind = errors.CollectiveError
+    return kind(f"{what}: {reply.get('error')}")
 
 
 def pack_request(op: str, name: bytes, shard: int, rows: int = 0, nbytes: int = 0, shm: int = 0) -> bytes:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from hora.errors import ConfigError
 
-__all__ = ["RULES", "Rule", "apply_dense", "apply_rows", "check_rule", "new_slots"]
+__all__ = ["RULES", "Deliver", "Fetch", "Rule", "apply_dense", "apply_rows", "apply_streamed", "check_rule", "new_slots"]
 
 Rule = dict[str, Any]
 
@@ -103,6 +104,37 @@ def apply_dense(
         _apply(rule, p[lo:hi], g[lo:hi], {k: v[lo:hi] for k, v in flat.items()}, t)
         if o is not None:
             o[lo:hi] = p[lo:hi]
+
+
+#: ``fetch(offset, buf)``: fill ``buf`` with the gradient's elements from ``offset`` on; ``deliver(offset, values)``:
+#: hand on updated values that start at element ``offset`` (:func:`apply_streamed`).
+Fetch = Callable[[int, np.ndarray], None]
+Deliver = Callable[[int, np.ndarray], None]
+
+
+def apply_streamed(
+    rule: Rule, param: np.ndarray, slots: dict[str, np.ndarray], t: int, fetch: Fetch, deliver: Deliver | None
+) -> None:
+    """:func:`apply_dense` with a gradient that is not in this process: each chunk is fetched into a scratch buffer
+    in the cache, updated, and its new values delivered at once (a worker's memory, :mod:`hora.ps.cma`). A fetch
+    that fails leaves the chunks before it updated."""
+    if param.size <= CHUNK or not (param.flags.c_contiguous and all(v.flags.c_contiguous for v in slots.values())):
+        grad = np.empty(param.shape, param.dtype)
+        fetch(0, grad.reshape(-1))
+        _apply(rule, param, grad, slots, t)
+        if deliver is not None:
+            deliver(0, np.ascontiguousarray(param).reshape(-1))
+        return
+    p = param.reshape(-1)
+    flat = {k: v.reshape(-1) for k, v in slots.items()}
+    buf = _scratch(param.dtype, (CHUNK,), CHUNK, 2, 1)[0]  # the pool's rows 0-1 are _apply's temporaries
+    for lo in range(0, p.size, CHUNK):
+        hi = min(lo + CHUNK, p.size)
+        g = buf[: hi - lo]
+        fetch(lo, g)
+        _apply(rule, p[lo:hi], g, {k: v[lo:hi] for k, v in flat.items()}, t)
+        if deliver is not None:
+            deliver(lo, p[lo:hi])
 
 
 def apply_rows(

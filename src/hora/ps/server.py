@@ -27,6 +27,7 @@ from hora.errors import (
     TimeoutError,
 )
 from hora.ps import checkpoint
+from hora.ps.cma import RemoteMemory
 from hora.ps.hot import Conn, next_request
 from hora.ps.protocol import send_message
 from hora.ps.rules import check_rule
@@ -241,7 +242,10 @@ class ParameterServer:
                 conn.shm.close()
                 conn.shm = None
             conn.shm = ShmBuffer.attach(str(header["name"]), int(header["size"]))
-            return {"ok": True}, []
+            conn.remote = None
+            if "pid" in header:  # single copy: the worker proves it owns the segment (hora.ps.cma)
+                conn.remote = RemoteMemory.verify(int(header["pid"]), int(header["token_at"]), conn.shm.data)
+            return {"ok": True, "single_copy": conn.remote is not None}, []
         if op == "stats":
             return {"ok": True, "stats": self.stats(bool(header.get("progress")))}, []
         if op in ("save", "load"):

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from hora.errors import CollectiveError, MismatchError, PeerLostError, TimeoutError
-from hora.ps.rules import Rule, apply_dense, apply_rows, new_slots
+from hora.ps.rules import Deliver, Fetch, Rule, apply_dense, apply_rows, apply_streamed, new_slots
 
 __all__ = ["Shard"]
 
@@ -92,9 +92,35 @@ class Shard:
                 apply_rows(self.rule, self.value, grad[0], grad[1], self.slots, self.t)
             else:
                 apply_dense(self.rule, self.value, grad, self.slots, self.t)
-            self.clock[rank] += 1
-            if self.mode == "bounded":
-                self.cond.notify_all()
+            self._pushed(rank)
+
+    def _pushed(self, rank: int) -> None:
+        self.clock[rank] += 1
+        if self.mode == "bounded":
+            self.cond.notify_all()
+
+    def exchange_remote(self, rank: int, fetch: Fetch | None, deliver: Deliver | None, timeout: float) -> None:
+        """A dense push (``fetch`` reads the gradient chunk by chunk from the worker), a pull (``deliver`` writes
+        the values to the worker), or both, with no staging copy (:mod:`hora.ps.cma`). Under ``async`` a push_pull
+        is one pass; ``sync`` reads the whole gradient first (it is kept until the step is complete)."""
+        if fetch is not None:
+            if self.mode == "sync":
+                grad = np.empty(self.value.shape, self.value.dtype)
+                fetch(0, grad.reshape(-1))
+                self.push(rank, grad)
+            else:
+                with self.cond:
+                    self.t += 1
+                    now = deliver if self.mode == "async" else None
+                    apply_streamed(self.rule, self.value, self.slots, self.t, fetch, now)
+                    self._pushed(rank)
+                    if now is not None:
+                        self._observe(rank)
+                        return
+        if deliver is not None:
+            self.wait_readable(rank, timeout)
+            with self.cond:
+                deliver(0, np.ascontiguousarray(self.value).reshape(-1))
 
     def push_pull(self, rank: int, grad: np.ndarray, out: np.ndarray, timeout: float) -> None:
         """A dense push and then a read into ``out`` (which may be ``grad``'s memory). Under ``async`` one pass:
@@ -106,7 +132,7 @@ class Shard:
         with self.cond:
             self.t += 1
             apply_dense(self.rule, self.value, grad, self.slots, self.t, out=out)
-            self.clock[rank] += 1
+            self._pushed(rank)
             self._observe(rank)
 
     def _apply_step(self, grads: dict[int, Any]) -> None:

@@ -75,6 +75,7 @@ class ShmBuffer:
         self.words = self.mv[:DATA].cast("I")
         self.base = int(self.u8.ctypes.data)
         self.seq = 0  # the last request count rung (client) or served (server)
+        self.single_copy = False  # the server reads and writes this worker's arrays itself (hora.ps.cma)
 
     def address(self, word: int) -> int:
         """The address of the doorbell word at byte offset ``word`` (for futex waits)."""

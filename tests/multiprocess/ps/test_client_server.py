@@ -102,6 +102,62 @@ def test_sparse_rows_sum_duplicates_and_send_only_the_rows(two_servers, shm):
             c.pull_rows(emb, [rows])
 
 
+@pytest.mark.parametrize("mode", ["async", "bounded(1)", "sync"])
+@pytest.mark.parametrize("single_copy", [True, False], ids=["single-copy", "segment"])
+def test_large_dense_requests_single_copy_or_through_the_segment_match_a_reference(two_servers, mode, single_copy):
+    """Shards larger than the single-copy threshold (and than a chunk of the streamed update, for w): the server
+    reads the gradients from and writes the values into the workers' arrays itself, or everything goes through the
+    segment; either way bitwise the one-process reference (async: fused per chunk; bounded: update, then wait and
+    write; sync: the whole gradient read first)."""
+    workers, steps = two_servers.workers, 3
+    rng = np.random.default_rng(11)
+    init = {"w": rng.standard_normal((700, 400)).astype(np.float32), "b": rng.standard_normal((300, 500))}
+    rules = {"w": check_rule({"rule": "adam", "lr": 0.01}), "b": check_rule({"rule": "momentum", "lr": 0.1})}
+    names = {n: f"large.{n}.{mode}.{single_copy}" for n in init}
+    clients = [two_servers.client(r, partitioner=FixedShardsPartitioner(2), consistency=mode, shm=True,
+                                  single_copy=single_copy) for r in range(workers)]  # fmt: skip
+    ref = {n: v.copy() for n, v in init.items()}
+    slots = {n: new_slots(rules[n], v.shape, v.dtype) for n, v in init.items()}
+    try:
+        for c in clients:
+            for n, v in init.items():
+                c.register(names[n], v, rule=rules[n])
+        parts = {n: clients[0].placement(names[n]) for n in init}
+        for step in range(steps):
+            grads = {(n, r): rng.standard_normal(v.shape).astype(v.dtype) for n, v in init.items() for r in range(workers)}
+            got = {}
+            if mode == "sync":  # every worker pushes, then pulls: the server applies the step's mean once
+                for r, c in enumerate(clients):
+                    for n in init:
+                        c.push(names[n], grads[(n, r)])
+                for r, c in enumerate(clients):
+                    got.update({(n, r): c.pull(names[n]) for n in init})
+            else:  # one worker after the other: each push is applied when it arrives
+                for r, c in enumerate(clients):
+                    for n in init:
+                        g = grads[(n, r)].copy()
+                        got[(n, r)] = c.push_pull(names[n], g, out=g)  # the result may overwrite the gradient
+            for n in init:
+                if mode == "sync":  # the step's gradients summed in rank order, divided by N, applied once
+                    mean = grads[(n, 0)].copy()
+                    for r in range(1, workers):
+                        mean += grads[(n, r)]
+                    updates = [(step + 1, np.divide(mean, workers, out=mean))]
+                else:
+                    updates = [(step * workers + r + 1, grads[(n, r)]) for r in range(workers)]
+                for r, (t, g) in enumerate(updates):
+                    for lo, hi, _ in parts[n]:
+                        apply_dense(rules[n], ref[n][lo:hi], g[lo:hi], {k: v[lo:hi] for k, v in slots[n].items()}, t)
+                    for who in range(workers) if mode == "sync" else [r]:
+                        assert got[(n, who)].tobytes() == ref[n].tobytes(), (n, step, who)
+        for c in clients:
+            assert c.shared_memory == [True, True]
+            assert [c._shm[s].single_copy for s in range(2)] == [single_copy] * 2  # root may read any process
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_sync_mode_is_bitwise_a_sequential_reference(two_servers):
     workers, steps = two_servers.workers, 4
     rng = np.random.default_rng(7)
@@ -249,6 +305,45 @@ def test_a_departed_worker_stops_nobody_under_bounded_and_fails_sync_clearly(two
             clients[0].push_pull("leave.sync", np.ones(4, np.float32))
     finally:
         clients[0].close()
+
+
+def test_single_copy_is_granted_only_to_the_segments_owner_and_never_taken_unasked(two_servers, monkeypatch):
+    """A worker that names another pid, or an address that does not hold its segment's token, gets no single-copy
+    access (its requests go through the segment, correct); a single-copy request the server did not grant drops the
+    connection, and the server serves on."""
+    import subprocess
+    import sys
+
+    from hora.errors import PeerLostError
+    from hora.ps import client as client_module
+
+    real = client_module.announce
+    big = np.ones(1 << 17, np.float32)  # 512 KiB: above the single-copy threshold
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        forgeries = {"pid": lambda m: {**m, "pid": other.pid}, "token": lambda m: {**m, "token_at": m["token_at"] + 64}}
+        for what, forge in forgeries.items():
+            monkeypatch.setattr(client_module, "announce", lambda shm, single, forge=forge: forge(real(shm, single)))
+            with two_servers.client(0, shm=True, partitioner=FixedShardsPartitioner(1)) as c:
+                c.register(f"owner.{what}", np.zeros_like(big), rule="sum")
+                np.testing.assert_array_equal(c.push_pull(f"owner.{what}", big), big)
+                np.testing.assert_array_equal(c.push_pull(f"owner.{what}", big), 2 * big)
+                assert [s.single_copy for s in c._shm if s is not None] == [False], what
+        with two_servers.client(0, shm=True, partitioner=FixedShardsPartitioner(1)) as c:
+            c.register("owner.unasked", np.zeros_like(big), rule="sum")
+            c.pull("owner.unasked")  # maps the segment, without single copy (the announcement is still forged)
+            (segment,) = [s for s in c._shm if s is not None]
+            segment.single_copy = True  # the client pretends it was granted
+            with pytest.raises(PeerLostError, match=r"closed the connection|was lost"):
+                c.push_pull("owner.unasked", big)
+    finally:
+        other.kill()
+        other.wait()
+    monkeypatch.setattr(client_module, "announce", real)
+    with two_servers.client(0, shm=True, partitioner=FixedShardsPartitioner(1)) as c:
+        c.register("owner.after", np.zeros_like(big), rule="sum")
+        np.testing.assert_array_equal(c.push_pull("owner.after", big), big)  # the servers serve on
+        assert [s.single_copy for s in c._shm if s is not None] == [True]
 
 
 def test_no_room_in_dev_shm_falls_back_to_tcp(two_servers, monkeypatch):

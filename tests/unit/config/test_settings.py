@@ -285,6 +285,7 @@ def _non_default_config() -> Config:
         ps_max_restarts=2,
         ps_checkpoint_dir="/tmp/hora-ps-ckpt",
         ps_checkpoint_steps=7,
+        ps_single_copy=False,
         log_level="DEBUG",
         hostname="node7",
         rendezvous_addr="10.0.0.1",

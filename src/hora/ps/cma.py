@@ -1,0 +1,118 @@
+"""Single-copy transfers between a worker and a server on the same host: the server reads the worker's gradient and
+writes the pulled values straight from and into the worker's own arrays (Linux cross-memory attach,
+``process_vm_readv``/``process_vm_writev``, as Open MPI's shared-memory transport does for large messages).
+
+Through the shared segment alone every byte is copied twice more: the worker copies its gradient into the segment
+and the reply out of it, and on this 2-core machine those copies cost as much CPU as the server's update. With this
+path the worker only rings: the server streams the gradient in cache-sized chunks, updates each chunk and writes it
+back, so a dense push_pull moves each byte once each way.
+
+The kernel allows it where it allows ptrace: the same user (and Yama's ``ptrace_scope`` 0), or root. Whether it
+does is found out once per segment: the worker writes a random token into its segment and announces, on its
+authenticated connection, its pid and the token's address in its own memory; the server reads those bytes from
+that pid and compares them with the segment it mapped. A match proves both that the kernel allows the reads and
+that the pid is the segment's owner, the peer the handshake authenticated; otherwise the segment's copies are used.
+Every request's addresses are then checked by the kernel (a bad one fails with EFAULT, answered as an error).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import secrets
+import struct
+
+import numpy as np
+
+from hora.errors import ProtocolError
+
+__all__ = ["ADDRESSES", "CMA_FLAG", "TOKEN", "RemoteMemory", "available", "new_token"]
+
+#: The bit of a hot request's op code that says "the payload and the reply are in the worker's memory".
+CMA_FLAG = 0x80
+#: At the segment's payload area of such a request: the address of the gradient and of the output, 0 for none.
+ADDRESSES = struct.Struct("<QQ")
+#: Bytes of the token that proves a segment's owner (:func:`new_token`).
+TOKEN = 16
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_libc: ctypes.CDLL | None = None
+
+
+def _calls() -> tuple[object, object] | None:
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            return None
+    read, write = getattr(_libc, "process_vm_readv", None), getattr(_libc, "process_vm_writev", None)
+    if read is None or write is None:
+        return None
+    for f in (read, write):
+        f.restype = ctypes.c_ssize_t
+        f.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.POINTER(_Iovec), ctypes.c_ulong,
+                      ctypes.c_ulong]  # fmt: skip
+    return read, write
+
+
+def available() -> bool:
+    """Whether this system has the calls (Linux with glibc); whether they are allowed is known only by trying."""
+    return os.name == "posix" and _calls() is not None
+
+
+def new_token(data: np.ndarray) -> tuple[int, bytes]:
+    """Write a fresh random token at the start of ``data`` (the worker's segment); returns its address and bytes."""
+    token = secrets.token_bytes(TOKEN)
+    data[:TOKEN] = np.frombuffer(token, np.uint8)
+    return int(data.ctypes.data), token
+
+
+class RemoteMemory:
+    """A worker process's memory, read and written by the server (one per connection)."""
+
+    def __init__(self, pid: int) -> None:
+        calls = _calls()
+        if calls is None:
+            raise OSError("process_vm_readv is not available")
+        self.pid = pid
+        self._read, self._write = calls
+
+    @classmethod
+    def verify(cls, pid: int, address: int, data: np.ndarray) -> RemoteMemory | None:
+        """The worker ``pid``'s memory if reading :data:`TOKEN` bytes at ``address`` there gives the start of
+        ``data`` (the segment it announced, as this server mapped it); None when the kernel refuses or they differ."""
+        if not available() or pid <= 0 or data.nbytes < TOKEN:
+            return None
+        remote = cls(pid)
+        got = np.empty(TOKEN, np.uint8)
+        try:
+            remote.read(address, got)
+        except (OSError, ProtocolError):
+            return None
+        return remote if bytes(got) == bytes(data[:TOKEN]) else None
+
+    def _move(self, call: object, local: np.ndarray, address: int, what: str) -> None:
+        n = local.nbytes
+        if not n:
+            return
+        if not local.flags.c_contiguous:
+            raise ProtocolError(f"{what}: the local buffer is not contiguous")
+        mine, theirs = _Iovec(local.ctypes.data, n), _Iovec(address, n)
+        done = call(self.pid, ctypes.byref(mine), 1, ctypes.byref(theirs), 1, 0)  # type: ignore[operator]
+        if done != n:
+            err = ctypes.get_errno() if done < 0 else 0
+            why = os.strerror(err) if err else f"{done} of {n} bytes"
+            raise ProtocolError(f"{what} {n} bytes at {address:#x} of worker pid {self.pid} failed ({why})")
+
+    def read(self, address: int, into: np.ndarray) -> None:
+        """Copy ``into.nbytes`` bytes from the worker's ``address`` into ``into``."""
+        self._move(self._read, into, address, "reading")
+
+    def write(self, address: int, data: np.ndarray) -> None:
+        """Copy ``data`` to the worker's ``address``."""
+        self._move(self._write, data, address, "writing")
