@@ -21,6 +21,7 @@ from hora.errors import PeerLostError, ProtocolError
 from hora.ps import cma
 from hora.ps.cma import ADDRESSES, CMA_FLAG
 from hora.ps.protocol import (
+    DENSE_OPS,
     HOT_OPS,
     MAX_HEADER,
     REPLY,
@@ -43,7 +44,7 @@ from hora.ps.shm import (
     spin_until,
 )
 
-__all__ = ["announce", "hot_over_shm", "hot_over_tcp", "loopback", "ring_socket", "segment_need"]
+__all__ = ["announce", "hot_over_shm", "hot_over_tcp", "loopback", "ring_socket", "segment_need", "single_copy_fits"]
 
 _LEN = struct.Struct("!Q")
 _SLICE = 0.1  # seconds between checks for a lost server while waiting on the doorbell
@@ -53,7 +54,6 @@ SPIN_BELOW = 1 << 20  # larger requests take longer than a spin: sleep at once
 #: Bytes from which a dense request goes single-copy where it can: below, copying through the segment costs less
 #: than the server's two system calls.
 SINGLE_COPY_FROM = 1 << 18
-_DENSE = ("push", "pull", "push_pull")
 
 
 def _views(payload: Sequence[Any]) -> list[memoryview]:
@@ -120,7 +120,7 @@ def hot_over_shm(
 ) -> dict[str, Any] | None:  # fmt: skip
     """The same through the segment (big enough: :func:`segment_need`): payload in, doorbell, wait, reply out. A
     large dense request on a single-copy segment (:mod:`hora.ps.cma`) sends only the addresses of its arrays."""
-    if shm.single_copy and header["op"] in _DENSE and _direct(payload, into):
+    if single_copy_fits(shm, header, payload, into):
         return _single_copy(shm, sock, what, header, payload, into, timeout, lost)
     offset = 0
     for v in _views(payload):
@@ -146,11 +146,15 @@ def hot_over_shm(
     return None
 
 
-def _direct(payload: Sequence[Any], into: np.ndarray | None) -> bool:
-    """Whether a dense request's arrays can be reached in place, and are large enough for it to pay."""
+def single_copy_fits(shm: ShmBuffer | None, header: dict[str, Any], payload: Sequence[Any], into: Any) -> bool:
+    """Whether a request goes single-copy on ``shm``: granted there, dense, its arrays reachable in place (the
+    result writable), and large enough for it to pay."""
+    if shm is None or not shm.single_copy or header["op"] not in DENSE_OPS:
+        return False
     arrays = [*payload, *([into] if into is not None else [])]
     return (
         all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays)
+        and (into is None or into.flags.writeable)
         and max(a.nbytes for a in arrays) >= SINGLE_COPY_FROM
     )
 

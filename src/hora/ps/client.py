@@ -22,8 +22,7 @@ import numpy as np
 from hora._runtime.auth import Role
 from hora._runtime.rendezvous import connect_with_retry
 from hora.errors import ConfigError, HoraError, MismatchError, PeerLostError, ProtocolError
-from hora.ps import checkpoint
-from hora.ps.channel import announce, hot_over_shm, hot_over_tcp, loopback, ring_socket, segment_need
+from hora.ps import channel, checkpoint
 from hora.ps.consistency import parse_consistency
 from hora.ps.partition import MinSizePartitioner, Partitioner, ShardKey, place, shard_offsets
 from hora.ps.protocol import HOT_OPS, error_of, recv_header, recv_payload_into, send_message
@@ -93,7 +92,7 @@ class Client:
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, len(servers) - 1), thread_name_prefix="hora-ps")
         self._socks: list[socket.socket] = []
         if shm is None or isinstance(shm, bool):
-            self._use_shm = [bool(shm) if shm is not None else loopback(h) for h, _ in self.addresses]
+            self._use_shm = [bool(shm) if shm is not None else channel.loopback(h) for h, _ in self.addresses]
         elif len(shm) == len(servers):
             self._use_shm = [bool(x) for x in shm]
         else:
@@ -126,7 +125,7 @@ class Client:
             shm = self._shm[i]
             if shm is not None and self._locks[i].acquire(blocking=False):
                 try:  # the server then reads the socket, finds it closed and counts this worker gone at once
-                    ring_socket(shm)
+                    channel.ring_socket(shm)
                 finally:
                     self._locks[i].release()
             try:
@@ -408,8 +407,8 @@ class Client:
             return shm
         try:
             if shm is not None:
-                ring_socket(shm)
-            send_message(sock, announce(new, self.single_copy))
+                channel.ring_socket(shm)
+            send_message(sock, channel.announce(new, self.single_copy))
             reply = recv_header(sock, what)
         finally:
             new.unlink()  # mapped by both (or refused): nothing is left in /dev/shm either way
@@ -427,13 +426,15 @@ class Client:
         into: np.ndarray | None,
     ) -> dict[str, Any] | None:  # fmt: skip
         """One push/pull/rows request, through shared memory where there is some; the server's refusal or None."""
-        need = segment_need(payload, into)
-        shm = self._segment(server, sock, what, need) if self._use_shm[server] else self._shm[server]
-        if shm is not None and shm.size >= need:
-            return hot_over_shm(shm, sock, what, header, payload, into, self._reply_timeout, lambda: self._lost)
+        need, shm = channel.segment_need(payload, into), self._shm[server]
+        direct = channel.single_copy_fits(shm, header, payload, into)  # only addresses go into the segment: no growth
+        if self._use_shm[server] and not direct:
+            shm = self._segment(server, sock, what, need)
+        if shm is not None and (direct or shm.size >= need):
+            return channel.hot_over_shm(shm, sock, what, header, payload, into, self._reply_timeout, lambda: self._lost)
         if shm is not None:  # it could not grow: the server waits on its doorbell, so ring before using the socket
-            ring_socket(shm)
-        return hot_over_tcp(sock, what, header, payload, into)
+            channel.ring_socket(shm)
+        return channel.hot_over_tcp(sock, what, header, payload, into)
 
     def _lose(self, server: int, what: str, exc: BaseException) -> str:
         """The first lost server breaks the client: every connection is shut down, so requests in flight on the
@@ -472,7 +473,7 @@ class Client:
                             break
                         continue
                     if self._shm[server] is not None:  # first: the server must read while a large payload is sent
-                        ring_socket(self._shm[server])  # type: ignore[arg-type]
+                        channel.ring_socket(self._shm[server])  # type: ignore[arg-type]
                     send_message(sock, header, payload)
                     reply = recv_header(sock, what)
                     if not reply.get("ok"):

@@ -19,6 +19,7 @@ from hora._transport import futex
 from hora.errors import HoraError, MismatchError, PeerLostError, ProtocolError
 from hora.ps.cma import ADDRESSES, CMA_FLAG, RemoteMemory
 from hora.ps.protocol import (
+    DENSE_OPS,
     HOT_OPS,
     MAX_HEADER,
     MAX_NAME,
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Conn", "next_request"]
 
-_DENSE = ("push", "pull", "push_pull")  # the operations that may go single-copy
 _SLICE = 0.2  # seconds between checks of the socket while waiting on the doorbell
 #: Seconds to poll for a worker's next request after serving one, before sleeping on the doorbell.
 SPIN = 200e-6
@@ -115,55 +115,18 @@ def _doorbell(server: ParameterServer, conn: Conn) -> bool:
                 raise ProtocolError(f"{conn.what} rang with a malformed request header")
             if code == SOCKET_CODE:
                 return True
-            single_copy = bool(code & CMA_FLAG) and conn.remote is not None
+            single_copy = bool(code & CMA_FLAG) and conn.remote is not None  # granted: hora.ps.cma
             if single_copy:
                 code &= ~CMA_FLAG
-            if not 1 <= code <= len(HOT_OPS) or (single_copy and HOT_OPS[code - 1] not in _DENSE):
+            if not 1 <= code <= len(HOT_OPS) or (single_copy and HOT_OPS[code - 1] not in DENSE_OPS):
                 raise ProtocolError(f"{conn.what} rang with unknown operation {code}")
             name = _name(bytes(shm.mv[HEAD + REQUEST.size : HEAD + REQUEST.size + name_len]), conn)
-            if single_copy:
-                _serve_remote(server, conn, HOT_OPS[code - 1], name, index, shm_bytes)
-            else:
-                _serve_hot(server, conn, HOT_OPS[code - 1], name, index, rows, shm_bytes, True)
+            _serve_hot(server, conn, HOT_OPS[code - 1], name, index, rows, shm_bytes, True, single_copy)
             return False
         futex.wait(shm.base + REQ_WORD, seq, _SLICE)
         idle = words[at] == seq and not conn.reader.buffered
         if idle and select.select([conn.sock], [], [], 0)[0] and not conn.sock.recv(1, socket.MSG_PEEK):
             raise PeerLostError(f"{conn.what} closed the connection")
-
-
-def _serve_remote(server: ParameterServer, conn: Conn, op: str, name: str, index: int, nbytes: int) -> None:
-    """A dense request whose gradient and result are in the worker's own memory (:mod:`hora.ps.cma`): their
-    addresses are in the segment; the server reads and writes them itself, a chunk at a time."""
-    shm, remote = conn.shm, conn.remote
-    assert shm is not None and remote is not None
-    src, dst = ADDRESSES.unpack_from(shm.mv, DATA)  # copied out: the worker cannot change them under us
-    try:
-        shard = server.shard(name, index)
-        if shard.poisoned:
-            raise MismatchError(shard.poisoned)
-    except (HoraError, ValueError, KeyError) as exc:
-        _error(conn, exc, True)
-        return
-    size = shard.value.nbytes
-    if nbytes != (size if op != "pull" else 0) or (op != "pull" and not src) or (op != "push" and not dst):
-        raise ProtocolError(f"{conn.what} sent a malformed single-copy {op} of '{name}' shard {index}")
-    item = shard.value.itemsize
-    fetch = (lambda lo, buf: remote.read(src + lo * item, buf)) if op != "pull" else None
-    deliver = (lambda lo, values: remote.write(dst + lo * item, values)) if op != "push" else None
-    server.bytes_in += nbytes
-    try:
-        shard.exchange_remote(conn.rank, fetch, deliver, server.op_timeout)
-    except (HoraError, ValueError, KeyError, TypeError) as exc:
-        if isinstance(exc, ProtocolError):
-            raise
-        _error(conn, exc, True)
-        return
-    if op != "pull":
-        _saved(server, shard)
-    n = size if op != "push" else 0
-    server.bytes_out += n
-    _ring_reply(shm, 0, n)
 
 
 def _due(shard: Shard, op: str, rows: int) -> int:
@@ -175,10 +138,13 @@ def _due(shard: Shard, op: str, rows: int) -> int:
 
 
 def _serve_hot(
-    server: ParameterServer, conn: Conn, op: str, name: str, index: int, rows: int, nbytes: int, via_shm: bool
+    server: ParameterServer, conn: Conn, op: str, name: str, index: int, rows: int, nbytes: int, via_shm: bool,
+    single_copy: bool = False,
 ) -> None:  # fmt: skip
-    """One hot request whose payload (``nbytes``) is next on the socket, or in the segment (``via_shm``)."""
-    if nbytes > server.max_bytes or (via_shm and conn.shm is not None and nbytes > conn.shm.data.nbytes):
+    """One hot request whose payload (``nbytes``) is next on the socket, or in the segment (``via_shm``), or in
+    the worker's own memory (``single_copy``: the segment holds its addresses, :mod:`hora.ps.cma`)."""
+    in_segment = via_shm and not single_copy
+    if nbytes > server.max_bytes or (in_segment and conn.shm is not None and nbytes > conn.shm.data.nbytes):
         raise ProtocolError(f"{conn.what} announced a payload of {nbytes} bytes, above this server's limit")
     try:
         shard = server.shard(name, index)
@@ -195,19 +161,24 @@ def _serve_hot(
     if rows > len(shard.value):  # distinct ids (checked below) cannot be more: bounds what is allocated next
         raise ProtocolError(f"{conn.what} asked for {rows} rows of '{name}' shard {index}, which has {len(shard.value)}")
     region = conn.shm.data if via_shm and conn.shm is not None else None
-    if region is None:
+    if region is None and not single_copy:
         need = rows * max(8, shard.row_bytes) if op == "pull_rows" else max(due, shard.value.nbytes)
         region = conn.scratch(need if op != "push_rows" else due)
         conn.reader.into(memoryview(region[:due]))  # type: ignore[arg-type]
     server.bytes_in += due
+    out: Any = None
     try:
-        out = _apply(server, conn, shard, op, region, rows)
+        if single_copy:
+            n = _apply_remote(server, conn, shard, op)
+        else:
+            assert region is not None
+            out = _apply(server, conn, shard, op, region, rows)
+            n = out.nbytes if out is not None else 0
     except (HoraError, ValueError, KeyError, TypeError) as exc:
         if isinstance(exc, ProtocolError):
             raise
         _error(conn, exc, via_shm)
         return
-    n = out.nbytes if out is not None else 0
     server.bytes_out += n
     if via_shm and conn.shm is not None:
         _ring_reply(conn.shm, 0, n)
@@ -249,6 +220,22 @@ def _apply(server: ParameterServer, conn: Conn, shard: Shard, op: str, region: n
     shard.push(rank, (ids, grads))
     _saved(server, shard)
     return None
+
+
+def _apply_remote(server: ParameterServer, conn: Conn, shard: Shard, op: str) -> int:
+    """Run dense ``op`` on the worker's own arrays, whose addresses are in the segment; returns the bytes written
+    into the worker's result."""
+    assert conn.shm is not None and conn.remote is not None
+    src, dst = ADDRESSES.unpack_from(conn.shm.mv, DATA)  # copied out: the worker cannot change them under us
+    if (op != "pull") != bool(src) or (op != "push") != bool(dst):
+        raise ProtocolError(f"{conn.what} sent a single-copy {op} of '{shard.name}' without its addresses")
+    remote, item = conn.remote, shard.value.itemsize
+    fetch = (lambda lo, buf: remote.read(src + lo * item, buf)) if src else None
+    deliver = (lambda lo, values: remote.write(dst + lo * item, values)) if dst else None
+    shard.exchange_remote(conn.rank, fetch, deliver, server.op_timeout)
+    if src:
+        _saved(server, shard)
+    return shard.value.nbytes if dst else 0
 
 
 def _saved(server: ParameterServer, shard: Shard) -> None:

@@ -31,6 +31,7 @@ from hora._wire import recv_exact, recv_frame, recv_into_exact
 from hora.errors import HoraError, PeerLostError, ProtocolError
 
 __all__ = [
+    "DENSE_OPS",
     "HOT_OPS",
     "MAX_HEADER",
     "MAX_NAME",
@@ -55,6 +56,8 @@ MAX_HEADER = 1 << 20
 MAX_NAME = 1024
 #: The hot operations, in the order of their codes (1, 2, ...).
 HOT_OPS = ("push", "pull", "push_pull", "push_rows", "pull_rows")
+#: The hot operations on whole shards (those that may go single-copy, :mod:`hora.ps.cma`).
+DENSE_OPS = ("push", "pull", "push_pull")
 #: magic, op code, name length, shard, rows, inline payload bytes, shared-memory payload bytes.
 REQUEST = struct.Struct("<BBHIQQQ")
 #: magic, status (0: ok), 0, 0, inline payload bytes, shared-memory payload bytes.

@@ -315,15 +315,15 @@ def test_single_copy_is_granted_only_to_the_segments_owner_and_never_taken_unask
     import sys
 
     from hora.errors import PeerLostError
-    from hora.ps import client as client_module
+    from hora.ps import channel
 
-    real = client_module.announce
+    real = channel.announce
     big = np.ones(1 << 17, np.float32)  # 512 KiB: above the single-copy threshold
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         forgeries = {"pid": lambda m: {**m, "pid": other.pid}, "token": lambda m: {**m, "token_at": m["token_at"] + 64}}
         for what, forge in forgeries.items():
-            monkeypatch.setattr(client_module, "announce", lambda shm, single, forge=forge: forge(real(shm, single)))
+            monkeypatch.setattr(channel, "announce", lambda shm, single, forge=forge: forge(real(shm, single)))
             with two_servers.client(0, shm=True, partitioner=FixedShardsPartitioner(1)) as c:
                 c.register(f"owner.{what}", np.zeros_like(big), rule="sum")
                 np.testing.assert_array_equal(c.push_pull(f"owner.{what}", big), big)
@@ -339,11 +339,18 @@ def test_single_copy_is_granted_only_to_the_segments_owner_and_never_taken_unask
     finally:
         other.kill()
         other.wait()
-    monkeypatch.setattr(client_module, "announce", real)
+    monkeypatch.setattr(channel, "announce", real)
     with two_servers.client(0, shm=True, partitioner=FixedShardsPartitioner(1)) as c:
         c.register("owner.after", np.zeros_like(big), rule="sum")
         np.testing.assert_array_equal(c.push_pull("owner.after", big), big)  # the servers serve on
-        assert [s.single_copy for s in c._shm if s is not None] == [True]
+        server = c.placement("owner.after")[0][2]
+        segment = c._shm[server]
+        assert segment is not None and segment.single_copy
+        bigger = np.arange(1 << 20, dtype=np.float32)  # 4 MiB, 2 MiB per server: single copy needs no larger segment
+        c.register("owner.bigger", np.zeros_like(bigger), rule="sum", partitioner=FixedShardsPartitioner(2))
+        np.testing.assert_array_equal(c.push_pull("owner.bigger", bigger), bigger)
+        np.testing.assert_array_equal(c.pull("owner.bigger"), bigger)
+        assert c._shm[server] is segment and segment.size < bigger.nbytes // 2
 
 
 def test_no_room_in_dev_shm_falls_back_to_tcp(two_servers, monkeypatch):
