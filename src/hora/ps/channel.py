@@ -193,8 +193,7 @@ def announce(shm: ShmBuffer, single_copy: bool) -> dict[str, Any]:
     of a token in the segment, with which the server checks that it may read this process (:mod:`hora.ps.cma`)."""
     message: dict[str, Any] = {"op": "shm", "name": shm.name, "size": shm.size}
     if single_copy and cma.available():
-        at, _ = cma.new_token(shm.data)
-        message.update(pid=os.getpid(), token_at=at)
+        message.update(pid=os.getpid(), token_at=cma.new_token(shm.u8))
     return message
 
 

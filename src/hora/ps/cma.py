@@ -12,7 +12,9 @@ does is found out once per segment: the worker writes a random token into its se
 authenticated connection, its pid and the token's address in its own memory; the server reads those bytes from
 that pid and compares them with the segment it mapped. A match proves both that the kernel allows the reads and
 that the pid is the segment's owner, the peer the handshake authenticated; otherwise the segment's copies are used.
-Every request's addresses are then checked by the kernel (a bad one fails with EFAULT, answered as an error).
+The server reads the token again before each request, so a pid that a dead worker left to another process is never
+read or written. Every request's addresses are checked by the kernel (a bad one fails the call, and the server
+drops the connection).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import struct
 import numpy as np
 
 from hora.errors import ProtocolError
+from hora.ps.shm import TOKEN_AT
 
 __all__ = ["ADDRESSES", "CMA_FLAG", "TOKEN", "RemoteMemory", "available", "new_token"]
 
@@ -65,36 +68,42 @@ def available() -> bool:
     return os.name == "posix" and _calls() is not None
 
 
-def new_token(data: np.ndarray) -> tuple[int, bytes]:
-    """Write a fresh random token at the start of ``data`` (the worker's segment); returns its address and bytes."""
-    token = secrets.token_bytes(TOKEN)
-    data[:TOKEN] = np.frombuffer(token, np.uint8)
-    return int(data.ctypes.data), token
+def new_token(segment: np.ndarray) -> int:
+    """Write a fresh random token into ``segment`` (the worker's, all of it) at ``TOKEN_AT``; returns its address."""
+    segment[TOKEN_AT : TOKEN_AT + TOKEN] = np.frombuffer(secrets.token_bytes(TOKEN), np.uint8)
+    return int(segment.ctypes.data) + TOKEN_AT
 
 
 class RemoteMemory:
     """A worker process's memory, read and written by the server (one per connection)."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, token_at: int, token: bytes) -> None:
         calls = _calls()
         if calls is None:
             raise OSError("process_vm_readv is not available")
-        self.pid = pid
+        self.pid, self._token_at, self._token = pid, token_at, token
         self._read, self._write = calls
 
     @classmethod
-    def verify(cls, pid: int, address: int, data: np.ndarray) -> RemoteMemory | None:
-        """The worker ``pid``'s memory if reading :data:`TOKEN` bytes at ``address`` there gives the start of
-        ``data`` (the segment it announced, as this server mapped it); None when the kernel refuses or they differ."""
-        if not available() or pid <= 0 or data.nbytes < TOKEN:
+    def verify(cls, pid: int, token_at: int, segment: np.ndarray) -> RemoteMemory | None:
+        """The worker ``pid``'s memory if the :data:`TOKEN` bytes at ``token_at`` there are the token in
+        ``segment`` (the worker's segment as this server mapped it); None when the kernel refuses or they differ."""
+        if not available() or pid <= 0 or segment.nbytes < TOKEN_AT + TOKEN:
             return None
-        remote = cls(pid)
-        got = np.empty(TOKEN, np.uint8)
+        remote = cls(pid, token_at, bytes(segment[TOKEN_AT : TOKEN_AT + TOKEN]))
         try:
-            remote.read(address, got)
-        except (OSError, ProtocolError):
+            remote.check()
+        except ProtocolError:
             return None
-        return remote if bytes(got) == bytes(data[:TOKEN]) else None
+        return remote
+
+    def check(self) -> None:
+        """Read the token again: ``pid`` is still the process that owns the segment (not a new process that got a
+        dead worker's pid). One 16-byte read before each request."""
+        got = np.empty(TOKEN, np.uint8)
+        self.read(self._token_at, got)
+        if bytes(got) != self._token:
+            raise ProtocolError(f"process {self.pid} no longer holds its shared segment's token")
 
     def _move(self, call: object, local: np.ndarray, address: int, what: str) -> None:
         n = local.nbytes

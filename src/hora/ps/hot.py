@@ -230,6 +230,7 @@ def _apply_remote(server: ParameterServer, conn: Conn, shard: Shard, op: str) ->
     if (op != "pull") != bool(src) or (op != "push") != bool(dst):
         raise ProtocolError(f"{conn.what} sent a single-copy {op} of '{shard.name}' without its addresses")
     remote, item = conn.remote, shard.value.itemsize
+    remote.check()
     fetch = (lambda lo, buf: remote.read(src + lo * item, buf)) if src else None
     deliver = (lambda lo, values: remote.write(dst + lo * item, values)) if dst else None
     shard.exchange_remote(conn.rank, fetch, deliver, server.op_timeout)

@@ -244,7 +244,7 @@ class ParameterServer:
             conn.shm = ShmBuffer.attach(str(header["name"]), int(header["size"]))
             conn.remote = None
             if "pid" in header:  # single copy: the worker proves it owns the segment (hora.ps.cma)
-                conn.remote = RemoteMemory.verify(int(header["pid"]), int(header["token_at"]), conn.shm.data)
+                conn.remote = RemoteMemory.verify(int(header["pid"]), int(header["token_at"]), conn.shm.u8)
             return {"ok": True, "single_copy": conn.remote is not None}, []
         if op == "stats":
             return {"ok": True, "stats": self.stats(bool(header.get("progress")))}, []

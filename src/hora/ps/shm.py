@@ -27,13 +27,18 @@ import numpy as np
 
 from hora.errors import ProtocolError
 
-__all__ = ["DATA", "HEAD", "PREFIX", "REPLY_AT", "REP_WORD", "REQ_WORD", "SOCKET_CODE", "ShmBuffer", "spin_readable", "spin_until"]
+__all__ = [
+    "DATA", "HEAD", "PREFIX", "REPLY_AT", "REP_WORD", "REQ_WORD", "SOCKET_CODE", "TOKEN_AT", "ShmBuffer", "spin_readable",
+    "spin_until",
+]  # fmt: skip
 
 PREFIX = "hora-ps-"
 _DIR = "/dev/shm"
 #: Byte offsets of the control block: the request and reply doorbell words (their own cache lines), the request
 #: header and name, the reply header; the payloads start at DATA.
 REQ_WORD, REP_WORD, HEAD, REPLY_AT, DATA = 0, 64, 128, 2048, 4096
+#: Where the worker keeps the token that proves it owns the segment to a single-copy server (:mod:`hora.ps.cma`).
+TOKEN_AT = 3072
 #: The op code of a doorbell that says "a control message is on the socket".
 SOCKET_CODE = 0x7F
 
