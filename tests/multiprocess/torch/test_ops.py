@@ -59,8 +59,8 @@ def test_cuda_tensors_are_staged_through_host_memory():
     assert run_ranks(cuda_worker, 2) == [True, True]
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-@pytest.mark.parametrize("static", [False, True])
+# The two axes are independent (how sets are registered; which transport carries them): each value of each once.
+@pytest.mark.parametrize(("static", "transport"), [(False, "shm"), (True, "tcp")])
 def test_process_sets(static, transport):
     for notes in run_ranks(process_set_worker, 4, static, transport=transport, timeout=120):
         assert len(notes) == 1 and "is not a member of process set" in notes[0], notes
