@@ -23,7 +23,9 @@ task. They serve until the master's hora run ends (every host's worker done), th
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 import socket
 import sys
 import time
@@ -81,17 +83,39 @@ def build_tf_config(
 
 
 def _free_ports(addresses: Sequence[str]) -> list[int]:
-    """A free port of each address, all different (every socket stays bound until all are chosen)."""
+    """A free port of each address, all different, outside the kernel's ephemeral range where it can: the
+    TensorFlow tasks bind them seconds later (after importing TensorFlow), and a port of that range may meanwhile be
+    handed to any ``bind(0)`` or ``connect`` on this machine, which made a task fail with "Could not start gRPC
+    server". Every socket stays bound until all are chosen."""
+    low = _ephemeral_low()
+    pool = list(range(10000, low)) if low > 12000 else []  # else: the kernel's own choice, as before
+    random.shuffle(pool)
+    candidates = iter(pool)
     sockets = []
     try:
         for address in addresses:
             s = socket.socket()
             sockets.append(s)
-            s.bind((address, 0))
+            for port in [*itertools.islice(candidates, 200), 0]:  # 0: the kernel's choice, the last resort
+                try:
+                    s.bind((address, port))
+                    break
+                except OSError:
+                    if port == 0:
+                        raise
         return [int(s.getsockname()[1]) for s in sockets]
     finally:
         for s in sockets:
             s.close()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux: ip_local_port_range; 32768 elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def plan_entry(strategy: str, servers: str, hosts: list[str], addresses: list[str], namespaces: bool) -> dict[str, Any] | None:

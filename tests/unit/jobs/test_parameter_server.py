@@ -107,6 +107,11 @@ def test_the_plan_uses_the_containers_ports_on_namespaces_and_free_ports_on_loop
     assert all(a.startswith("127.0.0.1:") for a in every) and len(set(every)) == 6  # one port space: all differ
     with socket.socket() as s:  # free ports: the tasks can bind them
         s.bind(("127.0.0.1", int(every[0].rsplit(":", 1)[1])))
+    # outside the kernel's ephemeral range, so no bind(0) or connect on the machine can take them before the tasks
+    # (TensorFlow's import takes seconds) bind them: "Could not start gRPC server"
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral = int(f.read().split()[0])
+    assert all(int(a.rsplit(":", 1)[1]) < ephemeral for a in every), (every, ephemeral)
     plan = {"hosts": hosts, "parameter_server": entry}
     config = tf_config_for(plan, "algo-3")
     assert config == {"cluster": {"master": entry["worker_addresses"][:1], "ps": entry["ps_addresses"],
