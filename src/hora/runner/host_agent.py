@@ -47,7 +47,7 @@ from hora.runner.agent_protocol import (
     interface_address,
     read_message,
 )
-from hora.runner.ps_servers import RestartBudget, give_up, server_argv, server_key, server_of
+from hora.runner.ps_servers import RestartBudget, server_argv, server_key, server_of
 
 
 class _Agent:
@@ -117,15 +117,8 @@ class _Agent:
         index, _ = server_of(key)
         if self.budget is None or self.stopping_at is not None or not self.stdin_open:
             return {}
-        how = self.budget.how(index, code)
-        generation = self.budget.next_generation(index)
+        how, generation, reason = self.budget.ended(index, code, self.server_env[index], _say)
         if generation is None:
-            reason = self.budget.given_up(index)
-            if self.budget.max_restarts:
-                next_one = self.budget.restarts[index] + 1
-                failed = give_up(self.server_env[index], index, next_one, f"it {how} and {reason}")
-                if failed:
-                    print(f"hora agent: {failed}", file=sys.stderr, flush=True)
             return {"how": how, "given_up": reason}
         argv = server_argv(index, self.workers, generation)
         self.pending.append((server_key(index, generation), argv, {"index": index, "generation": generation}))
@@ -182,6 +175,10 @@ class _Agent:
     @property
     def done(self) -> bool:
         return len(self.codes) == len(self.procs)
+
+
+def _say(message: str) -> None:
+    print(f"hora agent: {message}", file=sys.stderr, flush=True)
 
 
 def main() -> int:

@@ -122,6 +122,20 @@ class RestartBudget:
             return "the job runs without --max-restarts"
         return f"hora run gave it up after {self.restarts[index]} restart(s) (--max-restarts {self.max_restarts})"
 
+    def ended(self, index: int, code: int, env: Mapping[str, str], log: Callable[[str], None]) -> tuple[str, int | None, str]:
+        """Server ``index`` ended with ``code``: how it ended, the generation to restart it as (None: not
+        restarted) and why not. A server given up under ``--max-restarts`` is published as such at the job's store
+        (``env``: the server's), so the workers waiting for its restart fail at once; ``log`` hears if that fails."""
+        how, generation = self.how(index, code), self.next_generation(index)
+        if generation is not None:
+            return how, generation, ""
+        reason = self.given_up(index)
+        if self.max_restarts:
+            failed = give_up(env, index, self.restarts[index] + 1, f"it {how} and {reason}")
+            if failed:
+                log(failed)
+        return how, None, reason
+
 
 def give_up(env: Mapping[str, str], index: int, generation: int, reason: str) -> str | None:
     """Tell the workers waiting for server ``index``'s restart ``generation`` that none comes (the store key
@@ -197,21 +211,15 @@ class PsServers:
                 continue
             if i in self._reported:
                 continue
-            how = self.budget.how(i, code)
+            how, generation, reason = self.budget.ended(i, code, self._server_env(i), self._log)
             said = f"hora run: parameter server {i} (pid {p.pid}) {how} while the workers were running"
-            generation = self.budget.next_generation(i)
             if generation is not None:
                 print(f"{said}; {restarting(generation, self.budget.max_restarts)}", file=sys.stderr, flush=True)
                 self.procs[j] = self._spawn(i, generation)
                 self.on_start(self.procs[j].pid)
                 continue
             self._reported.add(i)
-            reason = self.budget.given_up(i)
             print(f"{said}; {reason}", file=sys.stderr, flush=True)
-            if self.budget.max_restarts:
-                failed = give_up(self._server_env(i), i, self.budget.restarts[i] + 1, f"it {how} and {reason}")
-                if failed:
-                    self._log(failed)
 
     def stop(self, grace: float) -> None:
         """SIGTERM every server, SIGKILL what is left after ``grace`` seconds, and reap them all."""
