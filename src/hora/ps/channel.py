@@ -116,11 +116,11 @@ def _ring(shm: ShmBuffer, magic: int, code: int, name: bytes, shard: int, rows: 
 
 def hot_over_shm(
     shm: ShmBuffer, sock: socket.socket, what: str, header: dict[str, Any], payload: Sequence[Any],
-    into: np.ndarray | None, timeout: float, lost: Callable[[], str | None],
+    into: np.ndarray | None, timeout: float, lost: Callable[[], str | None], direct: bool = False,
 ) -> dict[str, Any] | None:  # fmt: skip
-    """The same through the segment (big enough: :func:`segment_need`): payload in, doorbell, wait, reply out. A
-    large dense request on a single-copy segment (:mod:`hora.ps.cma`) sends only the addresses of its arrays."""
-    if single_copy_fits(shm, header, payload, into):
+    """The same through the segment (big enough: :func:`segment_need`): payload in, doorbell, wait, reply out.
+    ``direct`` (:func:`single_copy_fits`): only the addresses of the arrays go in (:mod:`hora.ps.cma`)."""
+    if direct:
         return _single_copy(shm, sock, what, header, payload, into, timeout, lost)
     offset = 0
     for v in _views(payload):

@@ -431,7 +431,8 @@ class Client:
         if self._use_shm[server] and not direct:
             shm = self._segment(server, sock, what, need)
         if shm is not None and (direct or shm.size >= need):
-            return channel.hot_over_shm(shm, sock, what, header, payload, into, self._reply_timeout, lambda: self._lost)
+            timeout, lost = self._reply_timeout, lambda: self._lost
+            return channel.hot_over_shm(shm, sock, what, header, payload, into, timeout, lost, direct)
         if shm is not None:  # it could not grow: the server waits on its doorbell, so ring before using the socket
             channel.ring_socket(shm)
         return channel.hot_over_tcp(sock, what, header, payload, into)

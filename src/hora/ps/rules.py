@@ -96,14 +96,25 @@ def apply_dense(
         if out is not None:
             np.copyto(out, param)
         return
-    p, g = param.reshape(-1), np.ascontiguousarray(grad).reshape(-1)
-    flat = {k: v.reshape(-1) for k, v in slots.items()}
+    g = np.ascontiguousarray(grad).reshape(-1)
     o = out.reshape(-1) if out is not None else None
+    deliver = None if o is None else (lambda lo, values: np.copyto(o[lo : lo + values.size], values))
+    _chunked(rule, param, slots, t, lambda lo, hi: g[lo:hi], deliver)
+
+
+def _chunked(
+    rule: Rule, param: np.ndarray, slots: dict[str, np.ndarray], t: int,
+    chunk: Callable[[int, int], np.ndarray], deliver: Deliver | None,
+) -> None:  # fmt: skip
+    """Update contiguous ``param`` :data:`CHUNK` elements at a time from ``chunk(lo, hi)`` (the gradient's elements
+    lo..hi), handing each updated chunk to ``deliver`` while it is in the cache."""
+    p = param.reshape(-1)
+    flat = {k: v.reshape(-1) for k, v in slots.items()}
     for lo in range(0, p.size, CHUNK):
         hi = min(lo + CHUNK, p.size)
-        _apply(rule, p[lo:hi], g[lo:hi], {k: v[lo:hi] for k, v in flat.items()}, t)
-        if o is not None:
-            o[lo:hi] = p[lo:hi]
+        _apply(rule, p[lo:hi], chunk(lo, hi), {k: v[lo:hi] for k, v in flat.items()}, t)
+        if deliver is not None:
+            deliver(lo, p[lo:hi])
 
 
 #: ``fetch(offset, buf)``: fill ``buf`` with the gradient's elements from ``offset`` on; ``deliver(offset, values)``:
@@ -125,16 +136,13 @@ def apply_streamed(
         if deliver is not None:
             deliver(0, np.ascontiguousarray(param).reshape(-1))
         return
-    p = param.reshape(-1)
-    flat = {k: v.reshape(-1) for k, v in slots.items()}
     buf = _scratch(param.dtype, (CHUNK,), CHUNK, 2, 1)[0]  # the pool's rows 0-1 are _apply's temporaries
-    for lo in range(0, p.size, CHUNK):
-        hi = min(lo + CHUNK, p.size)
-        g = buf[: hi - lo]
-        fetch(lo, g)
-        _apply(rule, p[lo:hi], g, {k: v[lo:hi] for k, v in flat.items()}, t)
-        if deliver is not None:
-            deliver(lo, p[lo:hi])
+
+    def chunk(lo: int, hi: int) -> np.ndarray:
+        fetch(lo, buf[: hi - lo])
+        return buf[: hi - lo]
+
+    _chunked(rule, param, slots, t, chunk, deliver)
 
 
 def apply_rows(
