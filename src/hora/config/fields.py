@@ -1,5 +1,7 @@
 """The pieces a setting is declared with (:func:`setting`, its :class:`Flag`) and the reading of settings from the
-environment and explicit arguments (:func:`read_settings`); :mod:`hora.config.settings` declares the settings."""
+environment and explicit arguments (:func:`read_settings`); the settings are declared in groups
+(:mod:`.runtime_settings`, :mod:`.engine_settings`, :mod:`.ps_settings`, :mod:`.launch_settings`) that
+:class:`hora.config.settings.Config` joins."""
 
 from __future__ import annotations
 

@@ -1,0 +1,115 @@
+"""The settings of how a rank starts, waits and moves bytes: the start-up and operation time-outs, the thread
+defaults a launcher gives each rank, and the data plane (transport, hierarchical collectives, chunk and frame sizes).
+One group of :class:`hora.config.Config` (:mod:`hora.config.settings`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hora.config import parsers
+from hora.config.fields import Flag, setting
+
+__all__ = ["RuntimeSettings"]
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """How a rank starts, waits and moves bytes."""
+
+    start_timeout: float = setting(
+        30.0,
+        parsers.positive_float,
+        "HORA_START_TIMEOUT",
+        "HOROVOD_START_TIMEOUT",
+        help="Seconds every rank may take to reach the rendezvous before start-up fails naming the missing ranks.",
+        flag=Flag(
+            "--start-timeout",
+            "seconds every rank may take to reach the rendezvous",
+            metavar="SECONDS",
+            group="run",
+        ),
+    )
+    op_timeout: float = setting(
+        300.0,
+        parsers.positive_float,
+        "HORA_OP_TIMEOUT_SECONDS",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS",
+        help="Seconds a rank waits without progress (no bytes from or to a peer) inside an already negotiated "
+        "collective before raising; a slow transfer that keeps moving never times out.",
+    )
+    thread_defaults: bool = setting(
+        True,
+        parsers.parse_bool,
+        "HORA_THREAD_DEFAULTS",
+        help=(
+            "Launchers (hora run, hora job) give each rank OMP_NUM_THREADS and MKL_NUM_THREADS = its share of its "
+            "host's cores (at least 1) where the user has not set them, so ranks' intra-op thread pools do not "
+            "oversubscribe the machine (torchrun sets 1). 0 leaves them unset."
+        ),
+        flag=Flag(
+            "--thread-defaults",
+            "give each rank OMP/MKL_NUM_THREADS = its share of the host's cores unless set, or (--no-...) leave "
+            "them unset",
+            group="run",
+            action="boolean_optional",
+        ),
+    )
+    transport: str = setting(
+        "auto",
+        parsers.choice("auto", "shm", "tcp"),
+        "HORA_TRANSPORT",
+        help="Data plane: 'shm' (shared memory, one host only), 'tcp', or 'auto' (shm when all ranks share a host; "
+        "across hosts, TCP with shared memory within each host as the HORA_HIERARCHICAL_* settings say).",
+        flag=Flag("--transport", "data plane between ranks", group="run", choices=("auto", "shm", "tcp")),
+    )
+    hierarchical_allreduce: bool = setting(
+        True,
+        parsers.parse_bool,
+        "HORA_HIERARCHICAL_ALLREDUCE",
+        "HOROVOD_HIERARCHICAL_ALLREDUCE",
+        help=(
+            "On jobs spanning several hosts: allreduce as a shared-memory reduce-scatter within each host, TCP "
+            "rings across hosts (each local rank carrying a slice), and a shared-memory allgather (1), or one "
+            "flat TCP ring over every rank (0). No effect on one host or with HORA_TRANSPORT=tcp."
+        ),
+        flag=Flag(
+            "--hierarchical-allreduce",
+            "on multi-host jobs, allreduce through shared memory within hosts and TCP across them, or (--no-...) "
+            "over one flat TCP ring",
+            action="boolean_optional",
+        ),
+    )
+    hierarchical_allgather: bool = setting(
+        True,
+        parsers.parse_bool,
+        "HORA_HIERARCHICAL_ALLGATHER",
+        "HOROVOD_HIERARCHICAL_ALLGATHER",
+        help=(
+            "On jobs spanning several hosts: allgather and broadcast through shared memory within each host and "
+            "TCP rings across hosts (1), or over one flat TCP ring (0). No effect on one host or with "
+            "HORA_TRANSPORT=tcp."
+        ),
+        flag=Flag(
+            "--hierarchical-allgather",
+            "the same choice for allgather and broadcast",
+            action="boolean_optional",
+        ),
+    )
+    shm_chunk_bytes: int = setting(
+        2 << 20,
+        parsers.positive_int,
+        "HORA_SHM_CHUNK_BYTES",
+        help="Bytes each rank stages per step in the shared-memory transport (its slot holds two such buffers).",
+    )
+    tcp_chunk_bytes: int = setting(
+        1 << 20,
+        parsers.positive_int,
+        "HORA_TCP_CHUNK_BYTES",
+        help="Bytes per pipelined piece in the TCP ring.",
+    )
+    max_frame_bytes: int = setting(
+        64 << 20,
+        parsers.positive_int,
+        "HORA_MAX_FRAME_BYTES",
+        help="Largest control or rendezvous frame accepted from a peer; longer length fields are rejected unread.",
+    )
