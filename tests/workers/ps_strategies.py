@@ -33,7 +33,7 @@ def keras_ps_worker(steps: int) -> dict[str, Any]:
     import keras
 
     import hora.keras as hvd
-    from hora.ps.job import shared_client
+    from hora.ps.discovery import shared_client
     from workers.keras_fit import _model
 
     hvd.init()
@@ -151,7 +151,7 @@ def torch_hybrid_worker(steps: int, keras_steps: int = 0) -> dict[str, Any]:
     import torch
 
     import hora.torch as hvd
-    from hora.ps.job import shared_client
+    from hora.ps.discovery import shared_client
 
     hvd.init()
     me = hvd.rank()
@@ -196,7 +196,7 @@ def _torch_hybrid_async(steps: int) -> dict[str, Any]:
     import torch
 
     import hora.torch as hvd
-    from hora.ps.job import shared_client
+    from hora.ps.discovery import shared_client
 
     me = hvd.rank()
     holder = torch.nn.Sequential()

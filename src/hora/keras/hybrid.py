@@ -167,7 +167,7 @@ def make_hybrid_optimizer(
     """The hybrid form of the Keras 3 ``optimizer`` (``settings``: its allreduce settings)."""
     from hora._strategy import resolve_consistency
     from hora.keras.ps_optimizer import keras_rule
-    from hora.ps.job import shared_client
+    from hora.ps.discovery import shared_client
 
     if keras.backend.backend() != "tensorflow":
         raise UnsupportedError(

@@ -127,7 +127,7 @@ def _eager(fn: Any) -> Any:
 def _register(settings: _PSSettings, variables: list[Any]) -> None:
     """Register the variables (worker 0's values win) and set every worker's from the servers'."""
     if settings.client is None:
-        from hora.ps.job import shared_client
+        from hora.ps.discovery import shared_client
 
         settings.client = shared_client()
     client = settings.client
@@ -198,7 +198,7 @@ def make_ps_optimizer(
 ) -> Any:
     """The parameter-server form of the Keras 3 ``optimizer``: same class name, module and config."""
     from hora._strategy import resolve_consistency
-    from hora.ps.job import shared_client
+    from hora.ps.discovery import shared_client
 
     if keras.backend.backend() not in ("tensorflow", "torch"):
         raise UnsupportedError(

@@ -10,7 +10,7 @@ See docs/ps.md.
 """
 
 from hora.ps.client import Client, parse_consistency
-from hora.ps.job import connect
+from hora.ps.discovery import connect
 from hora.ps.partition import (
     FixedShardsPartitioner,
     MaxSizePartitioner,

@@ -1,5 +1,5 @@
 """The worker's side of the hot operations on one connection: over the socket, or through the shared segment
-with its doorbell (:mod:`hora.ps.shm`). Each call sends one request and waits for its reply; the caller holds the
+with its doorbell (:mod:`hora.ps.segment`). Each call sends one request and waits for its reply; the caller holds the
 connection's lock. A refusal comes back as the server's JSON error object; a lost server raises."""
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from hora.ps.protocol import (
     parse_header,
     send_parts,
 )
-from hora.ps.shm import (
+from hora.ps.segment import (
     DATA,
     HEAD,
     REP_WORD,
     REPLY_AT,
     REQ_WORD,
     SOCKET_CODE,
-    ShmBuffer,
+    Segment,
     spin_readable,
     spin_until,
 )
@@ -101,12 +101,12 @@ def hot_over_tcp(
     return None
 
 
-def ring_socket(shm: ShmBuffer) -> None:
+def ring_socket(shm: Segment) -> None:
     """Tell the server that a control message is on the socket."""
     _ring(shm, REQUEST_MAGIC, SOCKET_CODE, b"", 0, 0, 0)
 
 
-def _ring(shm: ShmBuffer, magic: int, code: int, name: bytes, shard: int, rows: int, nbytes: int) -> None:
+def _ring(shm: Segment, magic: int, code: int, name: bytes, shard: int, rows: int, nbytes: int) -> None:
     REQUEST.pack_into(shm.mv, HEAD, magic, code, len(name), shard, rows, 0, nbytes)
     shm.mv[HEAD + REQUEST.size : HEAD + REQUEST.size + len(name)] = name
     shm.seq = (shm.seq + 1) & 0xFFFFFFFF
@@ -115,7 +115,7 @@ def _ring(shm: ShmBuffer, magic: int, code: int, name: bytes, shard: int, rows: 
 
 
 def hot_over_shm(
-    shm: ShmBuffer, sock: socket.socket, what: str, header: dict[str, Any], payload: Sequence[Any],
+    shm: Segment, sock: socket.socket, what: str, header: dict[str, Any], payload: Sequence[Any],
     into: np.ndarray | None, timeout: float, lost: Callable[[], str | None], direct: bool = False,
 ) -> dict[str, Any] | None:  # fmt: skip
     """The same through the segment (big enough: :func:`segment_need`): payload in, doorbell, wait, reply out.
@@ -146,7 +146,7 @@ def hot_over_shm(
     return None
 
 
-def single_copy_fits(shm: ShmBuffer | None, header: dict[str, Any], payload: Sequence[Any], into: Any) -> bool:
+def single_copy_fits(shm: Segment | None, header: dict[str, Any], payload: Sequence[Any], into: Any) -> bool:
     """Whether a request goes single-copy on ``shm``: granted there, dense, its arrays reachable in place (the
     result writable), and large enough for it to pay."""
     if shm is None or not shm.single_copy or header["op"] not in DENSE_OPS:
@@ -160,7 +160,7 @@ def single_copy_fits(shm: ShmBuffer | None, header: dict[str, Any], payload: Seq
 
 
 def _single_copy(
-    shm: ShmBuffer, sock: socket.socket, what: str, header: dict[str, Any], payload: Sequence[Any],
+    shm: Segment, sock: socket.socket, what: str, header: dict[str, Any], payload: Sequence[Any],
     into: np.ndarray | None, timeout: float, lost: Callable[[], str | None],
 ) -> dict[str, Any] | None:  # fmt: skip
     """The server reads ``payload[0]`` and writes ``into`` itself: only their addresses go into the segment."""
@@ -179,7 +179,7 @@ def _single_copy(
     return None
 
 
-def _shm_error(shm: ShmBuffer, n: int, what: str) -> dict[str, Any]:
+def _shm_error(shm: Segment, n: int, what: str) -> dict[str, Any]:
     if n > shm.data.nbytes:
         raise ProtocolError(f"{what} answered {n} shared bytes, more than the segment holds")
     try:
@@ -188,7 +188,7 @@ def _shm_error(shm: ShmBuffer, n: int, what: str) -> dict[str, Any]:
         raise ProtocolError(f"{what} sent an error that is not JSON") from None
 
 
-def announce(shm: ShmBuffer, single_copy: bool) -> dict[str, Any]:
+def announce(shm: Segment, single_copy: bool) -> dict[str, Any]:
     """The control message that hands a new segment to the server; with ``single_copy``, the pid and the address
     of a token in the segment, with which the server checks that it may read this process (:mod:`hora.ps.cma`)."""
     message: dict[str, Any] = {"op": "shm", "name": shm.name, "size": shm.size}
@@ -197,7 +197,7 @@ def announce(shm: ShmBuffer, single_copy: bool) -> dict[str, Any]:
     return message
 
 
-def _await(shm: ShmBuffer, sock: socket.socket, what: str, timeout: float, lost: Callable[[], str | None]) -> None:
+def _await(shm: Segment, sock: socket.socket, what: str, timeout: float, lost: Callable[[], str | None]) -> None:
     """Wait for the reply word to reach the request's count; between slices, a lost client or a closed socket (the
     server died) ends the wait."""
     deadline = time.monotonic() + timeout

@@ -28,7 +28,7 @@ from hora.ps.partition import MinSizePartitioner, Partitioner, ShardKey, place, 
 from hora.ps.protocol import HOT_OPS, error_of, recv_header, recv_payload_into, send_message
 from hora.ps.rows import sum_duplicates
 from hora.ps.rules import check_rule
-from hora.ps.shm import ShmBuffer
+from hora.ps.segment import Segment
 
 if TYPE_CHECKING:
     from hora.ps.reconnect import Restarts
@@ -62,7 +62,7 @@ class Client:
         partitioner: default partitioner (TensorFlow's contract); default: shards of at least 1 MiB, at most one per
             server.
         timeout: seconds to connect, and beyond the servers' own op timeout, to wait for any reply.
-        shm: move payloads through shared memory (:mod:`hora.ps.shm`): one flag for every server, or one per server;
+        shm: move payloads through shared memory (:mod:`hora.ps.segment`): one flag for every server, or one per server;
             default: for servers on a loopback address (this host). :func:`hora.ps.connect` passes one per server:
             those of this worker's host (``HORA_HOSTNAME``).
         restarts: reconnect to servers that ``hora run --max-restarts`` restarts and retry the failed operation
@@ -97,7 +97,7 @@ class Client:
             self._use_shm = [bool(x) for x in shm]
         else:
             raise ConfigError(f"shm= has {len(shm)} flags for {len(servers)} servers; give one per server, or one bool")
-        self._shm: list[ShmBuffer | None] = [None] * len(servers)
+        self._shm: list[Segment | None] = [None] * len(servers)
         self._reply_timeout = op_timeout + timeout
         self._scratch = threading.local()
         self._last_rows: tuple[_Var, np.ndarray, tuple[_Var, np.ndarray, np.ndarray, np.ndarray, list[int]]] | None = None
@@ -393,14 +393,14 @@ class Client:
         if first_error is not None:
             raise first_error
 
-    def _segment(self, server: int, sock: socket.socket, what: str, need: int) -> ShmBuffer | None:
+    def _segment(self, server: int, sock: socket.socket, what: str, need: int) -> Segment | None:
         """The shared segment to ``server``, created or grown to ``need`` bytes first (announced on the socket);
         None when the bytes go over the socket (no room in /dev/shm)."""
         shm = self._shm[server]
         if shm is not None and shm.size >= need:
             return shm
         try:
-            new = ShmBuffer.create(max(need, 1 << 20, 2 * shm.size if shm else 0))
+            new = Segment.create(max(need, 1 << 20, 2 * shm.size if shm else 0))
         except OSError as exc:  # /dev/shm full or missing: the socket carries what does not fit from now on
             log.warning("parameter server %d: no shared memory for %d bytes (%s); using TCP", server, need, exc)
             self._use_shm[server] = False

@@ -27,7 +27,7 @@ import struct
 import numpy as np
 
 from hora.errors import ProtocolError
-from hora.ps.shm import TOKEN_AT
+from hora.ps.segment import TOKEN_AT
 
 __all__ = ["ADDRESSES", "CMA_FLAG", "TOKEN", "RemoteMemory", "available", "new_token"]
 

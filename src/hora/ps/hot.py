@@ -32,14 +32,14 @@ from hora.ps.protocol import (
     send_message,
     send_parts,
 )
-from hora.ps.shm import (
+from hora.ps.segment import (
     DATA,
     HEAD,
     REP_WORD,
     REPLY_AT,
     REQ_WORD,
     SOCKET_CODE,
-    ShmBuffer,
+    Segment,
     spin_readable,
     spin_until,
 )
@@ -62,7 +62,7 @@ class Conn:
         self.sock, self.rank = sock, rank
         self.what = f"worker {rank}"
         self.reader = Reader(sock, self.what)
-        self.shm: ShmBuffer | None = None
+        self.shm: Segment | None = None
         self.remote: RemoteMemory | None = None  # the worker's memory, where the kernel lets us reach it
         self.read = False  # whether the current JSON request's payload was read
         self._scratch = np.empty(0, np.uint8)
@@ -245,7 +245,7 @@ def _saved(server: ParameterServer, shard: Shard) -> None:
         server.saver.updated(shard)
 
 
-def _ring_reply(shm: ShmBuffer, status: int, n: int) -> None:
+def _ring_reply(shm: Segment, status: int, n: int) -> None:
     REPLY.pack_into(shm.mv, REPLY_AT, REPLY_MAGIC, status, 0, 0, 0, n)
     shm.words[REP_WORD // 4] = shm.seq
     futex.wake(shm.base + REP_WORD)

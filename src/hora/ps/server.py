@@ -31,8 +31,8 @@ from hora.ps.cma import RemoteMemory
 from hora.ps.hot import Conn, next_request
 from hora.ps.protocol import send_message
 from hora.ps.rules import check_rule
+from hora.ps.segment import Segment
 from hora.ps.shard import Shard
-from hora.ps.shm import ShmBuffer
 
 if TYPE_CHECKING:
     from hora.ps.autosave import ShardSaver
@@ -241,7 +241,7 @@ class ParameterServer:
             if conn.shm is not None:
                 conn.shm.close()
                 conn.shm = None
-            conn.shm = ShmBuffer.attach(str(header["name"]), int(header["size"]))
+            conn.shm = Segment.attach(str(header["name"]), int(header["size"]))
             conn.remote = None
             if "pid" in header:  # single copy: the worker proves it owns the segment (hora.ps.cma)
                 conn.remote = RemoteMemory.verify(int(header["pid"]), int(header["token_at"]), conn.shm.u8)

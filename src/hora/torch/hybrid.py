@@ -169,7 +169,7 @@ def hybrid_members(
     """The class members that make an allreduce ``DistributedOptimizer`` class hybrid; registers the server-held
     parameters (worker 0's values) and pulls them into every worker's tensors."""
     from hora._strategy import resolve_consistency
-    from hora.ps.job import shared_client
+    from hora.ps.discovery import shared_client
     from hora.torch.ps_optimizer import rule_of
 
     chosen = select_ps_parameters(named, ps_parameters)

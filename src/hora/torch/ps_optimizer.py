@@ -102,7 +102,7 @@ def make_ps_optimizer(
 ) -> torch.optim.Optimizer:
     """The parameter-server form of ``optimizer`` (see the module docstring)."""
     from hora._strategy import resolve_consistency
-    from hora.ps.job import shared_client
+    from hora.ps.discovery import shared_client
 
     if named_parameters is not None:
         named = list(named_parameters)

@@ -361,7 +361,7 @@ def test_no_room_in_dev_shm_falls_back_to_tcp(two_servers, monkeypatch):
     def full(size):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(client_module.ShmBuffer, "create", staticmethod(full))
+    monkeypatch.setattr(client_module.Segment, "create", staticmethod(full))
     with two_servers.client(0, shm=True) as c:
         c.register("fallback.w", np.arange(6, dtype=np.float32), rule="sum")
         np.testing.assert_array_equal(c.push_pull("fallback.w", np.ones(6, np.float32)), np.arange(1, 7))
@@ -390,7 +390,7 @@ def test_a_segment_that_cannot_grow_sends_larger_requests_over_tcp(two_servers, 
         def full(size):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(client_module.ShmBuffer, "create", staticmethod(full))
+        monkeypatch.setattr(client_module.Segment, "create", staticmethod(full))
         big = np.arange(1 << 19, dtype=np.float32)  # 2 MiB: more than the 1 MiB segment holds
         np.testing.assert_array_equal(c.push_pull("grow.big", big), big)
         np.testing.assert_array_equal(c.push_pull("grow.small", np.ones(4, np.float32)), np.full(4, 2))

@@ -12,14 +12,14 @@ import pytest
 
 from hora.errors import ProtocolError
 from hora.ps import cma
-from hora.ps.shm import ShmBuffer
+from hora.ps.segment import Segment
 
 pytestmark = pytest.mark.skipif(not cma.available(), reason="process_vm_readv is not available here")
 
 
 @pytest.fixture
 def segment():
-    shm = ShmBuffer.create(1 << 16)
+    shm = Segment.create(1 << 16)
     yield shm
     shm.unlink()
     shm.close()

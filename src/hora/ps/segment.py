@@ -1,4 +1,5 @@
-"""Shared memory between a worker and a server on the same host: hot requests skip the socket entirely.
+"""A worker's shared segment with one server on its host, and the segment's futex doorbell: hot requests skip the
+socket entirely.
 
 The client creates a segment of its own in /dev/shm (a random name, mode 0600, created exclusively), announces it
 on its authenticated connection (``{"op": "shm", "name", "size"}``), and unlinks it as soon as the server has mapped
@@ -28,7 +29,7 @@ import numpy as np
 from hora.errors import ProtocolError
 
 __all__ = [
-    "DATA", "HEAD", "PREFIX", "REPLY_AT", "REP_WORD", "REQ_WORD", "SOCKET_CODE", "TOKEN_AT", "ShmBuffer", "spin_readable",
+    "DATA", "HEAD", "PREFIX", "REPLY_AT", "REP_WORD", "REQ_WORD", "SOCKET_CODE", "TOKEN_AT", "Segment", "spin_readable",
     "spin_until",
 ]  # fmt: skip
 
@@ -68,7 +69,7 @@ def spin_readable(sock: socket.socket, seconds: float) -> bool:
         os.sched_yield()
 
 
-class ShmBuffer:
+class Segment:
     """A mapped segment; ``u8`` is a uint8 view of all of it."""
 
     def __init__(self, mm: mmap.mmap, name: str, size: int) -> None:
@@ -87,7 +88,7 @@ class ShmBuffer:
         return self.base + word
 
     @classmethod
-    def create(cls, size: int) -> ShmBuffer:
+    def create(cls, size: int) -> Segment:
         name = PREFIX + secrets.token_hex(16)
         path = os.path.join(_DIR, name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -103,7 +104,7 @@ class ShmBuffer:
         return cls(mm, name, size)
 
     @classmethod
-    def attach(cls, name: str, size: int) -> ShmBuffer:
+    def attach(cls, name: str, size: int) -> Segment:
         """Map a worker's segment; refuse names outside hora's, other owners and sizes that differ."""
         if not name.startswith(PREFIX) or os.path.basename(name) != name or not DATA < size <= 1 << 40:
             raise ProtocolError(f"refusing shared-memory segment {name!r} of {size} bytes")

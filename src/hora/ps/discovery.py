@@ -1,4 +1,6 @@
-"""The parameter servers of the running job, as a worker reaches them after ``init()``."""
+"""How a worker reaches the running job's parameter servers after ``init()``: :func:`connect` reads their addresses at
+the job's store (:mod:`hora.ps.directory`) and opens a :class:`Client`; :func:`shared_client` is the one client of a
+process that the frameworks' parameter-server optimizers share."""
 
 from __future__ import annotations
 
