@@ -116,9 +116,9 @@ def _restart_grad(shape: tuple[int, ...], dtype: str, step: int, rank: int) -> n
 def restart_reference(variables: dict, placement: dict, workers: int, steps: int, kept: int, lost_to: int) -> dict:
     """The values the sync servers hold after ``steps`` steps when server 0 restored its checkpoint after ``kept``
     steps while it had applied ``lost_to``: its shards lose steps ``kept..lost_to-1``, the others lose nothing."""
-    from hora.ps.rules import apply_dense, check_rule, new_slots
+    from hora.ps.rules import apply_dense, new_slots, parse_rule
 
-    rule = check_rule(RESTART_RULE)
+    rule = parse_rule(RESTART_RULE)
     out = {}
     for name, (shape, dtype) in variables.items():
         value = np.zeros(shape, dtype)

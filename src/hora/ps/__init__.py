@@ -3,7 +3,7 @@
 >>> import hora.numpy as hvd, hora.ps, numpy as np   # doctest: +SKIP
 >>> hvd.init()                                        # under: hora run -np 2 --num-ps 2 python train.py
 >>> ps = hora.ps.connect(consistency="bounded(2)")
->>> ps.register("w", np.zeros((1000, 64), np.float32), rule={"rule": "adam", "lr": 1e-3})
+>>> ps.register("w", np.zeros((1000, 64), np.float32), rule=hora.ps.Adam(lr=1e-3))
 >>> w = ps.push_pull("w", grad)
 
 See docs/ps.md.
@@ -22,11 +22,17 @@ from hora.ps.partition import (
     round_robin,
     shard_offsets,
 )
-from hora.ps.rules import RULES
+from hora.ps.rules import RULES, SGD, Adagrad, Adam, Momentum, Sum, UpdateRule
 from hora.ps.server import ParameterServer
 
 __all__ = [
     "RULES",
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "Momentum",
+    "Sum",
+    "UpdateRule",
     "Client",
     "FixedShardsPartitioner",
     "MaxSizePartitioner",

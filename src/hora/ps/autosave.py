@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hora.ps import checkpoint
-from hora.ps.rules import check_rule
+from hora.ps.rules import parse_rule
 from hora.ps.shard import Shard
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def restore_server(server: ParameterServer, saver: ShardSaver) -> int:
             value = data["value"].astype(str(e["dtype"]), copy=True)
             if list(value.shape) != list(e["shape"]):
                 raise ValueError(f"restore: {fname} holds shape {value.shape}, {path} says {e['shape']}")
-            shard = Shard(str(e["name"]), int(e["shard"]), value, check_rule(e["rule"], "restore"),
+            shard = Shard(str(e["name"]), int(e["shard"]), value, parse_rule(e["rule"], "restore"),
                           str(e["consistency"]),
                           int(e["staleness"]), server.workers)  # fmt: skip
             shard.assign(value, {k: data[f"slot_{k}"] for k in shard.slots}, int(data["t"]))

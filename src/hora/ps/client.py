@@ -27,7 +27,7 @@ from hora.ps.consistency import parse_consistency
 from hora.ps.partition import MinSizePartitioner, Partitioner, ShardKey, place, shard_offsets
 from hora.ps.protocol import HOT_OPS, error_of, recv_header, recv_payload_into, send_message
 from hora.ps.rows import sum_duplicates
-from hora.ps.rules import check_rule
+from hora.ps.rules import UpdateRule, parse_rule
 from hora.ps.segment import Segment
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ class Client:
 
     # -- registration ---------------------------------------------------------------------------------------------
     def register(
-        self, name: str | Mapping[str, np.ndarray], value: np.ndarray | None = None, rule: Any = "sgd",
+        self, name: str | Mapping[str, np.ndarray], value: np.ndarray | None = None, rule: str | Mapping[str, Any] | UpdateRule = "sgd",
         partitioner: Partitioner | None = None, consistency: str | None = None, staleness: int | None = None,
     ) -> None:  # fmt: skip
         """Create variables on the servers: ``register("w", array, rule=...)`` or ``register({"w": a, "b": b})``.
@@ -158,7 +158,7 @@ class Client:
         variable). The shards of one call are placed together, largest first, on the least-loaded servers.
         """
         values = dict(name) if isinstance(name, Mapping) else {name: value}
-        rule = check_rule(rule, "register")
+        rule = parse_rule(rule, "register").to_json()
         mode, k = (self.mode, self.staleness) if consistency is None else parse_consistency(consistency, staleness)
         part = partitioner or self.partitioner
         arrays: dict[str, np.ndarray] = {}

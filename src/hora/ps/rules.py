@@ -1,8 +1,11 @@
-"""Server-side update rules, configured as data (a JSON object), never as code.
+"""Server-side update rules, configured as data, never as code.
 
-A rule is ``{"rule": NAME, ...hyperparameters}``: it crosses the wire as JSON inside an authenticated frame and is
-checked here (known name, known keys, finite numbers) before a server keeps it. Each rule updates a shard in place
-from a gradient, dense (the whole shard) or sparse (some rows, and only those rows' optimizer slots):
+A rule is a frozen dataclass (:class:`Sum`, :class:`SGD`, :class:`Momentum`, :class:`Adagrad`, :class:`Adam`),
+checked once, when it is built (known parameters, finite numbers >= 0, booleans where booleans belong). It crosses
+the wire as its JSON form ``{"rule": NAME, ...hyperparameters}`` (:meth:`UpdateRule.to_json`), and
+:func:`parse_rule` turns that form or a name into a rule, naming what is wrong otherwise; a server parses what it
+receives before it keeps it. Each rule updates a shard in place from a gradient, dense (the whole shard) or sparse
+(some rows, and only those rows' optimizer slots):
 
 - ``sum``: ``p += g`` (a BytePS-style summation server).
 - ``sgd``: ``p -= lr * g``.
@@ -16,65 +19,204 @@ from a gradient, dense (the whole shard) or sparse (some rows, and only those ro
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from hora.errors import ConfigError
 
-__all__ = ["RULES", "Deliver", "Fetch", "Rule", "apply_dense", "apply_rows", "apply_streamed", "check_rule", "new_slots"]
+__all__ = [
+    "RULES",
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "Deliver",
+    "Fetch",
+    "Momentum",
+    "Slots",
+    "Sum",
+    "UpdateRule",
+    "apply_dense",
+    "apply_rows",
+    "apply_streamed",
+    "new_slots",
+    "parse_rule",
+]
 
-Rule = dict[str, Any]
+#: A shard's optimizer slots by name (Momentum's ``buf``, Adagrad's ``acc``, Adam's ``m`` and ``v``).
+Slots = dict[str, np.ndarray]
 
+
+@dataclass(frozen=True)
+class UpdateRule:
+    """An update rule: its wire name, the optimizer slots a shard keeps for it, and its hyperparameters (the fields
+    of each subclass, with PyTorch's defaults)."""
+
+    name: ClassVar[str]
+    slot_names: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(f.default, bool):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{self.name}.{f.name} must be true or false, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"{self.name}.{f.name} must be a finite number, got {value!r}")
+            elif value < 0:
+                raise ConfigError(f"{self.name}.{f.name} must be >= 0, got {value!r}")
+            else:
+                object.__setattr__(self, f.name, float(value))  # frozen: the one place it is set
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form: ``{"rule": name, **hyperparameters}``."""
+        return {"rule": self.name, **dataclasses.asdict(self)}
+
+    def apply(self, p: np.ndarray, g: np.ndarray, slots: Slots, t: int) -> None:
+        """One update of ``p`` from ``g`` (``t``: the 1-based update count), written as the textbook expression but
+        with every temporary in scratch (``out=``): the same operations in the same order, so the same bits as
+        ``p -= lr * g / (sqrt(acc) + eps)`` and friends."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Sum(UpdateRule):
+    """``p += g``."""
+
+    name: ClassVar[str] = "sum"
+
+    def apply(self, p: np.ndarray, g: np.ndarray, slots: Slots, t: int) -> None:
+        np.add(p, g, out=p)
+
+
+@dataclass(frozen=True)
+class SGD(UpdateRule):
+    """``p -= lr * g``."""
+
+    name: ClassVar[str] = "sgd"
+    lr: float = 0.01
+
+    def apply(self, p: np.ndarray, g: np.ndarray, slots: Slots, t: int) -> None:
+        t0, _ = _temps(p)
+        np.subtract(p, np.multiply(g, p.dtype.type(self.lr), out=t0), out=p)
+
+
+@dataclass(frozen=True)
+class Momentum(UpdateRule):
+    """PyTorch's SGD with momentum: ``buf = momentum * buf + g``; ``p -= lr * buf`` (``nesterov``: ``p -= lr * (g
+    + momentum * buf)``)."""
+
+    name: ClassVar[str] = "momentum"
+    slot_names: ClassVar[tuple[str, ...]] = ("buf",)
+    lr: float = 0.01
+    momentum: float = 0.9
+    nesterov: bool = False
+
+    def apply(self, p: np.ndarray, g: np.ndarray, slots: Slots, t: int) -> None:
+        dt = p.dtype.type
+        t0, _ = _temps(p)
+        buf = slots["buf"]
+        buf *= dt(self.momentum)
+        buf += g
+        if self.nesterov:
+            np.add(g, np.multiply(buf, dt(self.momentum), out=t0), out=t0)
+            np.subtract(p, np.multiply(t0, dt(self.lr), out=t0), out=p)
+        else:
+            np.subtract(p, np.multiply(buf, dt(self.lr), out=t0), out=p)
+
+
+@dataclass(frozen=True)
+class Adagrad(UpdateRule):
+    """``acc += g * g``; ``p -= lr * g / (sqrt(acc) + epsilon)``, ``acc`` starting at ``initial_accumulator``."""
+
+    name: ClassVar[str] = "adagrad"
+    slot_names: ClassVar[tuple[str, ...]] = ("acc",)
+    lr: float = 0.01
+    initial_accumulator: float = 0.0
+    epsilon: float = 1e-10
+
+    def apply(self, p: np.ndarray, g: np.ndarray, slots: Slots, t: int) -> None:
+        dt = p.dtype.type
+        t0, t1 = _temps(p)
+        acc = slots["acc"]
+        acc += np.multiply(g, g, out=t0)
+        np.multiply(g, dt(self.lr), out=t0)
+        np.add(np.sqrt(acc, out=t1), dt(self.epsilon), out=t1)
+        np.subtract(p, np.divide(t0, t1, out=t0), out=p)
+
+
+@dataclass(frozen=True)
+class Adam(UpdateRule):
+    """PyTorch's Adam with bias correction, ``t`` counted per shard."""
+
+    name: ClassVar[str] = "adam"
+    slot_names: ClassVar[tuple[str, ...]] = ("m", "v")
+    lr: float = 0.001
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+
+    def apply(self, p: np.ndarray, g: np.ndarray, slots: Slots, t: int) -> None:
+        dt = p.dtype.type
+        t0, t1 = _temps(p)
+        m, v = slots["m"], slots["v"]
+        b1, b2 = dt(self.beta1), dt(self.beta2)
+        m *= b1
+        m += np.multiply(g, dt(1) - b1, out=t0)
+        v *= b2
+        v += np.multiply(np.multiply(g, g, out=t0), dt(1) - b2, out=t0)
+        bc1 = 1.0 - self.beta1**t
+        bc2 = 1.0 - self.beta2**t
+        step = dt(self.lr / bc1)
+        np.add(np.divide(np.sqrt(v, out=t1), dt(math.sqrt(bc2)), out=t1), dt(self.epsilon), out=t1)
+        np.subtract(p, np.divide(np.multiply(m, step, out=t0), t1, out=t0), out=p)
+
+
+_TYPES: dict[str, type[UpdateRule]] = {cls.name: cls for cls in (Sum, SGD, Momentum, Adagrad, Adam)}
 #: rule name -> its hyperparameters and their defaults (PyTorch's).
 RULES: dict[str, dict[str, float | bool]] = {
-    "sum": {},
-    "sgd": {"lr": 0.01},
-    "momentum": {"lr": 0.01, "momentum": 0.9, "nesterov": False},
-    "adagrad": {"lr": 0.01, "initial_accumulator": 0.0, "epsilon": 1e-10},
-    "adam": {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8},
+    name: {f.name: f.default for f in dataclasses.fields(cls)}  # type: ignore[misc]
+    for name, cls in _TYPES.items()
 }
-_SLOTS = {"sum": (), "sgd": (), "momentum": ("buf",), "adagrad": ("acc",), "adam": ("m", "v")}
 
 
-def check_rule(rule: Any, what: str = "the update rule") -> Rule:
-    """``rule`` validated and completed with its defaults; ``ConfigError`` naming the problem otherwise.
-
-    Accepts a name (``"sgd"``) or a mapping (``{"rule": "adam", "lr": 1e-3}``).
-    """
+def parse_rule(rule: str | Mapping[str, Any] | UpdateRule, what: str = "the update rule") -> UpdateRule:
+    """``rule`` as an :class:`UpdateRule`: a rule as it is, a name (``"sgd"``: its defaults) or the JSON form
+    (``{"rule": "adam", "lr": 1e-3}``, the name in any case); ``ConfigError`` naming the problem otherwise."""
+    if isinstance(rule, UpdateRule):
+        return rule
     if isinstance(rule, str):
         rule = {"rule": rule}
-    if not isinstance(rule, dict) or not isinstance(rule.get("rule"), str):
-        raise ConfigError(f"{what} must be a rule name or a dict with a 'rule' key, one of {sorted(RULES)}; got {rule!r}")
+    if not isinstance(rule, Mapping) or not isinstance(rule.get("rule"), str):
+        raise ConfigError(
+            f"{what} must be a rule (hora.ps.SGD(lr=0.1), ...), a rule name, or a dict with a 'rule' key, one of "
+            f"{sorted(RULES)}; got {rule!r}"
+        )
     name = rule["rule"].lower()
-    if name not in RULES:
+    cls = _TYPES.get(name)
+    if cls is None:
         raise ConfigError(f"{what}: unknown rule {rule['rule']!r}; the rules are {', '.join(sorted(RULES))}")
-    params = RULES[name]
-    unknown = sorted(set(rule) - set(params) - {"rule"})
+    params = {k: v for k, v in rule.items() if k != "rule"}
+    unknown = sorted(set(params) - set(RULES[name]))
     if unknown:
-        raise ConfigError(f"{what}: rule {name!r} has no parameter {', '.join(unknown)}; it takes {sorted(params) or 'none'}")
-    out: Rule = {"rule": name}
-    for key, default in params.items():
-        value = rule.get(key, default)
-        if isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise ConfigError(f"{what}: {name}.{key} must be true or false, got {value!r}")
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(f"{what}: {name}.{key} must be a finite number, got {value!r}")
-        elif value < 0:
-            raise ConfigError(f"{what}: {name}.{key} must be >= 0, got {value!r}")
-        out[key] = value if isinstance(default, bool) else float(value)
-    return out
+        takes = sorted(RULES[name]) or "none"
+        raise ConfigError(f"{what}: rule {name!r} has no parameter {', '.join(unknown)}; it takes {takes}")
+    try:
+        return cls(**params)
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
 
 
-def new_slots(rule: Rule, shape: tuple[int, ...], dtype: np.dtype[Any]) -> dict[str, np.ndarray]:
+def new_slots(rule: UpdateRule, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Slots:
     """The optimizer slots a shard keeps for ``rule`` (zeros, Adagrad's accumulator at its initial value)."""
-    slots = {name: np.full(shape, 0, dtype) for name in _SLOTS[rule["rule"]]}  # written now: no page faults later
-    if rule["rule"] == "adagrad" and rule["initial_accumulator"]:
-        slots["acc"].fill(rule["initial_accumulator"])
+    slots = {name: np.full(shape, 0, dtype) for name in rule.slot_names}  # written now: no page faults later
+    if isinstance(rule, Adagrad) and rule.initial_accumulator:
+        slots["acc"].fill(rule.initial_accumulator)
     return slots
 
 
@@ -84,7 +226,7 @@ CHUNK = 1 << 17
 
 
 def apply_dense(
-    rule: Rule, param: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray], t: int, out: np.ndarray | None = None
+    rule: UpdateRule, param: np.ndarray, grad: np.ndarray, slots: Slots, t: int, out: np.ndarray | None = None
 ) -> None:
     """Update ``param`` in place from ``grad``; ``t`` is the 1-based count of updates of this shard (Adam).
 
@@ -92,7 +234,7 @@ def apply_dense(
     updated; ``out`` may be ``grad`` itself (each chunk of the gradient is used before it is overwritten).
     """
     if param.size <= CHUNK or not (param.flags.c_contiguous and all(v.flags.c_contiguous for v in slots.values())):
-        _apply(rule, param, grad, slots, t)  # small (nothing to chunk), or reshaping would copy: update in place
+        rule.apply(param, grad, slots, t)  # small (nothing to chunk), or reshaping would copy: update in place
         if out is not None:
             np.copyto(out, param)
         return
@@ -103,7 +245,7 @@ def apply_dense(
 
 
 def _chunked(
-    rule: Rule, param: np.ndarray, slots: dict[str, np.ndarray], t: int,
+    rule: UpdateRule, param: np.ndarray, slots: Slots, t: int,
     chunk: Callable[[int, int], np.ndarray], deliver: Deliver | None,
 ) -> None:  # fmt: skip
     """Update contiguous ``param`` :data:`CHUNK` elements at a time from ``chunk(lo, hi)`` (the gradient's elements
@@ -112,7 +254,7 @@ def _chunked(
     flat = {k: v.reshape(-1) for k, v in slots.items()}
     for lo in range(0, p.size, CHUNK):
         hi = min(lo + CHUNK, p.size)
-        _apply(rule, p[lo:hi], chunk(lo, hi), {k: v[lo:hi] for k, v in flat.items()}, t)
+        rule.apply(p[lo:hi], chunk(lo, hi), {k: v[lo:hi] for k, v in flat.items()}, t)
         if deliver is not None:
             deliver(lo, p[lo:hi])
 
@@ -124,7 +266,7 @@ Deliver = Callable[[int, np.ndarray], None]
 
 
 def apply_streamed(
-    rule: Rule, param: np.ndarray, slots: dict[str, np.ndarray], t: int, fetch: Fetch, deliver: Deliver | None
+    rule: UpdateRule, param: np.ndarray, slots: Slots, t: int, fetch: Fetch, deliver: Deliver | None
 ) -> None:
     """:func:`apply_dense` with a gradient that is not in this process: each chunk is fetched into a scratch buffer
     in the cache, updated, and its new values delivered at once (a worker's memory, :mod:`hora.ps.cma`). A fetch
@@ -132,11 +274,11 @@ def apply_streamed(
     if param.size <= CHUNK or not (param.flags.c_contiguous and all(v.flags.c_contiguous for v in slots.values())):
         grad = np.empty(param.shape, param.dtype)
         fetch(0, grad.reshape(-1))
-        _apply(rule, param, grad, slots, t)
+        rule.apply(param, grad, slots, t)
         if deliver is not None:
             deliver(0, np.ascontiguousarray(param).reshape(-1))
         return
-    buf = _scratch(param.dtype, (CHUNK,), CHUNK, 2, 1)[0]  # the pool's rows 0-1 are _apply's temporaries
+    buf = _scratch(param.dtype, (CHUNK,), CHUNK, 2, 1)[0]  # the pool's rows 0-1 are the rules' temporaries
 
     def chunk(lo: int, hi: int) -> np.ndarray:
         fetch(lo, buf[: hi - lo])
@@ -146,7 +288,7 @@ def apply_streamed(
 
 
 def apply_rows(
-    rule: Rule, param: np.ndarray, rows: np.ndarray, grad: np.ndarray, slots: dict[str, np.ndarray], t: int
+    rule: UpdateRule, param: np.ndarray, rows: np.ndarray, grad: np.ndarray, slots: Slots, t: int
 ) -> None:
     """Update the rows ``rows`` (unique, in range) of ``param`` from ``grad`` (one row each); only those rows of
     the slots change."""
@@ -154,7 +296,7 @@ def apply_rows(
     bufs = _scratch(param.dtype, (len(rows), *param.shape[1:]), len(rows) * row, 2, 1 + len(slots))
     p = np.take(param, rows, axis=0, out=bufs[0], mode="clip")  # rows are checked; "raise" would buffer
     s = {k: np.take(v, rows, axis=0, out=b, mode="clip") for (k, v), b in zip(slots.items(), bufs[1:])}
-    _apply(rule, p, grad, s, t)
+    rule.apply(p, grad, s, t)
     param[rows] = p
     for k, v in s.items():
         slots[k][rows] = v
@@ -187,43 +329,3 @@ def _temps(like: np.ndarray) -> list[np.ndarray]:
     return _scratch(like.dtype, like.shape, like.size, 0, 2)
 
 
-def _apply(rule: Rule, p: np.ndarray, g: np.ndarray, slots: dict[str, np.ndarray], t: int) -> None:
-    """One update, written as the textbook expression but with every temporary in scratch (``out=``): the same
-    operations in the same order, so the same bits as ``p -= lr * g / (sqrt(acc) + eps)`` and friends."""
-    name = rule["rule"]
-    dt = p.dtype.type
-    if name == "sum":
-        np.add(p, g, out=p)
-        return
-    t0, t1 = _temps(p)
-    if name == "sgd":
-        np.subtract(p, np.multiply(g, dt(rule["lr"]), out=t0), out=p)
-    elif name == "momentum":
-        buf = slots["buf"]
-        buf *= dt(rule["momentum"])
-        buf += g
-        if rule["nesterov"]:
-            np.add(g, np.multiply(buf, dt(rule["momentum"]), out=t0), out=t0)
-            np.subtract(p, np.multiply(t0, dt(rule["lr"]), out=t0), out=p)
-        else:
-            np.subtract(p, np.multiply(buf, dt(rule["lr"]), out=t0), out=p)
-    elif name == "adagrad":
-        acc = slots["acc"]
-        acc += np.multiply(g, g, out=t0)
-        np.multiply(g, dt(rule["lr"]), out=t0)
-        np.add(np.sqrt(acc, out=t1), dt(rule["epsilon"]), out=t1)
-        np.subtract(p, np.divide(t0, t1, out=t0), out=p)
-    elif name == "adam":
-        m, v = slots["m"], slots["v"]
-        b1, b2 = dt(rule["beta1"]), dt(rule["beta2"])
-        m *= b1
-        m += np.multiply(g, dt(1) - b1, out=t0)
-        v *= b2
-        v += np.multiply(np.multiply(g, g, out=t0), dt(1) - b2, out=t0)
-        bc1 = 1.0 - rule["beta1"] ** t
-        bc2 = 1.0 - rule["beta2"] ** t
-        step = dt(rule["lr"] / bc1)
-        np.add(np.divide(np.sqrt(v, out=t1), dt(math.sqrt(bc2)), out=t1), dt(rule["epsilon"]), out=t1)
-        np.subtract(p, np.divide(np.multiply(m, step, out=t0), t1, out=t0), out=p)
-    else:  # check_rule keeps anything else out
-        raise ConfigError(f"unknown rule {name!r}")

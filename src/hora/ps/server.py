@@ -30,7 +30,7 @@ from hora.ps import checkpoint
 from hora.ps.cma import RemoteMemory
 from hora.ps.hot import Conn, next_request
 from hora.ps.protocol import send_message
-from hora.ps.rules import check_rule
+from hora.ps.rules import parse_rule
 from hora.ps.segment import Segment
 from hora.ps.shard import Shard
 
@@ -261,7 +261,7 @@ class ParameterServer:
         shape = tuple(int(d) for d in header["shape"])
         if not shape or min(shape) < 0:
             raise ValueError(f"register '{name}': shape {shape} must have at least one axis")
-        rule = check_rule(header["rule"], f"register '{name}'")
+        rule = parse_rule(header["rule"], f"register '{name}'")
         mode, staleness = str(header["consistency"]), int(header["staleness"])
         if mode not in _MODES or staleness < 0:
             raise ValueError(f"register '{name}': consistency {mode!r}/{staleness} is not async, bounded(k>=0) or sync")

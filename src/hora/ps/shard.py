@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from hora.errors import CollectiveError, MismatchError, PeerLostError, TimeoutError
-from hora.ps.rules import Deliver, Fetch, Rule, apply_dense, apply_rows, apply_streamed, new_slots
+from hora.ps.rules import Deliver, Fetch, Sum, UpdateRule, apply_dense, apply_rows, apply_streamed, new_slots
 
 __all__ = ["Shard"]
 
@@ -36,7 +36,7 @@ class Shard:
     """A shard's state; every method takes the shard's lock."""
 
     def __init__(
-        self, name: str, index: int, value: np.ndarray, rule: Rule, mode: str, staleness: int, workers: int
+        self, name: str, index: int, value: np.ndarray, rule: UpdateRule, mode: str, staleness: int, workers: int
     ) -> None:
         self.name, self.index = name, index
         self.value = value
@@ -59,7 +59,7 @@ class Shard:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "shape": list(self.value.shape), "dtype": self.value.dtype.str, "rule": self.rule,
+            "shape": list(self.value.shape), "dtype": self.value.dtype.str, "rule": self.rule.to_json(),
             "consistency": self.mode, "staleness": self.staleness,
         }  # fmt: skip
 
@@ -142,7 +142,7 @@ class Shard:
             acc = grads[0].copy()
             for r in range(1, n):
                 acc += grads[r]
-            if self.rule["rule"] != "sum":
+            if not isinstance(self.rule, Sum):
                 np.divide(acc, n, out=acc)
             apply_dense(self.rule, self.value, acc, self.slots, self.t)
             return
@@ -158,7 +158,7 @@ class Shard:
         rows, inverse = np.unique(np.concatenate(rows_list), return_inverse=True)
         summed = np.zeros((len(rows), *self.value.shape[1:]), self.value.dtype)
         np.add.at(summed, inverse, np.concatenate(grad_list))
-        if self.rule["rule"] != "sum":
+        if not isinstance(self.rule, Sum):
             np.divide(summed, n, out=summed)
         apply_rows(self.rule, self.value, rows, summed, self.slots, self.t)
 

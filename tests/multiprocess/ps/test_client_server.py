@@ -11,7 +11,7 @@ import pytest
 
 from hora.errors import ConfigError, MismatchError
 from hora.ps import FixedShardsPartitioner
-from hora.ps.rules import apply_dense, apply_rows, check_rule, new_slots
+from hora.ps.rules import apply_dense, apply_rows, new_slots, parse_rule
 from support.ps_cluster import LIMIT, PsCluster
 
 
@@ -47,7 +47,7 @@ def test_dense_rules_over_two_servers_match_a_one_process_reference(two_servers,
     rng = np.random.default_rng(0)
     w0 = rng.standard_normal((101, 7)).astype(np.float32)
     b0 = rng.standard_normal(5).astype(np.float64)
-    rule = check_rule({"rule": "adam", "lr": 0.01})
+    rule = parse_rule({"rule": "adam", "lr": 0.01})
     part = FixedShardsPartitioner(4)
     with two_servers.client(0, partitioner=part, shm=shm) as c:
         c.register({f"dense.w.{shm}": w0, f"dense.b.{shm}": b0}, rule=rule)
@@ -80,7 +80,7 @@ def test_dense_rules_over_two_servers_match_a_one_process_reference(two_servers,
 def test_sparse_rows_sum_duplicates_and_send_only_the_rows(two_servers, shm):
     rows, dim = 10_000, 16
     table = np.arange(rows * dim, dtype=np.float32).reshape(rows, dim)
-    rule = check_rule({"rule": "adagrad", "lr": 0.5, "initial_accumulator": 0.1})
+    rule = parse_rule({"rule": "adagrad", "lr": 0.5, "initial_accumulator": 0.1})
     with two_servers.client(0, partitioner=FixedShardsPartitioner(2), shm=shm) as c:
         emb = f"emb.{shm}"
         c.register(emb, table, rule=rule)
@@ -112,7 +112,7 @@ def test_large_dense_requests_single_copy_or_through_the_segment_match_a_referen
     workers, steps = two_servers.workers, 3
     rng = np.random.default_rng(11)
     init = {"w": rng.standard_normal((700, 400)).astype(np.float32), "b": rng.standard_normal((300, 500))}
-    rules = {"w": check_rule({"rule": "adam", "lr": 0.01}), "b": check_rule({"rule": "momentum", "lr": 0.1})}
+    rules = {"w": parse_rule({"rule": "adam", "lr": 0.01}), "b": parse_rule({"rule": "momentum", "lr": 0.1})}
     names = {n: f"large.{n}.{mode}.{single_copy}" for n in init}
     clients = [two_servers.client(r, partitioner=FixedShardsPartitioner(2), consistency=mode, shm=True,
                                   single_copy=single_copy) for r in range(workers)]  # fmt: skip
@@ -163,7 +163,7 @@ def test_sync_mode_is_bitwise_a_sequential_reference(two_servers):
     rng = np.random.default_rng(7)
     w0 = rng.standard_normal((64, 33)).astype(np.float32)
     grads = rng.standard_normal((steps, workers, 64, 33)).astype(np.float32) * 1e3
-    rule = check_rule({"rule": "momentum", "lr": 0.01, "momentum": 0.9})
+    rule = parse_rule({"rule": "momentum", "lr": 0.01, "momentum": 0.9})
     clients = [two_servers.client(r, partitioner=FixedShardsPartitioner(2), consistency="sync") for r in range(workers)]
     results = {}
     try:

@@ -12,7 +12,7 @@ import numpy as np
 from hora._runtime.auth import new_secret
 from hora.ps.autosave import SERVER_MANIFEST, ShardSaver, restore_server
 from hora.ps.client import Client
-from hora.ps.rules import apply_dense, check_rule, new_slots
+from hora.ps.rules import apply_dense, new_slots, parse_rule
 from hora.ps.server import ParameterServer
 
 RULE = {"rule": "adam", "lr": 0.1}
@@ -41,7 +41,7 @@ def test_a_restored_server_holds_the_last_checkpoint_and_trains_on_from_it(tmp_p
     assert [(e["name"], e["shard"], e["t"], e["consistency"]) for e in manifest["shards"]] == [("w", 0, 6, "async")]
 
     # the reference: the same six updates in one process; the restored server must hold exactly that
-    rule = check_rule(RULE)
+    rule = parse_rule(RULE)
     value, slots = np.arange(12, dtype=np.float32).reshape(4, 3), new_slots(rule, (4, 3), np.dtype(np.float32))
     for t, g in enumerate(grads[:6], 1):
         apply_dense(rule, value, g, slots, t)

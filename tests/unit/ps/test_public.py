@@ -10,6 +10,7 @@ import hora.ps
 PS_API = [
     "RULES", "Client", "FixedShardsPartitioner", "MaxSizePartitioner", "MinSizePartitioner", "ParameterServer",
     "Partitioner", "ShardKey", "balance", "connect", "parse_consistency", "place", "round_robin", "shard_offsets",
+    "UpdateRule", "Sum", "SGD", "Momentum", "Adagrad", "Adam",
 ]  # fmt: skip
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hora.errors import ConfigError
-from hora.ps.rules import apply_dense, apply_rows, check_rule, new_slots
+from hora.ps.rules import SGD, Adam, Momentum, UpdateRule, apply_dense, apply_rows, new_slots, parse_rule
 
 STEPS = 5
 
@@ -68,7 +68,7 @@ RULES = [
 @pytest.mark.parametrize("spec", RULES, ids=lambda r: f"{r['rule']}{'-nesterov' if r.get('nesterov') else ''}")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_dense_rule_matches_references(spec, dtype):
-    rule = check_rule(spec)
+    rule = parse_rule(spec)
     rng = np.random.default_rng(0)
     p0 = rng.standard_normal((6, 4)).astype(dtype)
     grads = [rng.standard_normal((6, 4)).astype(dtype) for _ in range(STEPS)]
@@ -77,14 +77,15 @@ def test_dense_rule_matches_references(spec, dtype):
     for t, g in enumerate(grads, 1):
         apply_dense(rule, p, g, slots, t)
     tol = 1e-5 if dtype == np.float32 else 1e-12
-    np.testing.assert_allclose(p, _numpy_reference(rule, p0, grads), rtol=tol, atol=tol)
-    if rule["rule"] != "sum":
-        np.testing.assert_allclose(p, _torch_reference(rule, p0, grads), rtol=tol, atol=tol)
+    wire = rule.to_json()  # every hyperparameter, defaults filled in
+    np.testing.assert_allclose(p, _numpy_reference(wire, p0, grads), rtol=tol, atol=tol)
+    if rule.name != "sum":
+        np.testing.assert_allclose(p, _torch_reference(wire, p0, grads), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("spec", RULES, ids=lambda r: r["rule"])
 def test_sparse_rule_touches_only_the_rows_and_their_slots(spec):
-    rule = check_rule(spec)
+    rule = parse_rule(spec)
     rng = np.random.default_rng(1)
     p = rng.standard_normal((10, 3)).astype(np.float32)
     slots = new_slots(rule, p.shape, p.dtype)
@@ -106,9 +107,19 @@ def test_sparse_rule_touches_only_the_rows_and_their_slots(spec):
     np.testing.assert_array_equal(p[rows], dense)
 
 
-def test_rules_are_checked_data():
-    assert check_rule("sgd") == {"rule": "sgd", "lr": 0.01}
-    assert check_rule({"rule": "ADAM", "lr": 1})["lr"] == 1.0
+def test_rules_are_checked_data_with_one_wire_form():
+    assert parse_rule("sgd") == SGD(lr=0.01)
+    assert parse_rule("sgd").to_json() == {"rule": "sgd", "lr": 0.01}
+    adam = parse_rule({"rule": "ADAM", "lr": 1})
+    assert adam == Adam(lr=1.0) and isinstance(adam.lr, float)
+    for rule in (adam, Momentum(lr=0.1, nesterov=True), parse_rule("sum"), parse_rule("adagrad")):
+        assert parse_rule(rule.to_json()) == rule  # the wire form round-trips
+        assert parse_rule(rule) is rule
+    assert isinstance(parse_rule("momentum"), UpdateRule)
+    with pytest.raises(ConfigError, match=r"sgd.lr must be a finite number, got inf"):
+        SGD(lr=float("inf"))  # a rule built in code is checked as one from the wire
+    with pytest.raises(ConfigError, match=r"register: momentum.nesterov must be true or false, got 'yes'"):
+        parse_rule({"rule": "momentum", "nesterov": "yes"}, "register")
     for bad, words in [
         ("rmsprop", "unknown rule 'rmsprop'"),
         ({"rule": "sgd", "momentum": 0.9}, "no parameter momentum"),
@@ -119,4 +130,4 @@ def test_rules_are_checked_data():
         ({"rule": "adam", "lr": -1.0}, ">= 0"),
     ]:
         with pytest.raises(ConfigError, match=words):
-            check_rule(bad)
+            parse_rule(bad)
