@@ -1,7 +1,8 @@
 """hora for numpy arrays, with Horovod's names: ``import hora.numpy as hvd``.
 
 The implementation lives in :mod:`hora._frontend`, which the other framework adapters share; this module is its
-public face for numpy arrays (``tests/unit/test_public_api.py`` pins the names). Every collective here also takes
+public face for numpy arrays (``tests/unit/test_public_api.py`` pins the names): the names every adapter shares
+(:mod:`hora._frontend.surface`) and the collectives on numpy arrays. Every collective here also takes
 ``process_set=`` (a registered :class:`ProcessSet`, default every rank; ``root_rank`` stays a global rank, as in
 Horovod).
 """
@@ -10,15 +11,7 @@ from __future__ import annotations
 
 from hora._engine.handle import Handle
 from hora._frontend import (
-    Adasum,
-    Average,
     GroupHandle,
-    Max,
-    Min,
-    ProcessSet,
-    Product,
-    Sum,
-    add_process_set,
     allgather,
     allgather_async,
     allgather_object,
@@ -34,9 +27,6 @@ from hora._frontend import (
     broadcast_async,
     broadcast_async_,
     broadcast_object,
-    cross_rank,
-    cross_size,
-    global_process_set,
     grouped_allgather,
     grouped_allgather_async,
     grouped_allreduce,
@@ -45,35 +35,18 @@ from hora._frontend import (
     grouped_allreduce_async_,
     grouped_reducescatter,
     grouped_reducescatter_async,
-    init,
-    is_homogeneous,
-    is_initialized,
     join,
-    local_rank,
-    local_size,
     poll,
-    rank,
     reducescatter,
     reducescatter_async,
-    remove_process_set,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
+    surface,
     synchronize,
 )
+from hora._frontend.surface import *  # noqa: F403  (the names every adapter shares: surface.__all__)
 
 __all__ = [
-    "Adasum",
-    "Average",
     "GroupHandle",
     "Handle",
-    "Max",
-    "Min",
-    "ProcessSet",
-    "Product",
-    "Sum",
-    "add_process_set",
     "allgather",
     "allgather_async",
     "allgather_object",
@@ -89,9 +62,6 @@ __all__ = [
     "broadcast_async",
     "broadcast_async_",
     "broadcast_object",
-    "cross_rank",
-    "cross_size",
-    "global_process_set",
     "grouped_allgather",
     "grouped_allgather_async",
     "grouped_allreduce",
@@ -100,20 +70,10 @@ __all__ = [
     "grouped_allreduce_async_",
     "grouped_reducescatter",
     "grouped_reducescatter_async",
-    "init",
-    "is_homogeneous",
-    "is_initialized",
     "join",
-    "local_rank",
-    "local_size",
     "poll",
-    "rank",
     "reducescatter",
     "reducescatter_async",
-    "remove_process_set",
-    "shutdown",
-    "size",
-    "start_timeline",
-    "stop_timeline",
     "synchronize",
 ]
+__all__ += surface.__all__

@@ -8,12 +8,14 @@ import sys
 
 import hora
 import hora.numpy as hvd
+from support import paths
 
 NUMPY_API = [
     "Adasum",
     "Average",
     "GroupHandle",
     "Handle",
+    "HorovodInternalError",
     "Max",
     "Min",
     "ProcessSet",
@@ -35,9 +37,14 @@ NUMPY_API = [
     "broadcast_async",
     "broadcast_async_",
     "broadcast_object",
+    "ccl_built",
     "cross_rank",
     "cross_size",
+    "cuda_built",
+    "ddl_built",
     "global_process_set",
+    "gloo_built",
+    "gloo_enabled",
     "grouped_allgather",
     "grouped_allgather_async",
     "grouped_allreduce",
@@ -52,11 +59,16 @@ NUMPY_API = [
     "join",
     "local_rank",
     "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
     "poll",
     "rank",
     "reducescatter",
     "reducescatter_async",
     "remove_process_set",
+    "rocm_built",
     "shutdown",
     "size",
     "start_timeline",
@@ -75,7 +87,7 @@ def _fresh(code: str) -> str:
 
 def test_numpy_all_is_pinned():
     assert sorted(NUMPY_API) == NUMPY_API
-    assert hvd.__all__ == NUMPY_API
+    assert sorted(hvd.__all__) == NUMPY_API
     assert len(set(hvd.__all__)) == len(hvd.__all__)
 
 
@@ -117,21 +129,6 @@ def test_import_starts_no_thread_and_sets_no_environment_variable():
     assert json.loads(_fresh(code)) == {"threads": [], "env": []}
 
 
-# horovod/torch/__init__.py's public names (0.28), which scripts written for Horovod use
-HOROVOD_TORCH_NAMES = ["allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "alltoall", "alltoall_async", "broadcast", "broadcast_async", "broadcast_", "broadcast_async_", "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async", "join", "barrier", "poll", "synchronize", "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object", "SyncBatchNorm", "HorovodInternalError"]
-
-
-def test_torch_has_horovods_names():
-    import pytest
-
-    hvd_torch = pytest.importorskip("hora.torch")
-    missing = [n for n in HOROVOD_TORCH_NAMES if not hasattr(hvd_torch, n)]
-    assert missing == []
-    assert sorted(hvd_torch.__all__) == hvd_torch.__all__
-    assert set(HOROVOD_TORCH_NAMES) <= set(hvd_torch.__all__)
-    assert (hvd_torch.Average, hvd_torch.Sum, hvd_torch.Adasum, hvd_torch.Min, hvd_torch.Max) == (0, 1, 2, 3, 4)
-
-
 def test_the_cluster_engines_public_names_are_pinned():
     """hora.ray and hora.spark import without Ray or PySpark (they are imported when used)."""
     import hora.ray
@@ -143,72 +140,176 @@ def test_the_cluster_engines_public_names_are_pinned():
     assert all(hasattr(hora.spark, n) for n in hora.spark.__all__)
 
 
-# horovod/tensorflow/__init__.py's public names (0.28), which scripts written for Horovod use
-HOROVOD_TENSORFLOW_NAMES = ["allgather", "allreduce", "grouped_allreduce", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier", "size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op", "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object", "broadcast_global_variables", "BroadcastGlobalVariablesHook", "DistributedOptimizer", "DistributedGradientTape", "PartialDistributedGradientTape", "SyncBatchNormalization", "util"]
+# Horovod 0.28.1's public names per framework module, read from its source by tests/data/make_horovod_api.py
+HOROVOD = json.loads((paths.TESTS / "data" / "horovod_0.28.1_api.json").read_text())
+#: hora's adapter -> the Horovod module whose names it must have. Horovod has no numpy or JAX module: those are held
+#: to its framework-independent part (horovod/common), the names every hora adapter shares.
+COUNTERPART = {
+    "hora.numpy": "common",
+    "hora.torch": "horovod.torch",
+    "hora.tensorflow": "horovod.tensorflow",
+    "hora.keras": "horovod.keras",
+    "hora.tensorflow.keras": "horovod.tensorflow.keras",
+    "hora.jax": "common",
+    "hora.mxnet": "horovod.mxnet",
+}
+_ELASTIC = "hvd.elastic (elastic training) is not built yet: issue 26"
+_TF_HELPER = "a helper horovod/tensorflow/__init__.py imports for its own optimizer code, not an API for scripts"
+#: The deliberate gaps, each with its reason.
+GAPS = {
+    ("hora.torch", "elastic"): _ELASTIC,
+    ("hora.tensorflow", "elastic"): _ELASTIC,
+    ("hora.keras", "elastic"): _ELASTIC,
+    ("hora.tensorflow.keras", "elastic"): _ELASTIC,
+    ("hora.tensorflow", "LocalGradientAggregationHelper"): _TF_HELPER,
+    ("hora.tensorflow", "check_num_rank_power_of_2"): _TF_HELPER,
+    ("hora.tensorflow", "handle_average_backwards_compatibility"): _TF_HELPER,
+    ("hora.tensorflow", "refs_to_vars"): _TF_HELPER,
+    ("hora.tensorflow", "vars_to_refs"): _TF_HELPER,
+    ("hora.keras", "PartialDistributedOptimizer"): (
+        "needs local (not reduced) variables in hora.keras.DistributedOptimizer, which it does not have yet"
+    ),
+}
+#: Each adapter's own names (beyond hora._frontend.surface's), pinned.
+OWN_NAMES = {
+    "hora.numpy": [
+        "GroupHandle", "Handle", "allgather", "allgather_async", "allgather_object", "allreduce",
+        "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
+        "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
+        "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
+        "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
+        "grouped_reducescatter_async", "join", "poll", "reducescatter", "reducescatter_async",
+        "synchronize",
+    ],
+    "hora.torch": [
+        "Compression", "DistributedOptimizer", "SyncBatchNorm", "allgather", "allgather_async",
+        "allgather_object", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall",
+        "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+        "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "grouped_allgather",
+        "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+        "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll",
+        "reducescatter", "reducescatter_async", "sparse_allreduce_async", "synchronize",
+    ],
+    "hora.tensorflow": [
+        "BroadcastGlobalVariablesHook", "Compression", "DistributedGradientTape", "DistributedOptimizer",
+        "PartialDistributedGradientTape", "PipeModeDataset", "SyncBatchNormalization", "allgather",
+        "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",
+        "broadcast_global_variables", "broadcast_object", "broadcast_object_fn", "broadcast_variables",
+        "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "join", "local_rank_op",
+        "local_size_op", "process_set_included_op", "rank_op", "reducescatter", "shard", "size_op", "util",
+    ],
+    "hora.keras": [
+        "Compression", "DistributedOptimizer", "allgather", "allgather_object", "allreduce", "broadcast",
+        "broadcast_global_variables", "broadcast_object", "callbacks", "load_model", "reducescatter",
+    ],
+    "hora.tensorflow.keras": [
+        "Compression", "DistributedOptimizer", "allgather", "allgather_object", "allreduce", "broadcast",
+        "broadcast_global_variables", "broadcast_object", "callbacks", "load_model", "reducescatter",
+    ],
+    "hora.jax": [
+        "Compression", "DistributedOptimizer", "allgather", "allgather_object", "allreduce", "alltoall",
+        "barrier", "broadcast", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
+        "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "join", "reducescatter",
+    ],
+    "hora.mxnet": [
+        "Compression", "DistributedOptimizer", "DistributedTrainer", "allgather", "allgather_object",
+        "allreduce", "allreduce_", "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_object",
+        "broadcast_parameters", "grouped_allgather", "grouped_allreduce", "grouped_allreduce_",
+        "grouped_reducescatter", "join", "reducescatter",
+    ],
+}
+HOROVOD_KERAS_CALLBACKS = [
+    "BestModelCheckpoint",
+    "BroadcastGlobalVariablesCallback",
+    "LearningRateScheduleCallback",
+    "LearningRateWarmupCallback",
+    "MetricAverageCallback",
+]
+_ADAPTER_REPORT = """
+import importlib, importlib.util, json, sys
+from hora._frontend import surface
+needs = {"hora.torch": "torch", "hora.tensorflow": "tensorflow", "hora.keras": "keras",
+         "hora.tensorflow.keras": "tensorflow", "hora.jax": "jax", "hora.mxnet": "mxnet"}
+out = {}
+for name in json.loads(sys.argv[1]):
+    if needs.get(name) and importlib.util.find_spec(needs[name]) is None:
+        continue
+    m = importlib.import_module(name)
+    out[name] = {
+        "all": list(m.__all__),
+        "has": sorted(n for n in json.loads(sys.argv[2])[name] if hasattr(m, n)),
+        "missing_from_all": sorted(n for n in m.__all__ if not hasattr(m, n)),
+        "not_shared": sorted(n for n in surface.__all__ if getattr(m, n, None) is not getattr(surface, n)),
+        "callbacks": sorted(c for c in json.loads(sys.argv[3]) if hasattr(getattr(m, "callbacks", None), c)),
+        "ops": [m.Average, m.Sum, m.Adasum, m.Min, m.Max, m.Product],
+    }
+print(json.dumps(out))
+"""
 
 
-def test_tensorflow_has_horovods_names():
-    """Checked in a fresh interpreter: importing TensorFlow here would slow every later test's import checks."""
+def _horovod_names(adapter: str) -> list[str]:
+    counterpart = COUNTERPART[adapter]
+    return HOROVOD["common"] if counterpart == "common" else HOROVOD["modules"][counterpart]["names"]
+
+
+def _adapter_reports(adapters: list[str]) -> dict:
+    """Every adapter imported in one fresh interpreter (the frameworks are slow to import, and importing them here
+    would slow the other tests' import checks); adapters whose framework is not installed are left out."""
+    wanted = {a: _horovod_names(a) for a in adapters}
+    args = [json.dumps(adapters), json.dumps(wanted), json.dumps(HOROVOD_KERAS_CALLBACKS)]
+    proc = subprocess.run([sys.executable, "-c", _ADAPTER_REPORT, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_horovod_name_list_is_horovods_0_28_1():
+    assert HOROVOD["source"]["tag"] == "v0.28.1"
+    assert set(HOROVOD["modules"]) == {c for c in COUNTERPART.values() if c != "common"}
+    for module in HOROVOD["modules"].values():
+        assert module["names"] == sorted(set(module["names"]))
+    # the framework-independent part: what the framework modules take from horovod/common
+    assert {"init", "rank", "ProcessSet", "Average", "start_timeline", "nccl_built"} <= set(HOROVOD["common"])
+    assert set(HOROVOD["common"]) <= {n for m in HOROVOD["modules"].values() for n in m["names"]}
+
+
+def test_every_gap_is_a_real_horovod_name_with_a_reason():
+    for (adapter, name), reason in GAPS.items():
+        assert name in _horovod_names(adapter), (adapter, name)
+        assert len(reason) > 20
+
+
+def test_the_shared_surface_is_horovods_framework_independent_part():
+    from hora._frontend import surface
+
+    assert sorted(surface.__all__) == HOROVOD["common"]
+
+
+def test_every_adapter_has_horovods_names_and_the_shared_objects():
+    """For each adapter whose framework is installed: every name of its Horovod counterpart (or a listed gap), the
+    shared names as hora._frontend.surface's very objects, its own names pinned, Horovod's reduce op values."""
+    from hora._frontend import surface
+
+    adapters = [a for a in COUNTERPART if a != "hora.mxnet"]  # MXNet: .venv-mxnet (test_mxnet_api.py)
+    reports = _adapter_reports(adapters)
+    assert "hora.numpy" in reports
+    for adapter, got in reports.items():
+        missing = sorted(set(_horovod_names(adapter)) - set(got["has"]) - {n for a, n in GAPS if a == adapter})
+        assert missing == [], adapter
+        assert [n for a, n in GAPS if a == adapter and n in got["has"]] == [], f"{adapter}: a gap was filled"
+        assert got["missing_from_all"] == [] and got["not_shared"] == [], adapter
+        assert len(got["all"]) == len(set(got["all"])), adapter
+        assert sorted(set(got["all"]) - set(surface.__all__)) == OWN_NAMES[adapter], adapter
+        assert set(surface.__all__) <= set(got["all"]), adapter
+        assert got["ops"] == [0, 1, 2, 3, 4, 5], adapter
+        if "keras" in adapter:
+            assert got["callbacks"] == HOROVOD_KERAS_CALLBACKS, adapter
+
+
+def test_jax_imports_optax_only_when_distributed_optimizer_is_asked_for():
     import importlib.util
 
     import pytest
 
-    if importlib.util.find_spec("tensorflow") is None:
-        pytest.skip("tensorflow is not installed")
-    code = (
-        "import json, hora.tensorflow as hvd\n"
-        f"names = {HOROVOD_TENSORFLOW_NAMES!r}\n"
-        "print(json.dumps({'missing': [n for n in names if not hasattr(hvd, n)], 'sorted': sorted(hvd.__all__) == "
-        "hvd.__all__, 'extra_ok': set(names) <= set(hvd.__all__), 'eager': hvd._executing_eagerly(), "
-        "'ops': [hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product]}))"
-    )
-    assert json.loads(_fresh(code).splitlines()[-1]) == {
-        "missing": [], "sorted": True, "extra_ok": True, "eager": True, "ops": [0, 1, 2, 3, 4, 5],
-    }  # fmt: skip
-
-
-# horovod/tensorflow/keras/__init__.py's public names (0.28) that hora.keras and hora.tensorflow.keras provide
-HOROVOD_KERAS_NAMES = ["init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "DistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_object", "allgather_object", "load_model", "callbacks"]
-HOROVOD_KERAS_CALLBACKS = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint"]
-
-
-def test_keras_has_horovods_names():
-    """hora.keras and hora.tensorflow.keras, in a fresh interpreter (TensorFlow is slow to import)."""
-    import importlib.util
-
-    import pytest
-
-    if importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("keras") is None:
-        pytest.skip("tensorflow or keras is not installed")
-    code = (
-        "import json, hora.keras as k, hora.tensorflow.keras as tk\n"
-        f"names, cbs = {HOROVOD_KERAS_NAMES!r}, {HOROVOD_KERAS_CALLBACKS!r}\n"
-        "print(json.dumps([[n for n in names if not hasattr(m, n)] + [c for c in cbs if not hasattr(m.callbacks, c)]"
-        " + ([] if sorted(m.__all__) == m.__all__ and set(names) <= set(m.__all__) else ['__all__'])"
-        " for m in (k, tk)]))"
-    )
-    assert json.loads(_fresh(code).splitlines()[-1]) == [[], []]
-
-
-# hora.jax: horovod.torch's names that have a meaning for immutable JAX arrays (no in-place, no async variants,
-# no SyncBatchNorm), pinned; checked in a fresh interpreter, without importing optax until DistributedOptimizer is
-# asked for.
-JAX_API = ["Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline"]
-
-
-def test_jax_names_are_pinned():
-    import importlib.util
-
-    import pytest
-
-    if importlib.util.find_spec("jax") is None or importlib.util.find_spec("optax") is None:
-        pytest.skip("jax or optax is not installed")
-    code = (
-        "import json, sys, hora.jax as hvd\n"
-        "lazy = 'optax' not in sys.modules\n"
-        "print(json.dumps({'all': hvd.__all__, 'lazy': lazy, 'has': all(hasattr(hvd, n) for n in hvd.__all__),"
-        " 'ops': [hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product]}))"
-    )
-    assert json.loads(_fresh(code).splitlines()[-1]) == {
-        "all": JAX_API, "lazy": True, "has": True, "ops": [0, 1, 2, 3, 4, 5],
-    }  # fmt: skip
+    if importlib.util.find_spec("jax") is None:
+        pytest.skip("jax is not installed")
+    assert _fresh("import sys, hora.jax; print('optax' in sys.modules)") == "False"

@@ -292,8 +292,38 @@ def process_set_worker() -> bool:
     else:
         raise AssertionError("a non-member ran a collective on a process set")
     assert hvd.remove_process_set(evens) and hvd.remove_process_set(odds)
+    static_process_sets(me)
     hvd.shutdown()
     return True
+
+
+def static_process_sets(me: int) -> None:
+    """init(process_sets=...) on 4 ranks (hora is running, so init only registers): any iterable of ranks, sorted;
+    all sets or none, whether an entry is invalid (a duplicate) or a registration fails (ranks that disagree); a
+    repeated init binds a set to the one registered with its ranks."""
+    first, dup = hvd.ProcessSet([0, 1]), hvd.ProcessSet(iter([1, 0]))
+    try:
+        hvd.init(process_sets=[first, dup])
+    except ValueError as e:
+        assert "entry number 1 is a duplicate" in str(e), e
+    else:
+        raise AssertionError("init registered a duplicate process set")
+    assert first.process_set_id is None and dup.process_set_id is None
+    try:  # every rank checks the list alone; the ranks find out that they disagree while registering the second set
+        hvd.init(process_sets=[hvd.ProcessSet([0, 1]), hvd.ProcessSet([2, 3] if me < 2 else [1, 2])])
+    except ValueError as e:
+        assert "same ranks" in str(e), e
+    else:
+        raise AssertionError("process sets that differ across ranks were registered")
+    low = hvd.ProcessSet(reversed(range(2)))
+    assert low.ranks == [0, 1] and low.included() == (me < 2)
+    hvd.init(process_sets=[low])  # nothing was left behind by the failed calls
+    if me < 2:
+        check(hvd.allreduce(np.array([1.0]), op=hvd.Sum, process_set=low), np.array([2.0]), "static set")
+    again = hvd.ProcessSet(range(2))
+    hvd.init(process_sets=[again])  # Horovod's repeated init: the same ranks name the same set
+    assert again.process_set_id == low.process_set_id and again.size() == 2
+    assert hvd.remove_process_set(low)
 
 
 def grouped_worker() -> bool:

@@ -3,22 +3,15 @@
 Every function goes through the engine: ``allreduce(x)`` is ``synchronize(allreduce_async(x))``. Modules:
 ``core`` (ops, argument checks, submitting, waiting), ``process_set`` (ProcessSet, which group a call runs in),
 ``reductions`` (allreduce, reducescatter), ``movement`` (allgather, broadcast, alltoall), ``control`` (barrier,
-join, timeline), ``objects`` (object collectives), ``registration`` (adding and removing process sets).
-Adapters call the ``start_*`` functions to have results written into their framework's memory.
+join, timeline), ``objects`` (object collectives), ``registration`` (adding and removing process sets),
+``lifecycle`` (``init(comm=, process_sets=)``), ``build`` (the ``*_built()`` queries) and ``surface`` (the names
+every adapter shares, re-exported here). Adapters call the ``start_*`` functions to have results written into their
+framework's memory.
 """
 
-from hora._frontend.control import barrier, join, start_timeline, stop_timeline
-from hora._frontend.core import (
-    Adasum,
-    Average,
-    GroupHandle,
-    Max,
-    Min,
-    Product,
-    Sum,
-    poll,
-    synchronize,
-)
+from hora._frontend import surface
+from hora._frontend.control import barrier, join
+from hora._frontend.core import GroupHandle, poll, synchronize
 from hora._frontend.movement import (
     allgather,
     allgather_async,
@@ -33,7 +26,6 @@ from hora._frontend.movement import (
     start_broadcast,
 )
 from hora._frontend.objects import allgather_object, broadcast_object
-from hora._frontend.process_set import ProcessSet, global_process_set
 from hora._frontend.reductions import (
     allreduce,
     allreduce_,
@@ -50,30 +42,10 @@ from hora._frontend.reductions import (
     start_allreduce,
     start_grouped_allreduce,
 )
-from hora._frontend.registration import add_process_set, remove_process_set
-from hora._runtime.context import (
-    cross_rank,
-    cross_size,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    shutdown,
-    size,
-)
+from hora._frontend.surface import *  # noqa: F403  (the shared names: surface.__all__)
 
 __all__ = [
-    "Adasum",
-    "Average",
     "GroupHandle",
-    "Max",
-    "Min",
-    "ProcessSet",
-    "Product",
-    "Sum",
-    "add_process_set",
     "allgather",
     "allgather_async",
     "allgather_object",
@@ -89,9 +61,6 @@ __all__ = [
     "broadcast_async",
     "broadcast_async_",
     "broadcast_object",
-    "cross_rank",
-    "cross_size",
-    "global_process_set",
     "grouped_allgather",
     "grouped_allgather_async",
     "grouped_allreduce",
@@ -100,23 +69,13 @@ __all__ = [
     "grouped_allreduce_async_",
     "grouped_reducescatter",
     "grouped_reducescatter_async",
-    "init",
-    "is_homogeneous",
-    "is_initialized",
     "join",
-    "local_rank",
-    "local_size",
     "poll",
-    "rank",
     "reducescatter",
     "reducescatter_async",
-    "remove_process_set",
-    "shutdown",
-    "size",
     "start_allreduce",
     "start_broadcast",
     "start_grouped_allreduce",
-    "start_timeline",
-    "stop_timeline",
     "synchronize",
 ]
+__all__ += surface.__all__

@@ -3,7 +3,8 @@ group of ranks; :func:`group_of` finds the engine group a collective on it runs 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable
 
 from hora._runtime.context import current, is_initialized
 from hora._runtime.group import Group
@@ -15,16 +16,25 @@ __all__ = ["ProcessSet", "global_process_set", "group_of", "root_index"]
 class ProcessSet:
     """A group of ranks that collectives can run within (``process_set=``), negotiated independently of the other
     sets. Create with ``ProcessSet([0, 2])`` and register it with ``add_process_set`` (every rank calls it) or pass
-    it to ``init(process_sets=[...])``. As in Horovod, ``size()``, ``rank()`` and ``included()`` are None until the
-    set is registered (``process_set_id`` set); ``rank()`` is the index of this rank within the set."""
+    it to ``init(process_sets=[...])``. The ranks may be any iterable of ints (sorted, as in Horovod). As in Horovod,
+    ``size()`` and ``rank()`` are None until the set is registered (``process_set_id`` set), ``included()`` answers
+    from the ranks alone; ``rank()`` is the index of this rank within the set."""
 
-    def __init__(self, ranks_or_comm: Sequence[int]) -> None:
-        if not isinstance(ranks_or_comm, (list, tuple, range)):
-            raise TypeError(
-                f"ProcessSet takes a list of ranks, got {type(ranks_or_comm).__name__} (hora does not use MPI "
-                "communicators)"
+    def __init__(self, ranks_or_comm: Iterable[int]) -> None:
+        try:
+            given = list(ranks_or_comm)  # any iterable, sorted (Horovod's is_iterable + sorted)
+        except TypeError:
+            raise ValueError(
+                f"ProcessSet should be initialized with a list of process ranks; got {type(ranks_or_comm).__name__} "
+                f"{ranks_or_comm!r} (hora does not use MPI, so a communicator cannot define a set: pass its ranks)"
+            ) from None
+        bad = [r for r in given if not isinstance(r, numbers.Integral)]
+        if bad:
+            raise ValueError(
+                f"ProcessSet should be initialized with a list of process ranks; got {given!r}, where "
+                f"{bad[0]!r} is a {type(bad[0]).__name__}, not an int"
             )
-        self.ranks: list[int] = sorted({int(r) for r in ranks_or_comm})
+        self.ranks: list[int] = sorted({int(r) for r in given})
         self.process_set_id: int | None = None
 
     def _members(self) -> list[int]:
@@ -43,8 +53,8 @@ class ProcessSet:
             raise ValueError(f"rank {me} is not a member of {self!r}")
         return members.index(me)
 
-    def included(self) -> bool | None:
-        return None if self.process_set_id is None else current().rank in self._members()
+    def included(self) -> bool:
+        return current().rank in self._members()
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ProcessSet) and (self._members(), self.process_set_id) == (

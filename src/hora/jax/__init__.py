@@ -10,43 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hora._frontend import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    ProcessSet,
-    Product,
-    Sum,
-    add_process_set,
-    cross_rank,
-    cross_size,
-    global_process_set,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    remove_process_set,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from hora._frontend.horovod_compat import (
-    ccl_built,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rocm_built,
-)
-from hora.errors import HoraError
+from hora._frontend import surface
+from hora._frontend.surface import *  # noqa: F403  (the names every adapter shares: surface.__all__)
 from hora.jax.compression import Compression
 from hora.jax.functions import (
     allgather_object,
@@ -69,21 +34,9 @@ from hora.jax.reductions import (
     reducescatter,
 )
 
-HorovodInternalError = HoraError
-"""What a failed eager collective raises (inside a trace, JAX reports it as ``jax.errors.JaxRuntimeError``)."""
-
 __all__ = [
-    "Adasum",
-    "Average",
     "Compression",
-    "DistributedOptimizer",
-    "HorovodInternalError",
-    "Max",
-    "Min",
-    "ProcessSet",
-    "Product",
-    "Sum",
-    "add_process_set",
+    "DistributedOptimizer",  # noqa: F405  (imported on first use: __getattr__ below)
     "allgather",
     "allgather_object",
     "allreduce",
@@ -93,36 +46,13 @@ __all__ = [
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "ddl_built",
-    "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
     "grouped_allgather",
     "grouped_allreduce",
     "grouped_reducescatter",
-    "init",
-    "is_homogeneous",
-    "is_initialized",
     "join",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
-    "rank",
     "reducescatter",
-    "remove_process_set",
-    "rocm_built",
-    "shutdown",
-    "size",
-    "start_timeline",
-    "stop_timeline",
 ]
+__all__ += surface.__all__
 
 
 def __getattr__(name: str) -> Any:

@@ -4,27 +4,8 @@ callbacks and the value collectives work on any backend."""
 
 from __future__ import annotations
 
-from hora._frontend import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    ProcessSet,
-    Product,
-    Sum,
-    add_process_set,
-    cross_rank,
-    cross_size,
-    global_process_set,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    remove_process_set,
-    shutdown,
-    size,
-)
+from hora._frontend import surface
+from hora._frontend.surface import *  # noqa: F403  (the names every adapter shares: surface.__all__)
 from hora.keras import callbacks
 from hora.keras.compression import Compression
 from hora.keras.functions import (
@@ -40,16 +21,8 @@ from hora.keras.functions import (
 from hora.keras.optimizer import DistributedOptimizer
 
 __all__ = [
-    "Adasum",
-    "Average",
     "Compression",
     "DistributedOptimizer",
-    "Max",
-    "Min",
-    "ProcessSet",
-    "Product",
-    "Sum",
-    "add_process_set",
     "allgather",
     "allgather_object",
     "allreduce",
@@ -57,17 +30,7 @@ __all__ = [
     "broadcast_global_variables",
     "broadcast_object",
     "callbacks",
-    "cross_rank",
-    "cross_size",
-    "global_process_set",
-    "init",
-    "is_initialized",
     "load_model",
-    "local_rank",
-    "local_size",
-    "rank",
     "reducescatter",
-    "remove_process_set",
-    "shutdown",
-    "size",
 ]
+__all__ += surface.__all__

@@ -5,42 +5,8 @@ Collectives on NDArrays (:mod:`hora.mxnet.mpi_ops`), ``DistributedOptimizer`` an
 and ``Compression``. Differences from Horovod: docs/mxnet.md.
 """
 
-from hora._frontend import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    ProcessSet,
-    Product,
-    Sum,
-    add_process_set,
-    cross_rank,
-    cross_size,
-    global_process_set,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    remove_process_set,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from hora._frontend.horovod_compat import (
-    ccl_built,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rocm_built,
-)
+from hora._frontend import surface
+from hora._frontend.surface import *  # noqa: F403  (the names every adapter shares: surface.__all__)
 from hora.mxnet.compression import Compression
 from hora.mxnet.functions import allgather_object, broadcast_object, broadcast_parameters
 from hora.mxnet.mpi_ops import (
@@ -61,17 +27,9 @@ from hora.mxnet.mpi_ops import (
 from hora.mxnet.optimizer import DistributedOptimizer, DistributedTrainer
 
 __all__ = [
-    "Adasum",
-    "Average",
     "Compression",
     "DistributedOptimizer",
     "DistributedTrainer",
-    "Max",
-    "Min",
-    "ProcessSet",
-    "Product",
-    "Sum",
-    "add_process_set",
     "allgather",
     "allgather_object",
     "allreduce",
@@ -82,34 +40,11 @@ __all__ = [
     "broadcast_",
     "broadcast_object",
     "broadcast_parameters",
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "ddl_built",
-    "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
     "grouped_allgather",
     "grouped_allreduce",
     "grouped_allreduce_",
     "grouped_reducescatter",
-    "init",
-    "is_homogeneous",
-    "is_initialized",
     "join",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
-    "rank",
     "reducescatter",
-    "remove_process_set",
-    "rocm_built",
-    "shutdown",
-    "size",
-    "start_timeline",
-    "stop_timeline",
 ]
+__all__ += surface.__all__

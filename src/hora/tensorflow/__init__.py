@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hora._frontend import surface
+from hora._frontend.surface import *  # noqa: F403  (the names every adapter shares: surface.__all__)
 from hora.tensorflow import util
 from hora.tensorflow.compression import (
     Compression,
@@ -41,44 +43,11 @@ from hora.tensorflow.movement import (
     join,
 )
 from hora.tensorflow.mpi_ops import (
-    Adasum,
-    Average,
-    HorovodInternalError,
-    Max,
-    Min,
-    ProcessSet,
-    Product,
-    Sum,
-    add_process_set,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    global_process_set,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
     local_rank_op,
-    local_size,
     local_size_op,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
     process_set_included_op,
-    rank,
     rank_op,
-    remove_process_set,
-    rocm_built,
-    shutdown,
-    size,
     size_op,
-    start_timeline,
-    stop_timeline,
 )
 from hora.tensorflow.optimizer import (
     DistributedOptimizer,
@@ -92,22 +61,13 @@ from hora.tensorflow.reductions import (
 from hora.tensorflow.util import _executing_eagerly  # noqa: F401  (Horovod scripts call hvd._executing_eagerly)
 
 __all__ = [
-    "Adasum",
-    "Average",
     "BroadcastGlobalVariablesHook",
     "Compression",
     "DistributedGradientTape",
     "DistributedOptimizer",
-    "HorovodInternalError",
-    "Max",
-    "Min",
     "PartialDistributedGradientTape",
     "PipeModeDataset",
-    "ProcessSet",
-    "Product",
-    "Sum",
-    "SyncBatchNormalization",
-    "add_process_set",
+    "SyncBatchNormalization",  # noqa: F405  (imported on first use: __getattr__ below)
     "allgather",
     "allgather_object",
     "allreduce",
@@ -119,43 +79,20 @@ __all__ = [
     "broadcast_object",
     "broadcast_object_fn",
     "broadcast_variables",
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "ddl_built",
-    "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
     "grouped_allgather",
     "grouped_allreduce",
     "grouped_reducescatter",
-    "init",
-    "is_homogeneous",
-    "is_initialized",
     "join",
-    "local_rank",
     "local_rank_op",
-    "local_size",
     "local_size_op",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
     "process_set_included_op",
-    "rank",
     "rank_op",
     "reducescatter",
-    "remove_process_set",
-    "rocm_built",
     "shard",
-    "shutdown",
-    "size",
     "size_op",
-    "start_timeline",
-    "stop_timeline",
     "util",
 ]
+__all__ += surface.__all__
 
 
 def __getattr__(name: str) -> Any:

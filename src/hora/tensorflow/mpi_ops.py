@@ -1,5 +1,6 @@
-"""Lifecycle, topology and build queries of Horovod's TensorFlow API (``horovod/tensorflow/mpi_ops.py``), with the
-graph-time topology ops (``rank_op`` ...), which read the value when the graph runs, not when it is built."""
+"""The graph-time topology ops of Horovod's TensorFlow API (``horovod/tensorflow/mpi_ops.py``: ``rank_op`` ...), which
+read the value when the graph runs, not when it is built. The lifecycle, topology and build queries themselves are
+:mod:`hora._frontend.surface`'s, shared by every adapter."""
 
 from __future__ import annotations
 
@@ -8,89 +9,17 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from hora._frontend import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    ProcessSet,
-    Product,
-    Sum,
-    add_process_set,
-    cross_rank,
-    cross_size,
-    global_process_set,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    remove_process_set,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from hora._frontend.horovod_compat import (  # Horovod's init and build queries, as every adapter answers them
-    ccl_built,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rocm_built,
-)
+from hora._frontend.surface import local_rank, local_size, rank
 from hora._runtime.context import current
 from hora.tensorflow.bridge import executing_eagerly
 
 __all__ = [
-    "Adasum",
-    "Average",
-    "HorovodInternalError",
-    "Max",
-    "Min",
-    "ProcessSet",
-    "Product",
-    "Sum",
-    "add_process_set",
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "ddl_built",
-    "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
-    "init",
-    "is_homogeneous",
-    "is_initialized",
-    "local_rank",
     "local_rank_op",
-    "local_size",
     "local_size_op",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
     "process_set_included_op",
-    "rank",
     "rank_op",
-    "remove_process_set",
-    "rocm_built",
-    "shutdown",
-    "size",
     "size_op",
-    "start_timeline",
-    "stop_timeline",
 ]
-
-HorovodInternalError = tf.errors.UnknownError
-"""What a collective that failed inside a graph raises (other than a mismatch: FailedPreconditionError)."""
-
 
 def _set_ranks(process_set_id: int) -> list[int]:
     ctx = current()

@@ -8,14 +8,8 @@ from typing import Any
 
 import torch
 
-from hora.torch.mpi_ops import (
-    ProcessSet,
-    broadcast_async_,
-    broadcast_object,
-    global_process_set,
-    rank,
-    synchronize,
-)
+from hora._frontend.surface import ProcessSet, global_process_set, rank
+from hora.torch.mpi_ops import broadcast_async_, broadcast_object, synchronize
 from hora.torch.optimizer import DistributedOptimizer
 
 

@@ -122,7 +122,8 @@ class _HybridMixin(torch.optim.Optimizer):
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))  # type: ignore[attr-defined]
 
     def _hora_union(self, name: str, ids: np.ndarray) -> np.ndarray:
-        from hora.torch.mpi_ops import allgather, size
+        from hora._frontend.surface import size
+        from hora.torch.mpi_ops import allgather
 
         if size() == 1:
             return ids

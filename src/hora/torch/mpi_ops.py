@@ -1,6 +1,7 @@
 """Horovod's collective API on torch tensors (``horovod/torch/mpi_ops.py``'s names, arguments and defaults).
 
-The blocking collectives, with Horovod's gradients (autograd Functions), and the lifecycle and build queries; the
+The blocking collectives, with Horovod's gradients (autograd Functions); the lifecycle, topology, build queries and
+process sets every adapter shares are :mod:`hora._frontend.surface`'s (re-exported by :mod:`hora.torch`); the
 asynchronous calls, ``poll`` and ``synchronize`` live in :mod:`hora.torch.async_ops` and are re-exported here.
 """
 
@@ -12,43 +13,7 @@ from typing import Any
 import torch
 
 from hora import _frontend as _f
-from hora._frontend import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    ProcessSet,
-    Product,
-    Sum,
-    add_process_set,
-    cross_rank,
-    cross_size,
-    global_process_set,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    remove_process_set,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from hora._frontend.horovod_compat import (  # noqa: F401  Horovod's init and build queries, re-exported
-    ccl_built,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rocm_built,
-)
-from hora.errors import HoraError
+from hora._frontend.surface import Average, ProcessSet, Sum, global_process_set
 from hora.torch.async_ops import (
     allgather_async,
     allreduce_async,
@@ -68,45 +33,21 @@ from hora.torch.async_ops import (
 from hora.torch.compression import Compression
 
 __all__ = [
-    "Adasum",
-    "Average",
-    "Max",
-    "Min",
-    "ProcessSet",
-    "Product",
-    "Sum",
-    "add_process_set",
     "allgather_async",
     "allreduce_async",
     "allreduce_async_",
     "alltoall_async",
     "broadcast_async",
     "broadcast_async_",
-    "cross_rank",
-    "cross_size",
-    "global_process_set",
     "grouped_allgather_async",
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
     "grouped_reducescatter_async",
-    "is_homogeneous",
-    "is_initialized",
-    "local_rank",
-    "local_size",
     "poll",
-    "rank",
     "reducescatter_async",
-    "remove_process_set",
-    "shutdown",
-    "size",
     "sparse_allreduce_async",
-    "start_timeline",
-    "stop_timeline",
     "synchronize",
 ]
-
-HorovodInternalError = HoraError
-"""What a failed collective raises (Horovod's name; every hora error is a ``RuntimeError``)."""
 
 
 class HorovodAllreduce(torch.autograd.Function):

@@ -17,18 +17,14 @@ from typing import Any
 
 import torch
 
+from hora._frontend.surface import Adasum, Average, ProcessSet, global_process_set, size
 from hora._strategy import resolve_strategy
 from hora.errors import UnsupportedError
 from hora.torch.compression import Compression
 from hora.torch.mpi_ops import (
-    Adasum,
-    Average,
-    ProcessSet,
     allgather_object,
     allreduce_async_,
-    global_process_set,
     grouped_allreduce_async_,
-    size,
     sparse_allreduce_async,
     synchronize,
 )

@@ -14,7 +14,8 @@ import itertools
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from hora.torch.mpi_ops import Sum, allreduce, size
+from hora._frontend.surface import Sum, size
+from hora.torch.mpi_ops import allreduce
 
 _instances = itertools.count()
 
