@@ -6,7 +6,7 @@ chrome://tracing; see docs/timeline.md.
 
 Format: a JSON array of trace events. Every tensor name gets its own track, a "process" whose pid is a small
 integer handed out in order of first use (1, 2, ...) and named by ``process_name`` / ``process_sort_index``
-metadata events; pid 0 is left for the global ``CYCLE_START`` markers. Timestamps are microseconds since the
+metadata events, with Horovod's name for the tensor (:func:`track_label`); pid 0 is left for the global ``CYCLE_START`` markers. Timestamps are microseconds since the
 timeline started (``time.perf_counter_ns``). Per tensor, events nest like Horovod's: a ``NEGOTIATE_<KIND>`` phase
 with one zero-length tick per rank as it becomes ready, then the operation itself (``ALLREDUCE``, ...) with the
 activities inside it (``QUEUE``, ``MEMCPY_IN_FUSION_BUFFER``, ``SHM_ALLREDUCE``, ...), at most one at a time.
@@ -56,7 +56,7 @@ from typing import Any
 from hora._engine.messages import Kind
 from hora.errors import ConfigError
 
-__all__ = ["FLUSH_INTERVAL", "Timeline", "request_args", "tensor_args", "tensor_names"]
+__all__ = ["FLUSH_INTERVAL", "Timeline", "request_args", "tensor_args", "tensor_names", "track_label"]
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ class Timeline:
             if self._closed:
                 return
             ts = time.perf_counter_ns()
-            track = self._track(name)
+            track = self._track(name, kind)
             if track.negotiating:  # already open (another rank's request started it): keep the first start
                 return
             self._close_all(track, ts, None)
@@ -258,7 +258,7 @@ class Timeline:
             if self._closed:
                 return
             ts = time.perf_counter_ns()
-            track = self._track(name)
+            track = self._track(name, kind)
             self._close_all(track, ts, None)  # a negotiation left open ends where the operation starts
             label = kind.upper()
             track.open.append(label)
@@ -351,12 +351,12 @@ class Timeline:
         """Whether :meth:`close` has been called."""
         return self._closed
 
-    def _track(self, name: str) -> _Track:
+    def _track(self, name: str, kind: str | None = None) -> _Track:
         """The track of ``name``, created with its metadata on first use. Called with ``_lock`` held."""
         track = self._tracks.get(name)
         if track is None:
             track = self._tracks[name] = _Track(len(self._tracks) + 1)
-            self._pending.append(("M", name, track.pid, 0, None))
+            self._pending.append(("M", track_label(name, kind), track.pid, 0, None))
         return track
 
     def _close_all(self, track: _Track, ts: int, args: dict[str, Any] | None) -> None:
@@ -442,14 +442,29 @@ def request_args(req: Any) -> dict[str, str]:
     return {"dtype": req.dtype, "shape": str(req.shape)}
 
 
+_GROUPED = ("grouped_allreduce.", "grouped_allgather.", "grouped_reducescatter.")
+
+
+def track_label(name: str, kind: str | None) -> str:
+    """Horovod's name for a tensor (``GetOpName`` in horovod/torch/mpi_ops_v2.cc): ``<op>.<name>`` for a named
+    collective (``allreduce.grad.fc1``); an unnamed one's name (``allreduce.noname.3``) and a grouped tensor's
+    (:func:`tensor_names`) already carry their op."""
+    if kind is None or ".noname." in name or name.startswith(_GROUPED):
+        return name
+    return f"{kind}.{name}"
+
+
 def tensor_names(req: Any) -> list[str]:
     """The tensors a request stands for, as the timeline shows them: its name, or for a grouped allreduce sent as
     one request (named after its first tensor, ``base.0``, with the tensors' sizes in ``splits``) every tensor's
-    own name ``base.i``, so the timeline keeps a track per tensor as Horovod's does."""
+    own name as Horovod gives it, ``grouped_allreduce.<base>_<i>of<n>``, so the timeline keeps a track per tensor
+    as Horovod's does."""
     if req.splits is None or req.kind is not Kind.ALLREDUCE:
         return [req.name]
     base = req.name.removesuffix(".0")
-    return [f"{base}.{i}" for i in range(len(req.splits))]
+    prefix = "" if base.startswith(_GROUPED) else "grouped_allreduce."
+    n = len(req.splits)
+    return [f"{prefix}{base}_{i + 1}of{n}" for i in range(n)]
 
 
 def tensor_args(req: Any) -> list[dict[str, str]]:

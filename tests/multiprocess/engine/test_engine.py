@@ -115,13 +115,15 @@ def test_timeline_records_negotiation_fusion_and_transport(tmp_path, runtime):
     events = _events(path)
     names = {e["name"] for e in events}
     tracks = {e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
-    assert {"layer.0", "layer.3", "bcast", "gather0"} <= tracks
+    # Horovod's names (GetOpName): <op>.<name>, and <base>_<i>of<n> for the tensors of a grouped allreduce
+    expected = {"grouped_allreduce.layer_1of4", "grouped_allreduce.layer_4of4", "broadcast.bcast", "allgather.gather0"}
+    assert expected <= tracks
     assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "NEGOTIATE_BROADCAST", "BROADCAST", "ALLGATHER"} <= names
     assert "SHM_ALLREDUCE" in names and "SHM_BROADCAST" in names
     assert {"0", "1"} <= names  # a tick per rank as it becomes ready during negotiation
     if runtime:
         assert "CYCLE_START" in names
-        assert "after.stop" not in tracks
+        assert "allreduce.after.stop" not in tracks
     else:
         assert "CYCLE_START" not in names
     # every begin has its end, per track

@@ -99,7 +99,7 @@ def test_phases_nesting_and_metadata(tl):
     check_nesting(events)
 
     pids = pids_by_name(events)
-    assert pids == {"grad/w": 1, "grad/b": 2}
+    assert pids == {"allreduce.grad/w": 1, "broadcast.grad/b": 2}  # Horovod's names: <op>.<name>
     sort = {ev["pid"]: ev["args"]["sort_index"] for ev in events if ev["name"] == "process_sort_index"}
     assert sort == {1: 1, 2: 2}
     assert track(events, 1) == [
@@ -154,14 +154,14 @@ def test_out_of_order_calls_keep_nesting_valid(tl):
     events = load(Path(tl.path))
     check_nesting(events, complete=False)
     pids = pids_by_name(events)
-    assert track(events, pids["x"]) == [
+    assert track(events, pids["allgather.x"]) == [
         ("B", "NEGOTIATE_ALLGATHER"), ("E", "NEGOTIATE_ALLGATHER"),
         ("B", "ALLGATHER"),
         ("B", "QUEUE"), ("E", "QUEUE"),
         ("B", "MEMCPY_OUT_FUSION_BUFFER"),
     ]  # fmt: skip
-    assert track(events, pids["y"]) == [("B", "ALLREDUCE"), ("E", "ALLREDUCE"), ("B", "ALLREDUCE")]
-    assert track(events, pids["z"]) == [("B", "NEGOTIATE_BROADCAST")]
+    assert track(events, pids["allreduce.y"]) == [("B", "ALLREDUCE"), ("E", "ALLREDUCE"), ("B", "ALLREDUCE")]
+    assert track(events, pids["broadcast.z"]) == [("B", "NEGOTIATE_BROADCAST")]
 
 
 def test_activities_context_manager(tl):
@@ -374,7 +374,7 @@ def test_sigkill_leaves_valid_json(tmp_path, flushes, every):
     ops = [ev["args"]["i"] for ev in events if ev["name"] == "ALLREDUCE" and ev["ph"] == "B"]
     assert ops[:flushed] == list(range(flushed)), "every event flushed before the kill is in the file"
     assert ops == list(range(len(ops)))
-    assert sorted(pids_by_name(events)) == sorted(f"grad/{k}" for k in range(7))
+    assert sorted(pids_by_name(events)) == sorted(f"allreduce.grad/{k}" for k in range(7))
     assert sum(ev["name"] == "CYCLE_START" for ev in events) >= flushed
     # the helper (path + SWAP_SUFFIX) may be left behind, cut short when the kill landed in a write to it: it is
     # scratch that hora never reads, so nothing is asserted about its content
@@ -620,3 +620,19 @@ def test_close_from_another_thread_while_emitting(tmp_path):
     events = load(path)
     check_nesting(events, complete=False)  # close may land between the emitter's start and end
     assert len(events) >= 2 + 100 * 4
+
+
+def test_tracks_carry_horovods_tensor_names():
+    """horovod/torch/mpi_ops_v2.cc's GetOpName: ``<op>.<name>``, ``<op>.noname.<n>`` unnamed, and a grouped call's
+    tensors ``grouped_allreduce.<name>_<i>of<n>``."""
+    from hora._engine.messages import Kind, Request
+    from hora._engine.timeline import tensor_names, track_label
+
+    assert track_label("test_allreduce", "allreduce") == "allreduce.test_allreduce"
+    assert track_label("allreduce.noname.3", "allreduce") == "allreduce.noname.3"
+    assert track_label("w", "broadcast") == "broadcast.w"
+    named = Request(Kind.ALLREDUCE, "layer.0", "float32", (5,), splits=(2, 3))
+    assert tensor_names(named) == ["grouped_allreduce.layer_1of2", "grouped_allreduce.layer_2of2"]
+    unnamed = Request(Kind.ALLREDUCE, "grouped_allreduce.noname.0.0", "float32", (5,), splits=(2, 3))
+    assert tensor_names(unnamed) == ["grouped_allreduce.noname.0_1of2", "grouped_allreduce.noname.0_2of2"]
+    assert [track_label(n, "allreduce") for n in tensor_names(named)] == tensor_names(named)
