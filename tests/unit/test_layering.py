@@ -140,6 +140,68 @@ def _environment_readers() -> dict[str, list[str]]:
     return readers
 
 
+#: The framework adapters, each a whole directory: a nested package (hora.tensorflow.keras) counts as its parent's.
+ADAPTERS = ["hora.numpy", "hora.torch", "hora.tensorflow", "hora.keras", "hora.jax", "hora.mxnet"]
+
+
+def _adapter(module: str) -> str | None:
+    return next((a for a in ADAPTERS if module == a or module.startswith(a + ".")), None)
+
+
+def _import_time(tree: ast.Module) -> set[int]:
+    """The line numbers of the imports a module runs when it is imported: at module level (in ``if``/``try`` blocks
+    too, not under ``if TYPE_CHECKING``), not inside a function."""
+    lines: set[int] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                lines.add(node.lineno)
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                    visit(block)
+
+    visit(tree.body)
+    return lines
+
+
+def _adapter_edges() -> set[tuple[str, str, bool]]:
+    """(adapter, adapter it imports, whether at import time) between different adapter directories."""
+    edges = set()
+    for module, path in MODULES.items():
+        source = _adapter(module)
+        if source is None:
+            continue
+        eager = _import_time(ast.parse(path.read_text()))
+        for line, target, _ in _imports(module, path):
+            dest = _adapter(target)
+            if dest is not None and dest != source:
+                edges.add((source, dest, line in eager))
+    return edges
+
+
+def test_no_import_cycle_between_adapter_packages():
+    """Importing one adapter never imports another that imports it back: between the adapters' directories (the
+    nested façade hora.tensorflow.keras counted in hora.tensorflow) the imports that run at import time form no
+    cycle. hora.keras reaches the TensorFlow, torch and JAX adapters only inside the functions that run on that
+    Keras backend (a torch-backend user never imports TensorFlow), which is what keeps it so."""
+    eager = {(a, b) for a, b, at_import in _adapter_edges() if at_import}
+    assert ("hora.tensorflow", "hora.keras") in eager  # the façade: so a top-level import back would be a cycle
+    graph = collections.defaultdict(set)
+    for a, b in eager:
+        graph[a].add(b)
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph[start])
+
+    assert sorted(a for a in ADAPTERS if reaches(a, a, {a})) == []
+    lazy_only = {(a, b) for a, b, at_import in _adapter_edges() if not at_import} - eager
+    assert ("hora.keras", "hora.tensorflow") in lazy_only
+
+
 def test_only_the_config_package_reads_the_environment():
     readers = _environment_readers()
     assert readers.pop("hora.config"), "hora.config is where the environment is read"
