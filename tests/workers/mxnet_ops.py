@@ -9,6 +9,7 @@ from typing import Any
 
 import mxnet as mx
 import numpy as np
+from mxnet.base import MXNetError
 
 import hora.mxnet as hvd
 from hora.errors import MismatchError, UnsupportedError
@@ -200,7 +201,10 @@ def errors_worker() -> list[str]:
     _expect(UnsupportedError, lambda: hvd.allreduce(sparse), notes, "sparse")
     _expect(TypeError, lambda: hvd.allreduce(np.ones(2)), notes, "numpy input")
     _expect(ValueError, lambda: hvd.broadcast(mx.nd.ones((2,)), root_rank=n), notes, "root out of range")
-    _expect(ValueError, lambda: hvd.alltoall(mx.nd.ones((3,)), splits=[3] * n), notes, "alltoall splits")
+    _expect(MXNetError, lambda: hvd.alltoall(mx.nd.ones((3,)), splits=[3] * n), notes, "alltoall splits")
+    floats = mx.nd.ones((n,), dtype="float32")  # Horovod takes int32 splits only (a list is cast to int32)
+    _expect(MXNetError, lambda: hvd.alltoall(mx.nd.ones((n,)), splits=floats), notes, "alltoall float splits")
+    _expect(MXNetError, lambda: hvd.alltoall(mx.nd.ones((n + 1,))), notes, "alltoall uneven")
     _expect(ValueError, lambda: hvd.allreduce(mx.nd.ones((2,)), average=True, op=hvd.Sum), notes, "average and op")
     _expect(UnsupportedError, lambda: hvd.allreduce(mx.nd.ones((2,)), op=hvd.Adasum), notes, "adasum")
     _expect(ValueError, lambda: hvd.broadcast_parameters([mx.nd.ones(1)]), notes, "broadcast_parameters list")

@@ -13,6 +13,7 @@ from typing import Any
 
 import mxnet as mx
 import numpy as np
+from mxnet.base import MXNetError
 
 from hora import _frontend as _f
 from hora._frontend import Average, ProcessSet, Sum, global_process_set
@@ -211,11 +212,31 @@ def alltoall(
     process_set: ProcessSet = global_process_set,
 ) -> Any:
     """Rows ``splits[r]`` of ``tensor`` go to rank r (equal parts when None); returns the rows this rank received
-    and, when ``splits`` is given, how many came from each rank (an int32 NDArray)."""
+    and, when ``splits`` is given, how many came from each rank (an int32 NDArray).
+
+    As in Horovod (horovod/mxnet/mpi_ops.py): ``splits`` that are not an NDArray become an int32 one (a float is
+    truncated), an NDArray of splits must be 1-D int32, and bad splits or a first dimension that does not divide
+    evenly raise ``MXNetError`` (Horovod's enqueue errors)."""
     host = bridge.host(tensor, "alltoall")
-    if isinstance(splits, mx.nd.NDArray):
+    if splits is not None:
+        if not isinstance(splits, mx.nd.NDArray):
+            splits = mx.nd.array(splits, ctx=mx.cpu(), dtype="int32")
+        if splits.ndim > 1:
+            raise MXNetError(f"alltoall expects a 1D splits tensor, got shape {splits.shape}")
+        if splits.dtype != np.int32:
+            raise MXNetError(
+                f"alltoall expects splits to contain 32-bit integer elements, got {np.dtype(splits.dtype).name}; "
+                "pass an int32 NDArray or a list of ints"
+            )
         splits = splits.asnumpy()
-    output, received = blocking(lambda: _f.alltoall_async(bridge.read_view(host), splits, name, process_set))
+
+    def start() -> Any:
+        try:
+            return _f.alltoall_async(bridge.read_view(host), splits, name, process_set)
+        except ValueError as exc:  # the argument checks: Horovod's enqueue fails them with MXNetError
+            raise MXNetError(str(exc)) from None
+
+    output, received = blocking(start)
     out = _nd_of(tensor, output)
     if splits is None:
         return out
