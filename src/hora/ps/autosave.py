@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hora.ps import checkpoint
+from hora.ps.messages import VariableLayout
 from hora.ps.rules import parse_rule
 from hora.ps.shard import Shard
 
@@ -42,7 +43,7 @@ def server_dir(directory: str, index: int) -> str:
 class ShardSaver:
     """Checkpoints server ``index``'s shards in ``DIR/ps<index>`` (see the module docstring)."""
 
-    def __init__(self, directory: str, index: int, steps: int, layouts: dict[str, Any]) -> None:
+    def __init__(self, directory: str, index: int, steps: int, layouts: dict[str, VariableLayout]) -> None:
         self.dir = server_dir(directory, index)
         self.steps = steps
         self._layouts = layouts  # the server's own dict (server 0 fills it)
@@ -107,11 +108,13 @@ class ShardSaver:
             try:
                 fname = checkpoint.shard_file(*key)
                 checkpoint.atomic_write(os.path.join(self.dir, fname), lambda f, s=state: np.savez(f, **s))
-                self._entries[f"{key[0]}\0{key[1]}"] = {
-                    "name": key[0], "shard": key[1], "file": fname, "t": int(state["t"]), **describe,
-                }  # fmt: skip
-                manifest = {"format": 1, "shards": sorted(self._entries.values(), key=lambda e: (e["name"], e["shard"])),
-                            "layouts": dict(self._layouts)}  # fmt: skip
+                entry = {"name": key[0], "shard": key[1], "file": fname, "t": int(state["t"]), **describe}
+                self._entries[f"{key[0]}\0{key[1]}"] = entry
+                manifest = {
+                    "format": 1,
+                    "shards": sorted(self._entries.values(), key=lambda e: (e["name"], e["shard"])),
+                    "layouts": {n: layout.to_json() for n, layout in list(self._layouts.items())},
+                }
                 data = json.dumps(manifest, indent=1, sort_keys=True).encode()
                 checkpoint.atomic_write(os.path.join(self.dir, SERVER_MANIFEST), lambda f, d=data: f.write(d))
             except (OSError, ValueError) as exc:  # a full disk must not stop the training: say it, keep serving
@@ -142,12 +145,14 @@ def restore_server(server: ParameterServer, saver: ShardSaver) -> int:
             value = data["value"].astype(str(e["dtype"]), copy=True)
             if list(value.shape) != list(e["shape"]):
                 raise ValueError(f"restore: {fname} holds shape {value.shape}, {path} says {e['shape']}")
-            shard = Shard(str(e["name"]), int(e["shard"]), value, parse_rule(e["rule"], "restore"),
-                          str(e["consistency"]),
-                          int(e["staleness"]), server.workers)  # fmt: skip
+            rule = parse_rule(e["rule"], "restore")
+            shard = Shard(
+                str(e["name"]), int(e["shard"]), value, rule, str(e["consistency"]), int(e["staleness"]), server.workers
+            )
             shard.assign(value, {k: data[f"slot_{k}"] for k in shard.slots}, int(data["t"]))
         shards[(shard.name, shard.index)] = shard
         saver._saved_t[(shard.name, shard.index)] = shard.t
         saver._entries[f"{shard.name}\0{shard.index}"] = dict(e)
-    server.adopt(shards, manifest.get("layouts", {}))
+    layouts = {n: VariableLayout.from_json(v, f"restore '{n}'") for n, v in manifest.get("layouts", {}).items()}
+    server.adopt(shards, layouts)
     return len(shards)

@@ -14,12 +14,13 @@ import json
 import os
 import tempfile
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hora.errors import ConfigError
+from hora.ps.messages import Piece, ShardSource
 
 if TYPE_CHECKING:
     from hora.ps.shard import Shard
@@ -80,9 +81,9 @@ def read_manifest(directory: str) -> dict[str, Any]:
     return manifest
 
 
-def reshard_sources(old: dict[str, Any], new_offsets: list[int]) -> list[list[list[Any]]]:
-    """For each new shard (rows ``new_offsets[i]..new_offsets[i+1]``), the pieces ``[file, src_lo, src_hi,
-    dst_lo]`` of the old shard files that make it up."""
+def reshard_sources(old: dict[str, Any], new_offsets: list[int]) -> list[list[Piece]]:
+    """For each new shard (rows ``new_offsets[i]..new_offsets[i+1]``), the pieces of the old shard files that make
+    it up (``old``: the variable in the manifest)."""
     old_offsets, files = old["offsets"], old["files"]
     out = []
     for i in range(len(new_offsets) - 1):
@@ -91,26 +92,26 @@ def reshard_sources(old: dict[str, Any], new_offsets: list[int]) -> list[list[li
         for j in range(len(old_offsets) - 1):
             a, b = max(lo, old_offsets[j]), min(hi, old_offsets[j + 1])
             if a < b:
-                pieces.append([files[j], a - old_offsets[j], b - old_offsets[j], a - lo])
+                pieces.append(Piece(str(files[j]), a - old_offsets[j], b - old_offsets[j], a - lo))
         out.append(pieces)
     return out
 
 
-def load_shards(directory: str, shards: Mapping[tuple[str, int], Shard], sources: list[dict[str, Any]]) -> None:
+def load_shards(directory: str, shards: Mapping[tuple[str, int], Shard], sources: Sequence[ShardSource]) -> None:
     """Fill the named shards from the pieces of old shard files (see :func:`reshard_sources`)."""
     for src in sources:
-        key = (str(src["name"]), int(src["shard"]))
+        key = (src.name, src.shard)
         shard = shards.get(key)
         if shard is None:
             raise KeyError(f"restore: this server holds no shard {key[1]} of '{key[0]}'")
         value = np.empty_like(shard.value)
         slots = {k: np.empty_like(v) for k, v in shard.slots.items()}
         t = 0
-        for fname, lo, hi, dst in src["pieces"]:
+        for fname, lo, hi, dst in src.pieces:
             if os.path.basename(fname) != fname:
                 raise ValueError(f"restore: {fname!r} is not a file name of the checkpoint")
             with np.load(os.path.join(directory, fname), allow_pickle=False) as data:
-                n = int(hi) - int(lo)
+                n = hi - lo
                 value[dst : dst + n] = data["value"][lo:hi]
                 for k in slots:
                     slots[k][dst : dst + n] = data[f"slot_{k}"][lo:hi]

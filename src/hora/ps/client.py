@@ -9,8 +9,6 @@ which is always a fresh array (or the caller's ``out``): nothing returned aliase
 from __future__ import annotations
 
 import concurrent.futures
-import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -19,25 +17,35 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hora._runtime.auth import Role
-from hora._runtime.rendezvous import connect_with_retry
 from hora.errors import ConfigError, HoraError, MismatchError, PeerLostError, ProtocolError
-from hora.ps import channel, checkpoint
+from hora.ps import checkpoint
 from hora.ps.consistency import parse_consistency
+from hora.ps.messages import (
+    ControlRequest,
+    HotRequest,
+    Layout,
+    Load,
+    Op,
+    Poison,
+    Register,
+    Save,
+    ShardSource,
+    Stats,
+    VariableLayout,
+)
 from hora.ps.partition import MinSizePartitioner, Partitioner, ShardKey, place, shard_offsets
-from hora.ps.protocol import HOT_OPS, error_of, recv_header, recv_payload_into, send_message
 from hora.ps.rows import sum_duplicates
 from hora.ps.rules import UpdateRule, parse_rule
-from hora.ps.segment import Segment
+from hora.ps.server_link import OnReply, ServerLink, loopback
 
 if TYPE_CHECKING:
     from hora.ps.reconnect import Restarts
 
 __all__ = ["Client", "parse_consistency"]
 
-log = logging.getLogger(__name__)
-
-_Request = tuple[dict[str, Any], list[Any], "np.ndarray | None"]
+_Request = HotRequest | ControlRequest
+#: Requests per server (each server's in order on its link, the servers at the same time).
+_PerServer = Mapping[int, Sequence[_Request]]
 
 
 @dataclass
@@ -47,9 +55,15 @@ class _Var:
     offsets: list[int]
     servers: list[int]
 
-    def layout(self, rule: dict[str, Any], mode: str, k: int) -> dict[str, Any]:
-        return {"shape": list(self.shape), "dtype": self.dtype.str, "offsets": self.offsets, "servers": self.servers,
-                "rule": rule, "consistency": mode, "staleness": k}  # fmt: skip
+    def layout(self, rule: UpdateRule, mode: str, k: int) -> VariableLayout:
+        return VariableLayout(
+            self.shape, self.dtype.str, tuple(self.offsets), tuple(self.servers), rule, mode, k
+        )
+
+
+#: What ``_rows`` finds for a call's ids: the variable, its distinct ids (sorted), where each first appears, each
+#: id's place among them, and where each shard's ids begin.
+_Rows = tuple[_Var, np.ndarray, np.ndarray, np.ndarray, list[int]]
 
 
 class Client:
@@ -62,7 +76,7 @@ class Client:
         partitioner: default partitioner (TensorFlow's contract); default: shards of at least 1 MiB, at most one per
             server.
         timeout: seconds to connect, and beyond the servers' own op timeout, to wait for any reply.
-        shm: move payloads through shared memory (:mod:`hora.ps.segment`): one flag for every server, or one per server;
+        shm: move payloads through a shared segment (:mod:`hora.ps.segment`): one flag for every server, or one per server;
             default: for servers on a loopback address (this host). :func:`hora.ps.connect` passes one per server:
             those of this worker's host (``HORA_HOSTNAME``).
         restarts: reconnect to servers that ``hora run --max-restarts`` restarts and retry the failed operation
@@ -79,64 +93,60 @@ class Client:
     ) -> None:  # fmt: skip
         if not servers:
             raise ConfigError("a parameter-server client needs at least one server (hora run --num-ps S)")
-        self.rank, self.single_copy = rank, single_copy
+        self.rank = rank
         self.restarts = restarts  # how to reach a restarted server (hora.ps.reconnect); None: a lost server is fatal
-        self.addresses = [(str(h), int(p)) for h, p in servers]
+        addresses = [(str(h), int(p)) for h, p in servers]
         self.mode, self.staleness = parse_consistency(consistency, staleness)
         self.partitioner = partitioner or MinSizePartitioner(1 << 20, max_shards=len(servers))
         self._vars: dict[str, _Var] = {}
         self._loads = [0] * len(servers)
         self._lost: str | None = None
         self._lost_lock = threading.Lock()
-        self._locks = [threading.Lock() for _ in servers]
+        self._closed = False
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, len(servers) - 1), thread_name_prefix="hora-ps")
-        self._socks: list[socket.socket] = []
         if shm is None or isinstance(shm, bool):
-            self._use_shm = [bool(shm) if shm is not None else channel.loopback(h) for h, _ in self.addresses]
+            use_segment = [bool(shm) if shm is not None else loopback(h) for h, _ in addresses]
         elif len(shm) == len(servers):
-            self._use_shm = [bool(x) for x in shm]
+            use_segment = [bool(x) for x in shm]
         else:
             raise ConfigError(f"shm= has {len(shm)} flags for {len(servers)} servers; give one per server, or one bool")
-        self._shm: list[Segment | None] = [None] * len(servers)
-        self._reply_timeout = op_timeout + timeout
         self._scratch = threading.local()
-        self._last_rows: tuple[_Var, np.ndarray, tuple[_Var, np.ndarray, np.ndarray, np.ndarray, list[int]]] | None = None
+        self._last_rows: tuple[_Var, np.ndarray, _Rows] | None = None
+        self._links: list[ServerLink] = []
         deadline = time.monotonic() + timeout
         try:
-            for i, (host, port) in enumerate(self.addresses):
-                sock = connect_with_retry(host, port, secret, Role.PS, rank, deadline, f"parameter server {i}")
-                sock.settimeout(op_timeout + timeout)
-                self._socks.append(sock)
+            for i, address in enumerate(addresses):
+                link = ServerLink.open(
+                    i, address, secret, rank, deadline, op_timeout + timeout, use_segment[i], single_copy
+                )
+                self._links.append(link)
         except BaseException:
             self.close()
             raise
 
     @property
     def num_servers(self) -> int:
-        return len(self.addresses)
+        return len(self._links)
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """``(host, port)`` of each server now (a restarted server's new address)."""
+        return [link.address for link in self._links]
+
+    @property
+    def links(self) -> list[ServerLink]:
+        """The connection to each server (:class:`~hora.ps.server_link.ServerLink`)."""
+        return list(self._links)
 
     @property
     def shared_memory(self) -> list[bool]:
         """Per server, whether payloads go through shared memory (False from the first time it could not)."""
-        return list(self._use_shm)
+        return [link.use_segment for link in self._links]
 
     def close(self) -> None:
-        for i, s in enumerate(self._socks):
-            shm = self._shm[i]
-            if shm is not None and self._locks[i].acquire(blocking=False):
-                try:  # the server then reads the socket, finds it closed and counts this worker gone at once
-                    channel.ring_socket(shm)
-                finally:
-                    self._locks[i].release()
-            try:
-                s.close()
-            except OSError:
-                pass
-        self._socks = []
-        for i, buf in enumerate(self._shm):
-            if buf is not None:
-                buf.close()
-                self._shm[i] = None
+        self._closed = True
+        for link in self._links:
+            link.close()
         self._pool.shutdown(wait=True)
 
     def __enter__(self) -> Client:
@@ -158,7 +168,7 @@ class Client:
         variable). The shards of one call are placed together, largest first, on the least-loaded servers.
         """
         values = dict(name) if isinstance(name, Mapping) else {name: value}
-        rule = parse_rule(rule, "register").to_json()
+        rule = parse_rule(rule, "register")
         mode, k = (self.mode, self.staleness) if consistency is None else parse_consistency(consistency, staleness)
         part = partitioner or self.partitioner
         arrays: dict[str, np.ndarray] = {}
@@ -181,23 +191,21 @@ class Client:
         for key in keys:
             self._vars[key.name].servers.append(placement[key])
             self._loads[placement[key]] += key.nbytes
-        layout_reqs: list[_Request] = []
+        layouts: list[_Request] = []
         per: dict[int, list[_Request]] = {}
         for n, a in arrays.items():
             var = self._vars[n]
-            layout_reqs.append(({"op": "layout", "name": n, "layout": var.layout(rule, mode, k)}, [], None))
+            layouts.append(Layout(n, var.layout(rule, mode, k)))
             for i, server in enumerate(var.servers):
-                part_value = a[var.offsets[i] : var.offsets[i + 1]]
-                header = {"op": "register", "name": n, "shard": i, "shape": list(part_value.shape),
-                          "dtype": a.dtype.str, "rule": rule, "consistency": mode, "staleness": k}  # fmt: skip
-                per.setdefault(server, []).append((header, [part_value], None))
+                value = a[var.offsets[i] : var.offsets[i + 1]]
+                per.setdefault(server, []).append(Register(n, i, value.shape, a.dtype.str, rule, mode, k, value))
         mismatch: list[dict[str, Any]] = []
         try:
-            self._run({0: layout_reqs}, lambda s: lambda reply: mismatch.append(reply) if "mismatch" in reply else None)
+            self._run({0: layouts}, lambda s: lambda reply: mismatch.append(reply) if "mismatch" in reply else None)
             if mismatch:  # stop worker 0's shards too, so it raises at its next request on the variable
                 bad = mismatch[0]
-                poison = {"op": "poison", "name": bad["name"], "message": bad["mismatch"]}
-                self._run({s: [(dict(poison), [], None)] for s in bad["servers"]})
+                poison = Poison(str(bad["name"]), str(bad["mismatch"]))
+                self._run({s: [poison] for s in bad["servers"]})
                 raise MismatchError(bad["mismatch"])
             self._run(per)
         except BaseException:
@@ -208,18 +216,18 @@ class Client:
     # -- dense ----------------------------------------------------------------------------------------------------
     def push(self, name: str, grad: np.ndarray) -> None:
         """Send ``grad`` (the variable's shape and dtype) to the servers, which apply the update rule."""
-        self._run(self._dense(name, "push", grad, None))
+        self._run(self._dense(name, Op.PUSH, grad, None))
 
     def pull(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """The variable's values (waiting as its consistency says); a fresh array, or ``out`` filled."""
         out = self._out(name, out)
-        self._run(self._dense(name, "pull", None, out))
+        self._run(self._dense(name, Op.PULL, None, out))
         return out
 
     def push_pull(self, name: str, grad: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """:meth:`push` then :meth:`pull` in one round trip per server."""
         out = self._out(name, out)
-        self._run(self._dense(name, "push_pull", grad, out))
+        self._run(self._dense(name, Op.PUSH_PULL, grad, out))
         return out
 
     def _var(self, name: str, op: str) -> _Var:
@@ -239,8 +247,8 @@ class Client:
             )
         return out
 
-    def _dense(self, name: str, op: str, grad: np.ndarray | None, out: np.ndarray | None) -> dict[int, list[_Request]]:
-        var = self._var(name, op)
+    def _dense(self, name: str, op: Op, grad: np.ndarray | None, out: np.ndarray | None) -> _PerServer:
+        var = self._var(name, str(op))
         g = None
         if grad is not None:
             g = np.asarray(grad)
@@ -253,13 +261,13 @@ class Client:
         per: dict[int, list[_Request]] = {}
         for i, server in enumerate(var.servers):
             lo, hi = var.offsets[i], var.offsets[i + 1]
-            payload = [g[lo:hi]] if g is not None else []
+            payload = (g[lo:hi],) if g is not None else ()
             into = flat_out[lo:hi] if flat_out is not None else None
-            per.setdefault(server, []).append(({"op": op, "name": name, "shard": i}, payload, into))
+            per.setdefault(server, []).append(HotRequest(op, name, i, payload, into))
         return per
 
     # -- sparse ---------------------------------------------------------------------------------------------------
-    def _rows(self, name: str, op: str, ids: Any) -> tuple[_Var, np.ndarray, np.ndarray, np.ndarray, list[int]]:
+    def _rows(self, name: str, op: str, ids: Any) -> _Rows:
         var = self._var(name, op)
         ids = np.asarray(ids)
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
@@ -284,9 +292,7 @@ class Client:
             a, b = cuts[i], cuts[i + 1]
             if a < b:
                 local = (uniq[a:b] - var.offsets[i]).astype("<i8")
-                per.setdefault(server, []).append(
-                    ({"op": "pull_rows", "name": name, "shard": i, "n": b - a}, [local], fetched[a:b])
-                )
+                per.setdefault(server, []).append(HotRequest(Op.PULL_ROWS, name, i, (local,), fetched[a:b], b - a))
         self._run(per)
         return np.take(fetched, inverse, axis=0, mode="clip")  # a new array (fetched is reused); faster than []
 
@@ -304,7 +310,7 @@ class Client:
             if a < b:
                 local = (uniq[a:b] - var.offsets[i]).astype("<i8")
                 per.setdefault(server, []).append(
-                    ({"op": "push_rows", "name": name, "shard": i, "n": b - a}, [local, summed[a:b]], None)
+                    HotRequest(Op.PUSH_ROWS, name, i, (local, summed[a:b]), None, b - a)
                 )
         self._run(per)
 
@@ -324,10 +330,10 @@ class Client:
         pushes (``clocks``) and the workers whose pull waits now (``waiting``)."""
         replies: dict[int, dict[str, Any]] = {}
 
-        def keep(server: int) -> Callable[[dict[str, Any]], None]:
+        def keep(server: int) -> OnReply:
             return lambda reply: replies.__setitem__(server, reply["stats"])
 
-        self._run({s: [({"op": "stats", "progress": progress}, [], None)] for s in range(self.num_servers)}, keep)
+        self._run({s: [Stats(progress)] for s in range(self.num_servers)}, keep)
         return [replies[s] for s in range(self.num_servers)]
 
     def balance(self) -> dict[str, Any]:
@@ -349,33 +355,35 @@ class Client:
             for f in reply["files"]:
                 files[(f["name"], f["shard"])] = f["file"]
 
-        self._run({s: [({"op": "save", "dir": directory}, [], None)] for s in range(self.num_servers)}, lambda s: keep)
+        self._run({s: [Save(directory)] for s in range(self.num_servers)}, lambda s: keep)
         variables = {
-            n: {"shape": list(v.shape), "dtype": v.dtype.str, "offsets": v.offsets,
-                "files": [files[(n, i)] for i in range(len(v.servers))]}
+            n: {
+                "shape": list(v.shape),
+                "dtype": v.dtype.str,
+                "offsets": v.offsets,
+                "files": [files[(n, i)] for i in range(len(v.servers))],
+            }
             for n, v in self._vars.items()
-        }  # fmt: skip
+        }
         checkpoint.write_manifest(directory, {"format": 1, "step": step, "variables": variables})
 
     def restore(self, directory: str) -> int:
         """Load a checkpoint into the registered variables (any number of servers and shards); returns its step."""
         manifest = checkpoint.read_manifest(directory)
-        per: dict[int, list[dict[str, Any]]] = {}
+        per: dict[int, list[ShardSource]] = {}
         for n, v in self._vars.items():
             old = manifest["variables"].get(n)
             if old is None or tuple(old["shape"]) != v.shape:
                 raise ConfigError(f"restore: the checkpoint in {directory} has no variable '{n}' of shape {v.shape}")
             for i, pieces in enumerate(checkpoint.reshard_sources(old, v.offsets)):
-                per.setdefault(v.servers[i], []).append({"name": n, "shard": i, "pieces": pieces})
-        self._run({s: [({"op": "load", "dir": directory, "sources": src}, [], None)] for s, src in per.items()})
+                per.setdefault(v.servers[i], []).append(ShardSource(n, i, tuple(pieces)))
+        self._run({s: [Load(directory, tuple(src))] for s, src in per.items()})
         return int(manifest.get("step", 0))
 
     # -- the wire -------------------------------------------------------------------------------------------------
-    def _run(
-        self, per: Mapping[int, list[_Request]],
-        on_reply: Callable[[int], Callable[[dict[str, Any]], None]] | None = None,
-    ) -> None:  # fmt: skip
-        """Run each server's requests in order on its connection, the servers concurrently."""
+    def _run(self, per: _PerServer, on_reply: Callable[[int], OnReply] | None = None) -> None:
+        """Run each server's requests in order on its link, the servers concurrently; ``on_reply(server)`` is
+        given each control reply of that server."""
         items = [(s, reqs) for s, reqs in per.items() if reqs]
         if not items:
             return
@@ -393,50 +401,6 @@ class Client:
         if first_error is not None:
             raise first_error
 
-    def _segment(self, server: int, sock: socket.socket, what: str, need: int) -> Segment | None:
-        """The shared segment to ``server``, created or grown to ``need`` bytes first (announced on the socket);
-        None when the bytes go over the socket (no room in /dev/shm)."""
-        shm = self._shm[server]
-        if shm is not None and shm.size >= need:
-            return shm
-        try:
-            new = Segment.create(max(need, 1 << 20, 2 * shm.size if shm else 0))
-        except OSError as exc:  # /dev/shm full or missing: the socket carries what does not fit from now on
-            log.warning("parameter server %d: no shared memory for %d bytes (%s); using TCP", server, need, exc)
-            self._use_shm[server] = False
-            return shm
-        try:
-            if shm is not None:
-                channel.ring_socket(shm)
-            send_message(sock, channel.announce(new, self.single_copy))
-            reply = recv_header(sock, what)
-        finally:
-            new.unlink()  # mapped by both (or refused): nothing is left in /dev/shm either way
-        if not reply.get("ok"):
-            new.close()
-            raise error_of(reply, what)
-        new.single_copy = bool(reply.get("single_copy"))
-        if shm is not None:
-            shm.close()
-        self._shm[server] = new
-        return new
-
-    def _hot(
-        self, server: int, sock: socket.socket, what: str, header: dict[str, Any], payload: list[Any],
-        into: np.ndarray | None,
-    ) -> dict[str, Any] | None:  # fmt: skip
-        """One push/pull/rows request, through shared memory where there is some; the server's refusal or None."""
-        need, shm = channel.segment_need(payload, into), self._shm[server]
-        direct = channel.single_copy_fits(shm, header, payload, into)  # only addresses go into the segment: no growth
-        if self._use_shm[server] and not direct:
-            shm = self._segment(server, sock, what, need)
-        if shm is not None and (direct or shm.size >= need):
-            timeout, lost = self._reply_timeout, lambda: self._lost
-            return channel.hot_over_shm(shm, sock, what, header, payload, into, timeout, lost, direct)
-        if shm is not None:  # it could not grow: the server waits on its doorbell, so ring before using the socket
-            channel.ring_socket(shm)
-        return channel.hot_over_tcp(sock, what, header, payload, into)
-
     def _lose(self, server: int, what: str, exc: BaseException) -> str:
         """The first lost server breaks the client: every connection is shut down, so requests in flight on the
         others end now and those servers count this worker as gone (nobody waits for it under bounded/sync)."""
@@ -447,51 +411,26 @@ class Client:
                     f"{what} was lost ({exc}); it held {', '.join(held[:20]) or 'no shards'}"
                     f"{' ...' if len(held) > 20 else ''}. Training cannot go on without it: restart the job"
                 )
-                for sock in self._socks:
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
+                for link in self._links:
+                    link.shutdown()
             return self._lost
 
-    def _exchange(
-        self, server: int, reqs: list[_Request], on_reply: Callable[[int], Callable[[dict[str, Any]], None]] | None
-    ) -> None:
-        what = f"parameter server {server} at {self.addresses[server][0]}:{self.addresses[server][1]}"
-        with self._locks[server]:
+    def _exchange(self, server: int, reqs: Sequence[_Request], on_reply: Callable[[int], OnReply] | None) -> None:
+        link = self._links[server]
+        what = link.what
+        with link.lock:
             if self._lost is not None:
                 raise PeerLostError(self._lost)
-            if not self._socks:
+            if self._closed:
                 raise HoraError("this parameter-server client is closed")
-            sock = self._socks[server]
-            refused: HoraError | None = None
             try:
-                for header, payload, into in reqs:
-                    if header["op"] in HOT_OPS:
-                        error = self._hot(server, sock, what, header, payload, into)
-                        if error is not None:
-                            refused = error_of(error, what)  # the server answered: the connection is fine
-                            break
-                        continue
-                    if self._shm[server] is not None:  # first: the server must read while a large payload is sent
-                        channel.ring_socket(self._shm[server])  # type: ignore[arg-type]
-                    send_message(sock, header, payload)
-                    reply = recv_header(sock, what)
-                    if not reply.get("ok"):
-                        refused = error_of(reply, what)  # the server answered: the connection is fine
-                        break
-                    if into is not None:
-                        recv_payload_into(sock, into, what)
-                    elif reply["nbytes"]:
-                        raise ProtocolError(f"{what} sent an unexpected payload")
-                    if on_reply is not None:
-                        on_reply(server)(reply)
+                refusal = link.run(reqs, on_reply(server) if on_reply else None, lambda: self._lost)
             except (OSError, PeerLostError, ProtocolError) as exc:
                 if self.restarts is None or self._lost is not None:  # no restarts, or another server is gone
                     raise PeerLostError(self._lose(server, what, exc)) from exc
                 self.restarts.recover(self, server, what, exc)  # connected to its restart, or PeerLostError
             else:
-                if refused is not None:
-                    raise refused
+                if refusal is not None:  # the server answered: the connection is fine
+                    raise refusal.exception(what)
                 return
         self._exchange(server, reqs, on_reply)  # the failed operation again, whole, on the restarted server

@@ -2,13 +2,14 @@
 
 Two kinds of message share a connection, told apart by their first byte:
 
-- **Control** (``register``, ``layout``, ``stats``, ``save``, ``load``, ``shm``, errors): a JSON header frame (an
-  8-byte big-endian length of at most :data:`MAX_HEADER`, so a first byte of 0) and, when the header says
-  ``"nbytes": n`` with ``n > 0``, one payload frame of exactly ``n`` bytes.
-- **Hot** (``push``, ``pull``, ``push_pull``, ``push_rows``, ``pull_rows``): a fixed binary header
-  (:data:`REQUEST`, first byte :data:`REQUEST_MAGIC`) and the variable's name, then exactly ``nbytes`` payload
-  bytes; the reply is a fixed :data:`REPLY` header (first byte :data:`REPLY_MAGIC`) and its payload, or a JSON
-  error. No JSON is built or parsed on the hot path.
+- **Control** (``register``, ``layout``, ``poison``, ``stats``, ``save``, ``load``, ``shm``, errors: the records
+  of :mod:`hora.ps.messages`): a JSON header frame (an 8-byte big-endian length of at most :data:`MAX_HEADER`, so
+  a first byte of 0) and, when the header says ``"nbytes": n`` with ``n > 0``, one payload frame of exactly ``n``
+  bytes.
+- **Hot** (``push``, ``pull``, ``push_pull``, ``push_rows``, ``pull_rows``: :class:`~hora.ps.messages.Op`, whose
+  value is the op code): a fixed binary header (:data:`REQUEST`, first byte :data:`REQUEST_MAGIC`) and the
+  variable's name, then exactly ``nbytes`` payload bytes; the reply is a fixed :data:`REPLY` header (first byte
+  :data:`REPLY_MAGIC`) and its payload, or a JSON error. No JSON is built or parsed on the hot path.
 
 Payloads are raw array bytes (C order, the variable's dtype; row ids as little-endian int64). The receiver knows
 how many bytes to expect from what it holds (the shard's shape, the row count times the row size) and refuses any
@@ -29,10 +30,9 @@ import numpy as np
 from hora import errors
 from hora._wire import recv_exact, recv_frame, recv_into_exact
 from hora.errors import HoraError, PeerLostError, ProtocolError
+from hora.ps.messages import Op
 
 __all__ = [
-    "DENSE_OPS",
-    "HOT_OPS",
     "MAX_HEADER",
     "MAX_NAME",
     "REPLY",
@@ -54,10 +54,6 @@ __all__ = [
 MAX_HEADER = 1 << 20
 #: Longest variable name (UTF-8 bytes) a hot request may carry.
 MAX_NAME = 1024
-#: The hot operations, in the order of their codes (1, 2, ...).
-HOT_OPS = ("push", "pull", "push_pull", "push_rows", "pull_rows")
-#: The hot operations on whole shards (those that may go single-copy, :mod:`hora.ps.cma`).
-DENSE_OPS = ("push", "pull", "push_pull")
 #: magic, op code, name length, shard, rows, inline payload bytes, shared-memory payload bytes.
 REQUEST = struct.Struct("<BBHIQQQ")
 #: magic, status (0: ok), 0, 0, inline payload bytes, shared-memory payload bytes.
@@ -75,9 +71,9 @@ def error_of(reply: dict[str, Any], what: str) -> HoraError:
     return kind(f"{what}: {reply.get('error')}")
 
 
-def pack_request(op: str, name: bytes, shard: int, rows: int = 0, nbytes: int = 0, shm: int = 0) -> bytes:
+def pack_request(op: Op, name: bytes, shard: int, rows: int = 0, nbytes: int = 0, shm: int = 0) -> bytes:
     """A hot request's header and name."""
-    return REQUEST.pack(REQUEST_MAGIC, HOT_OPS.index(op) + 1, len(name), shard, rows, nbytes, shm) + name
+    return REQUEST.pack(REQUEST_MAGIC, op.code, len(name), shard, rows, nbytes, shm) + name
 
 
 def send_parts(sock: socket.socket, head: bytes, payload: Sequence[memoryview | bytes | np.ndarray] = ()) -> None:
@@ -91,10 +87,12 @@ def send_parts(sock: socket.socket, head: bytes, payload: Sequence[memoryview | 
         sock.sendall(v)
 
 
-def send_message(sock: socket.socket, header: dict[str, Any], payload: Sequence[memoryview | bytes] = ()) -> None:
+def send_message(
+    sock: socket.socket, header: dict[str, Any], payload: Sequence[memoryview | bytes | np.ndarray] = ()
+) -> None:
     """Send ``header`` (``nbytes`` is filled in) and the concatenation of ``payload`` as one frame, without
     copying large payloads."""
-    views = [memoryview(p).cast("B") for p in payload]
+    views = [memoryview(p).cast("B") for p in payload]  # type: ignore[arg-type]
     total = sum(v.nbytes for v in views)
     header["nbytes"] = total
     head = json.dumps(header, separators=(",", ":")).encode()

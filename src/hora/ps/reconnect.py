@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from hora._runtime.auth import Role
 from hora._runtime.rendezvous import MissingKeys, connect_with_retry
-from hora._wire import close_socket
 from hora.config import Config
 from hora.errors import HoraError, PeerLostError
 from hora.ps.directory import open_store
@@ -42,13 +41,8 @@ class Restarts:
 
     def recover(self, client: Client, server: int, what: str, exc: BaseException) -> None:
         """Replace ``client``'s connection to ``server`` by one to its restarted process, or raise PeerLostError."""
-        old = client._socks[server]
-        io_timeout = old.gettimeout()
-        close_socket(old)
-        shm = client._shm[server]
-        if shm is not None:  # the new process never mapped it
-            shm.close()
-            client._shm[server] = None
+        link = client.links[server]
+        link.drop()  # the old process is gone, and the new one never maps the old segment
         deadline = time.monotonic() + self.timeout
         log.warning("%s was lost (%s); waiting up to %gs for its restart (--max-restarts)", what, exc, self.timeout)
         try:
@@ -58,7 +52,7 @@ class Restarts:
         try:
             if server not in self.generations:  # which generation did this client first connect to?
                 latest = json.loads(store.get(str(server)) or "{}")
-                same = (latest.get("host"), latest.get("port")) == tuple(client.addresses[server])
+                same = (latest.get("host"), latest.get("port")) == tuple(link.address)
                 self.generations[server] = int(latest.get("generation", 0)) - (0 if same else 1)
             while True:
                 generation = self.generations[server] + 1
@@ -70,14 +64,13 @@ class Restarts:
                 if "failed" in info:
                     raise PeerLostError(_give_up(client, server, what, exc, str(info["failed"]))) from exc
                 host, port = str(info["host"]), int(info["port"])
+                soon = min(deadline, time.monotonic() + 5.0)
+                what_now = f"parameter server {server} (restart {generation})"
                 try:
-                    sock = connect_with_retry(host, port, secret, Role.PS, self._rank, min(deadline, time.monotonic() + 5.0),
-                                              f"parameter server {server} (restart {generation})")  # fmt: skip
+                    sock = connect_with_retry(host, port, secret, Role.PS, self._rank, soon, what_now)
                 except HoraError:  # died again before we got there: wait for the next generation
                     continue
-                sock.settimeout(io_timeout)
-                client._socks[server] = sock
-                client.addresses[server] = (host, port)
+                link.replace(sock, (host, port))
                 self.count += 1
                 log.warning("reconnected to parameter server %d (restart %d) at %s:%d", server, generation, host, port)
                 return

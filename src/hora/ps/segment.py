@@ -26,7 +26,9 @@ import time
 
 import numpy as np
 
+from hora._transport import futex
 from hora.errors import ProtocolError
+from hora.ps.protocol import REPLY, REPLY_MAGIC, REQUEST, REQUEST_MAGIC
 
 __all__ = [
     "DATA", "HEAD", "PREFIX", "REPLY_AT", "REP_WORD", "REQ_WORD", "SOCKET_CODE", "TOKEN_AT", "Segment", "spin_readable",
@@ -86,6 +88,22 @@ class Segment:
     def address(self, word: int) -> int:
         """The address of the doorbell word at byte offset ``word`` (for futex waits)."""
         return self.base + word
+
+    def ring(self, code: int, name: bytes = b"", shard: int = 0, rows: int = 0, nbytes: int = 0) -> None:
+        """The worker's side: write a request header (``nbytes`` of payload at :data:`DATA`), count it on the
+        request word and wake the server."""
+        REQUEST.pack_into(self.mv, HEAD, REQUEST_MAGIC, code, len(name), shard, rows, 0, nbytes)
+        self.mv[HEAD + REQUEST.size : HEAD + REQUEST.size + len(name)] = name
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        self.words[REQ_WORD // 4] = self.seq
+        futex.wake(self.base + REQ_WORD)
+
+    def answer(self, status: int, n: int) -> None:
+        """The server's side: write the reply header (``n`` bytes at :data:`DATA`; status 0: ok, 1: a JSON error),
+        set the reply word to the request's count and wake the worker."""
+        REPLY.pack_into(self.mv, REPLY_AT, REPLY_MAGIC, status, 0, 0, 0, n)
+        self.words[REP_WORD // 4] = self.seq
+        futex.wake(self.base + REP_WORD)
 
     @classmethod
     def create(cls, size: int) -> Segment:

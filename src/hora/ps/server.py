@@ -2,9 +2,10 @@
 
 Every connection is authenticated with the job secret (role ``PS``) before a byte of it is parsed, each in a
 thread of its own with its own deadline (:mod:`hora._runtime.gate`), so silent or garbage clients cost the workers
-nothing and the server keeps serving. Then each worker's requests are served in order on its connection
-(:mod:`hora.ps.protocol`): ``register``, ``layout``, ``push``, ``pull``, ``push_pull``, ``push_rows``,
-``pull_rows``, ``stats``, ``save``, ``load``.
+nothing and the server keeps serving. Then each worker's requests are served in order on its connection by a
+:class:`~hora.ps.worker_link.WorkerLink`: the hot ones (``push``, ``pull``, ``push_pull``, ``push_rows``,
+``pull_rows``) by the link itself, the control ones (:mod:`hora.ps.messages`: ``register``, ``layout``,
+``poison``, ``shm``, ``stats``, ``save``, ``load``) by :meth:`ParameterServer.handle`.
 """
 
 from __future__ import annotations
@@ -14,36 +15,35 @@ import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from hora._runtime.auth import Role, server_handshake
 from hora._runtime.gate import PendingHandshakes, RejectLog
 from hora._wire import close_socket
 from hora.errors import (
     AuthenticationError,
-    HoraError,
-    PeerLostError,
     ProtocolError,
     TimeoutError,
 )
 from hora.ps import checkpoint
-from hora.ps.cma import RemoteMemory
-from hora.ps.hot import Conn, next_request
-from hora.ps.protocol import send_message
-from hora.ps.rules import parse_rule
-from hora.ps.segment import Segment
+from hora.ps.messages import (
+    AttachSegment,
+    ControlRequest,
+    Layout,
+    Load,
+    Poison,
+    Register,
+    Save,
+    Stats,
+    VariableLayout,
+)
 from hora.ps.shard import Shard
+from hora.ps.worker_link import WorkerLink
 
 if TYPE_CHECKING:
     from hora.ps.autosave import ShardSaver
 
-__all__ = ["DTYPES", "ParameterServer"]
+__all__ = ["ParameterServer"]
 
 log = logging.getLogger(__name__)
-
-#: dtypes a variable may have (the update rules compute in the variable's own type).
-DTYPES = ("<f4", "<f8")
-_MODES = ("async", "bounded", "sync")
 
 
 class ParameterServer:
@@ -64,7 +64,7 @@ class ParameterServer:
         self._lock = threading.Lock()
         self._registered = threading.Condition(self._lock)
         self._shards: dict[tuple[str, int], Shard] = {}
-        self._layouts: dict[str, dict[str, Any]] = {}
+        self._layouts: dict[str, VariableLayout] = {}  # server 0: every variable's, as the first worker gave it
         self._clients: set[socket.socket] = set()
         self._live: dict[int, int] = {}  # connections open per worker
         self._closed = threading.Event()
@@ -110,7 +110,7 @@ class ParameterServer:
         if self.saver is not None:
             self.saver.close(timeout)
 
-    def adopt(self, shards: dict[tuple[str, int], Shard], layouts: dict[str, Any]) -> None:
+    def adopt(self, shards: dict[tuple[str, int], Shard], layouts: dict[str, VariableLayout]) -> None:
         """Serve these shards (restored from a checkpoint) as if the workers had registered them."""
         with self._lock:
             self._shards.update(shards)
@@ -148,7 +148,7 @@ class ParameterServer:
                 threading.Thread(target=self._serve, args=(conn,), name="hora-ps-client", daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
-        conn: Conn | None = None
+        link: WorkerLink | None = None
         try:
             try:
                 _, rank = server_handshake(sock, self._secret, self._handshake_timeout, roles=(Role.PS,))
@@ -163,16 +163,10 @@ class ParameterServer:
                 self._clients.add(sock)
                 self._live[rank] = self._live.get(rank, 0) + 1
                 shards = list(self._shards.values())
-            conn = Conn(sock, rank)
+            link = WorkerLink(self, sock, rank)
             for s in shards:
                 s.rejoin(rank)
-            while True:
-                try:
-                    header = next_request(self, conn)
-                except PeerLostError:
-                    return
-                if header is not None:
-                    self._request(conn, header)
+            link.serve()
         except (AuthenticationError, ProtocolError) as exc:
             self._rejects.drop(exc)
         except OSError:
@@ -182,34 +176,15 @@ class ParameterServer:
             with self._lock:
                 self._clients.discard(sock)
                 shards = list(self._shards.values())
-                if conn is not None:
-                    self._live[conn.rank] -= 1
+                if link is not None:
+                    self._live[link.rank] -= 1
                     # an old connection noticed closed late must not mark a worker gone that is connected again
-                    gone = not self._live[conn.rank]
-            if conn is not None:
+                    gone = not self._live[link.rank]
+            if link is not None:
                 for s in shards if gone else ():
-                    s.leave(conn.rank)
-                if conn.shm is not None:
-                    conn.shm.close()
+                    s.leave(link.rank)
+                link.close()
             close_socket(sock)
-
-    def _request(self, conn: Conn, header: dict[str, Any]) -> None:
-        nbytes = header["nbytes"]
-        if nbytes > self.max_bytes:
-            raise ProtocolError(f"{conn.what} announced a payload of {nbytes} bytes, above this server's limit")
-        conn.read = False  # the payload is still on the wire until a handler reads it
-        try:
-            reply, payload = self._dispatch(conn, header.get("op"), header)
-        except (HoraError, ValueError, KeyError, TypeError) as exc:
-            if isinstance(exc, ProtocolError):
-                raise
-            if not conn.read and nbytes:
-                conn.reader.expect(nbytes)
-                conn.reader.skip(nbytes)
-            send_message(conn.sock, {"ok": False, "type": type(exc).__name__, "error": str(exc)})
-            return
-        self.bytes_out += sum(memoryview(p).nbytes for p in payload)
-        send_message(conn.sock, reply, payload)
 
     def shard(self, name: str, index: int) -> Shard:
         shard = self._shards.get((name, index))  # one dict read: atomic, no lock needed
@@ -217,57 +192,35 @@ class ParameterServer:
             raise KeyError(f"server {self.index} holds no shard {index} of '{name}': register the variable first")
         return shard
 
-    def _payload(self, conn: Conn, header: dict[str, Any], due: int) -> np.ndarray:
-        """The request's ``due`` payload bytes (uint8), read from the socket into a fresh array."""
-        if header["nbytes"] != due:
-            raise ProtocolError(f"{conn.what} sent {header['nbytes']} bytes for '{header.get('name')}' (due: {due})")
-        conn.read = True
-        self.bytes_in += due
-        buf = np.empty(due, np.uint8)
-        if due:
-            conn.reader.expect(due)
-            conn.reader.into(memoryview(buf))  # type: ignore[arg-type]
-        return buf
+    def handle(self, link: WorkerLink, request: ControlRequest) -> tuple[dict[str, Any], list[Any]]:
+        """A worker's control request: the reply's header and payload."""
+        match request:
+            case Register():
+                return self._register(link, request), []
+            case Layout():
+                return self._layout(link.rank, request), []
+            case Poison():
+                return self._poison(request), []
+            case AttachSegment():
+                return link.attach(request), []
+            case Stats():
+                return {"ok": True, "stats": self.stats(request.progress)}, []
+            case Save():
+                files = checkpoint.save_shards(request.dir, self.index, self._shards_now())
+                return {"ok": True, "files": files}, []
+            case Load():
+                checkpoint.load_shards(request.dir, self._shards_now(), request.sources)
+                return {"ok": True}, []
+        raise ProtocolError(f"{link.what} asked for {request!r}, which this server does not serve")
 
-    def _dispatch(self, conn: Conn, op: Any, header: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
-        what = conn.what
-        if op == "register":
-            return self._register(conn, header), []
-        if op == "layout":
-            return self._layout(conn.rank, header), []
-        if op == "poison":
-            return self._poison(header), []
-        if op == "shm":
-            if conn.shm is not None:
-                conn.shm.close()
-                conn.shm = None
-            conn.shm = Segment.attach(str(header["name"]), int(header["size"]))
-            conn.remote = None
-            if "pid" in header:  # single copy: the worker proves it owns the segment (hora.ps.cma)
-                conn.remote = RemoteMemory.verify(int(header["pid"]), int(header["token_at"]), conn.shm.u8)
-            return {"ok": True, "single_copy": conn.remote is not None}, []
-        if op == "stats":
-            return {"ok": True, "stats": self.stats(bool(header.get("progress")))}, []
-        if op in ("save", "load"):
-            return self._checkpoint(op, header), []
-        raise ProtocolError(f"{what} asked for unknown operation {op!r}")
+    def _shards_now(self) -> dict[tuple[str, int], Shard]:
+        with self._lock:
+            return dict(self._shards)
 
-    def _register(self, conn: Conn, header: dict[str, Any]) -> dict[str, Any]:
-        rank = conn.rank
-        name, index = str(header["name"]), int(header["shard"])
-        dtype = str(header["dtype"])
-        if dtype not in DTYPES:
-            raise ValueError(f"register '{name}': dtype {dtype!r} is not supported; use float32 ('<f4') or float64 ('<f8')")
-        shape = tuple(int(d) for d in header["shape"])
-        if not shape or min(shape) < 0:
-            raise ValueError(f"register '{name}': shape {shape} must have at least one axis")
-        rule = parse_rule(header["rule"], f"register '{name}'")
-        mode, staleness = str(header["consistency"]), int(header["staleness"])
-        if mode not in _MODES or staleness < 0:
-            raise ValueError(f"register '{name}': consistency {mode!r}/{staleness} is not async, bounded(k>=0) or sync")
-        due = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize  # checked before allocating
-        value = self._payload(conn, header, due).view(dtype).reshape(shape).copy()
-        shard = Shard(name, index, value, rule, mode, staleness, self.workers)
+    def _register(self, link: WorkerLink, request: Register) -> dict[str, Any]:
+        rank, name, index = link.rank, request.name, request.shard
+        value = link.read_payload(request.nbytes, name).view(request.dtype).reshape(request.shape).copy()
+        shard = Shard(name, index, value, request.rule, request.consistency, request.staleness, self.workers)
         with self._registered:
             if rank == 0:  # worker 0's values win, as when Horovod broadcasts the parameters from rank 0
                 existing = self._shards.setdefault((name, index), shard)
@@ -285,37 +238,27 @@ class ParameterServer:
             self.saver.registered(shard)
         return {"ok": True}
 
-    def _layout(self, rank: int, header: dict[str, Any]) -> dict[str, Any]:
+    def _layout(self, rank: int, request: Layout) -> dict[str, Any]:
         """Server 0 keeps every variable's layout (shape, dtype, rule, consistency, shards and their servers): a
         worker whose layout differs gets the first one's servers back, to stop them serving the variable."""
-        name, layout = str(header["name"]), header["layout"]
+        name, layout = request.name, request.layout
         with self._lock:
             first = self._layouts.setdefault(name, layout)
         if first == layout:
             return {"ok": True}
-        diff = [f"{k} {layout.get(k)!r} (worker 0: {first.get(k)!r})" for k in first if first.get(k) != layout.get(k)]
+        diff = first.differences(layout, "worker 0")
         message = (
             f"register '{name}': worker {rank} registered it with {'; '.join(diff)}; every worker must register the "
             "same variables (shape, dtype, rule, consistency) in the same order with the same partitioner"
         )
-        return {"ok": True, "mismatch": message, "name": name, "servers": sorted(set(first["servers"]))}
+        return {"ok": True, "mismatch": message, "name": name, "servers": sorted(set(first.servers))}
 
-    def _poison(self, header: dict[str, Any]) -> dict[str, Any]:
+    def _poison(self, request: Poison) -> dict[str, Any]:
         """A registration mismatch found elsewhere: every later request on this variable's shards raises it."""
         with self._lock:
-            shards = [s for (n, _), s in self._shards.items() if n == str(header["name"])]
+            shards = [s for (n, _), s in self._shards.items() if n == request.name]
         for s in shards:
-            s.poisoned = str(header["message"])
-        return {"ok": True}
-
-    def _checkpoint(self, op: str, header: dict[str, Any]) -> dict[str, Any]:
-        directory = str(header["dir"])
-        with self._lock:
-            shards = dict(self._shards)
-        if op == "save":
-            files = checkpoint.save_shards(directory, self.index, shards)
-            return {"ok": True, "files": files}
-        checkpoint.load_shards(directory, shards, header["sources"])
+            s.poisoned = request.message
         return {"ok": True}
 
 

@@ -152,7 +152,7 @@ def test_large_dense_requests_single_copy_or_through_the_segment_match_a_referen
                         assert got[(n, who)].tobytes() == ref[n].tobytes(), (n, step, who)
         for c in clients:
             assert c.shared_memory == [True, True]
-            assert [c._shm[s].single_copy for s in range(2)] == [single_copy] * 2  # root may read any process
+            assert [c.links[s].segment.single_copy for s in range(2)] == [single_copy] * 2  # root may read any process
     finally:
         for c in clients:
             c.close()
@@ -311,57 +311,61 @@ def test_single_copy_is_granted_only_to_the_segments_owner_and_never_taken_unask
     """A worker that names another pid, or an address that does not hold its segment's token, gets no single-copy
     access (its requests go through the segment, correct); a single-copy request the server did not grant drops the
     connection, and the server serves on."""
+    import dataclasses
     import subprocess
     import sys
 
     from hora.errors import PeerLostError
-    from hora.ps import channel
+    from hora.ps import server_link
 
-    real = channel.announce
+    real = server_link.announce
     big = np.ones(1 << 17, np.float32)  # 512 KiB: above the single-copy threshold
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        forgeries = {"pid": lambda m: {**m, "pid": other.pid}, "token": lambda m: {**m, "token_at": m["token_at"] + 64}}
+        forgeries = {
+            "pid": lambda m: dataclasses.replace(m, pid=other.pid),
+            "token": lambda m: dataclasses.replace(m, token_at=m.token_at + 64),
+        }
         for what, forge in forgeries.items():
-            monkeypatch.setattr(channel, "announce", lambda shm, single, forge=forge: forge(real(shm, single)))
+            monkeypatch.setattr(server_link, "announce", lambda shm, single, forge=forge: forge(real(shm, single)))
             with two_servers.client(0, shm=True, partitioner=FixedShardsPartitioner(1)) as c:
                 c.register(f"owner.{what}", np.zeros_like(big), rule="sum")
                 np.testing.assert_array_equal(c.push_pull(f"owner.{what}", big), big)
                 np.testing.assert_array_equal(c.push_pull(f"owner.{what}", big), 2 * big)
-                assert [s.single_copy for s in c._shm if s is not None] == [False], what
+                assert [link.segment.single_copy for link in c.links if link.segment is not None] == [False], what
         with two_servers.client(0, shm=True, partitioner=FixedShardsPartitioner(1)) as c:
             c.register("owner.unasked", np.zeros_like(big), rule="sum")
             c.pull("owner.unasked")  # maps the segment, without single copy (the announcement is still forged)
-            (segment,) = [s for s in c._shm if s is not None]
+            (segment,) = [link.segment for link in c.links if link.segment is not None]
             segment.single_copy = True  # the client pretends it was granted
             with pytest.raises(PeerLostError, match=r"closed the connection|was lost"):
                 c.push_pull("owner.unasked", big)
     finally:
         other.kill()
         other.wait()
-    monkeypatch.setattr(channel, "announce", real)
+    monkeypatch.setattr(server_link, "announce", real)
     with two_servers.client(0, shm=True, partitioner=FixedShardsPartitioner(1)) as c:
         c.register("owner.after", np.zeros_like(big), rule="sum")
         np.testing.assert_array_equal(c.push_pull("owner.after", big), big)  # the servers serve on
         server = c.placement("owner.after")[0][2]
-        segment = c._shm[server]
+        segment = c.links[server].segment
         assert segment is not None and segment.single_copy
         bigger = np.arange(1 << 20, dtype=np.float32)  # 4 MiB, 2 MiB per server: single copy needs no larger segment
         c.register("owner.bigger", np.zeros_like(bigger), rule="sum", partitioner=FixedShardsPartitioner(2))
         np.testing.assert_array_equal(c.push_pull("owner.bigger", bigger), bigger)
         np.testing.assert_array_equal(c.pull("owner.bigger"), bigger)
-        assert c._shm[server] is segment and segment.size < bigger.nbytes // 2
+        assert c.links[server].segment is segment and segment.size < bigger.nbytes // 2
 
 
 def test_no_room_in_dev_shm_falls_back_to_tcp(two_servers, monkeypatch):
     import errno
 
-    from hora.ps import client as client_module
+    from hora.ps.segment import Segment
 
     def full(size):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(client_module.Segment, "create", staticmethod(full))
+    monkeypatch.setattr(Segment, "create", staticmethod(full))
     with two_servers.client(0, shm=True) as c:
         c.register("fallback.w", np.arange(6, dtype=np.float32), rule="sum")
         np.testing.assert_array_equal(c.push_pull("fallback.w", np.ones(6, np.float32)), np.arange(1, 7))
@@ -381,7 +385,7 @@ def test_a_large_registration_after_shared_memory_is_in_use_does_not_stall(two_s
 def test_a_segment_that_cannot_grow_sends_larger_requests_over_tcp(two_servers, monkeypatch):
     import errno
 
-    from hora.ps import client as client_module
+    from hora.ps.segment import Segment
 
     with two_servers.client(0, shm=True, partitioner=FixedShardsPartitioner(1)) as c:
         c.register({"grow.small": np.zeros(4, np.float32), "grow.big": np.zeros(1 << 19, np.float32)}, rule="sum")
@@ -390,7 +394,7 @@ def test_a_segment_that_cannot_grow_sends_larger_requests_over_tcp(two_servers, 
         def full(size):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(client_module.Segment, "create", staticmethod(full))
+        monkeypatch.setattr(Segment, "create", staticmethod(full))
         big = np.arange(1 << 19, dtype=np.float32)  # 2 MiB: more than the 1 MiB segment holds
         np.testing.assert_array_equal(c.push_pull("grow.big", big), big)
         np.testing.assert_array_equal(c.push_pull("grow.small", np.ones(4, np.float32)), np.full(4, 2))

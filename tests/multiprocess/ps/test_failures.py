@@ -15,6 +15,7 @@ from hora._runtime.auth import Role, client_handshake
 from hora.errors import AuthenticationError, PeerLostError
 from hora.ps import FixedShardsPartitioner
 from hora.ps.client import Client
+from hora.ps.messages import Op
 from hora.ps.protocol import pack_request
 from support.ps_cluster import LIMIT, PsCluster
 
@@ -32,7 +33,7 @@ def test_wrong_secret_garbage_and_oversized_frames_are_dropped_and_the_server_ke
                 s.settimeout(LIMIT)
                 assert s.recv(1) in (b"", b"\x00")  # refused, never answered
         # an authenticated worker announcing a huge header or payload is cut off before anything is allocated
-        hot = (pack_request("push", b"w", 0, nbytes=1 << 40), b"\xb1\x63" + bytes(30))  # huge payload, unknown op
+        hot = (pack_request(Op.PUSH, b"w", 0, nbytes=1 << 40), b"\xb1\x63" + bytes(30))  # huge payload, unknown op
         for frame in (struct.pack("!Q", 1 << 40), struct.pack("!Q", 20) + b'{"op":"push","nbytes"', *hot):
             s = socket.create_connection((host, port), timeout=LIMIT)
             try:
