@@ -32,7 +32,7 @@ def test_a_process_set_of_anything_else_is_a_value_error(given, words):
 
 
 def test_init_refuses_a_communicator_and_unknown_process_sets_before_starting():
-    with pytest.raises(UnsupportedError, match="init\\(comm=...\\) is not supported"):
+    with pytest.raises(UnsupportedError, match=r"init\(comm=\.\.\.\) is not supported"):
         hvd.init(comm=[0, 1])
     with pytest.raises(ValueError, match="'dynamic'"):
         hvd.init(process_sets="static")
