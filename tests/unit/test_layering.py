@@ -45,7 +45,7 @@ MODULES = _modules()
 
 
 def package(module: str) -> str:
-    """``hora.jobs.runner`` -> ``hora.jobs``; a top-level module is its own package (``hora.cli``)."""
+    """``hora.jobs.lifecycle`` -> ``hora.jobs``; a top-level module is its own package (``hora.cli``)."""
     parts = module.split(".")
     for nested in NESTED:
         if module == nested or module.startswith(nested + "."):

@@ -3,18 +3,33 @@ and the runtime reads back, in one table (:data:`WORKER_VARIABLES`), with its wr
 reader is :func:`hora.config.launchers.detect` (rank, size, local rank and size) and :class:`~hora.config.Config`
 (the rest). docs/launchers.md shows the same table; a test checks them against
 each other and against what :func:`worker_env` really writes.
+
+``hora job`` adds SageMaker's names for a job's scripts (:data:`JOB_VARIABLES`, docs/jobs.md), written by the same
+:func:`worker_env` when it is given a :class:`JobExtras`: its rank wrapper (:mod:`hora.jobs._entry`) rewrites the
+variables hora run gave it with its host's own addresses, reading back what hora run drew for the whole job
+(:class:`JobKeys`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from hora.config.parsers import parse_bool
 from hora.config.settings import Config
+from hora.errors import ConfigError
 
-__all__ = ["TOPOLOGY", "WORKER_VARIABLES", "WorkerVariable", "thread_defaults", "worker_env"]
+__all__ = [
+    "JOB_VARIABLES",
+    "TOPOLOGY",
+    "WORKER_VARIABLES",
+    "JobExtras",
+    "JobKeys",
+    "WorkerVariable",
+    "thread_defaults",
+    "worker_env",
+]
 
 #: The topology variables, each written as ``HORA_<X>`` and Horovod's ``HOROVOD_<X>``.
 TOPOLOGY = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")
@@ -95,6 +110,80 @@ WORKER_VARIABLES: tuple[WorkerVariable, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class JobExtras:
+    """What ``hora job`` gives the scripts of one host beyond the contract (:data:`JOB_VARIABLES`): the job's name,
+    the host's tree (its ``/opt/ml``), and ``exports``, the spec's ``custom_mpi_options`` ``-x NAME=VALUE`` (written
+    last, as mpirun exports them, so they win over everything else)."""
+
+    job_name: str
+    base_dir: str
+    exports: Mapping[str, str] = field(default_factory=dict)
+
+
+#: hora job's additions to the contract for a job's scripts (SageMaker's names; docs/jobs.md lists them).
+JOB_VARIABLES: tuple[WorkerVariable, ...] = (
+    WorkerVariable(("GROUP_RANK",), "torchrun's name for `HORA_CROSS_RANK`: the index of this rank's host", "`1`"),
+    WorkerVariable(
+        ("HORA_JOB_NAME", "TRAINING_JOB_NAME"),
+        "the job's name; `TRAINING_JOB_NAME` is what SageMaker's platform sets (the training toolkit's "
+        "`Environment().job_name`)",
+        "`my-job`",
+    ),
+    WorkerVariable(
+        ("SAGEMAKER_BASE_DIR",),
+        "the host's tree, where SageMaker's training toolkit reads the host's config, so its `Environment()` agrees "
+        "with the `SM_*` variables",
+        "`/opt/ml`",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """What a launcher drew for the whole job and gave every worker: the rendezvous store's address, the secret,
+    the job id and torch.distributed's master port."""
+
+    rendezvous: tuple[str, int]
+    secret: bytes
+    job_id: str
+    master_port: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> JobKeys:
+        """The keys :func:`worker_env` wrote into ``env``.
+
+        Raises:
+            ConfigError: a variable is missing or invalid (``env`` is not a worker's of hora run).
+        """
+
+        def get(name: str) -> str:
+            value = env.get(name, "")
+            if not value:
+                raise ConfigError(
+                    f"{name} is not set: this process is not a worker that hora run started (hora run sets "
+                    f"{', '.join(_KEY_NAMES)} for every worker); start it with hora run"
+                )
+            return value
+
+        def parsed(name: str, parse: Callable[[str], Any], what: str) -> Any:
+            text = get(name)
+            try:
+                return parse(text)
+            except ValueError:
+                raise ConfigError(f"{name}={text!r} is not {what}, as hora run writes it") from None
+
+        return cls(
+            (get("HORA_RENDEZVOUS_ADDR"), parsed("HORA_RENDEZVOUS_PORT", int, "a port number")),
+            parsed("HORA_SECRET", bytes.fromhex, "hex"),
+            get("HORA_JOB_ID"),
+            parsed("MASTER_PORT", int, "a port number"),
+        )
+
+
+_KEY_NAMES = ("HORA_RENDEZVOUS_ADDR", "HORA_RENDEZVOUS_PORT", "HORA_SECRET", "HORA_JOB_ID", "MASTER_PORT")
+
+
 def worker_env(
     base: Mapping[str, str],
     *,
@@ -113,10 +202,12 @@ def worker_env(
     bind_addr: str | None = None,
     settings: Mapping[str, Any] | None = None,
     cpus: int | None = None,
+    job: JobExtras | None = None,
 ) -> dict[str, str]:
     """``base`` plus everything a worker gets: hora's variables, torchrun's names and Horovod's, and ``settings``
     (explicit :class:`Config` settings, exported as their ``HORA_*`` variables so they beat inherited ones); with
-    ``cpus`` (the host's cores), the thread defaults (:func:`thread_defaults`)."""
+    ``cpus`` (the host's cores), the thread defaults (:func:`thread_defaults`); with ``job``, hora job's variables
+    (:data:`JOB_VARIABLES`) and, last, its exports."""
     env = dict(base)
     topo = {
         "RANK": rank,
@@ -147,6 +238,14 @@ def worker_env(
     env.update(Config.env_for(settings or {}))
     if cpus is not None:
         thread_defaults(env, local_size, cpus)
+    if job is not None:
+        env.update(
+            GROUP_RANK=str(cross_rank),
+            HORA_JOB_NAME=job.job_name,
+            TRAINING_JOB_NAME=job.job_name,
+            SAGEMAKER_BASE_DIR=job.base_dir,
+        )
+        env.update(job.exports)
     return env
 
 

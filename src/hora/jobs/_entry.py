@@ -35,10 +35,12 @@ from typing import IO
 from hora._proc import die_with_parent
 from hora.config.launchers import detect
 from hora.config.variables import environment, read
+from hora.config.worker_env import JobExtras, JobKeys, worker_env
 from hora.errors import HoraError
-from hora.jobs.cluster import host_index_of_rank, record_attempt
 from hora.jobs.outcome import describe_code
 from hora.jobs.parameter_server import MasterWatch, ps_command, tf_config_for
+from hora.jobs.plan import JobPlan
+from hora.jobs.records import RankEnd
 from hora.jobs.store import JobStore
 
 TAIL_LINES = 60
@@ -49,38 +51,33 @@ SCRIPT_GRACE = 5.0
 POLL_SECONDS = 0.2
 
 
-def rank_env(base: dict[str, str], plan: dict, host_env: dict[str, str], rank: int) -> dict[str, str]:
-    """The script's environment: the launcher's, the host's SM_* set, and hora's variables for this host."""
-    pph, hosts = plan["processes_per_host"], plan["hosts"]
-    index = host_index_of_rank(rank, pph)
-    env = dict(base)
-    env.update(host_env)
-    topo = {
-        "HOSTNAME": hosts[index],
-        "LOCAL_RANK": rank % pph,
-        "LOCAL_SIZE": pph,
-        "CROSS_RANK": index,
-        "CROSS_SIZE": len(hosts),
-    }
-    for k, v in topo.items():
-        env[f"HORA_{k}"] = env[f"HOROVOD_{k}"] = str(v)
-    env.update(
-        LOCAL_RANK=str(rank % pph),
-        LOCAL_WORLD_SIZE=str(pph),
-        GROUP_RANK=str(index),
-        MASTER_ADDR=plan["addresses"][0],
-        HORA_BIND_ADDR=plan["addresses"][index],
-        HORA_JOB_NAME=plan["job_name"],
-        TRAINING_JOB_NAME=plan["job_name"],  # what SageMaker's platform sets in the container (the toolkit reads it)
-        PYTHONUNBUFFERED="1",
-        # where SageMaker's training toolkit (sagemaker_training.environment) reads this host's /opt/ml tree, so
-        # its Environment() agrees with the SM_* variables on every host, with or without the /opt/ml mount
-        SAGEMAKER_BASE_DIR=str(Path(host_env["SM_MODEL_DIR"]).parent),
-    )
+def rank_env(base: dict[str, str], plan: JobPlan, host_env: dict[str, str], rank: int) -> dict[str, str]:
+    """The script's environment: the launcher's, the host's SM_* set, and the worker contract written again
+    (:func:`hora.config.worker_env.worker_env`) with this host's addresses and hora job's variables."""
+    host = plan.host_of_rank(rank)
+    index, pph = plan.host_index(host), plan.processes_per_host
     tree = Path(host_env["SM_MODEL_DIR"]).parent
-    for name, value in plan.get("mpi_exports", {}).items():  # custom_mpi_options' -x, as mpirun exports them
-        env[name] = on_host_tree(value, tree)
-    return env
+    keys = JobKeys.from_env(base)  # what hora run drew for the whole job: kept as it is
+    return worker_env(
+        {**base, **host_env},
+        rank=rank,
+        size=plan.world_size,
+        local_rank=rank % pph,
+        local_size=pph,
+        cross_rank=index,
+        cross_size=len(plan.hosts),
+        host=host,
+        rendezvous=keys.rendezvous,
+        secret=keys.secret,
+        job_id=keys.job_id,
+        master_addr=plan.addresses[0],
+        master_port=keys.master_port,
+        bind_addr=plan.addresses[index],
+        # SAGEMAKER_BASE_DIR: where SageMaker's training toolkit (sagemaker_training.environment) reads this host's
+        # /opt/ml tree, so its Environment() agrees with the SM_* variables on every host, with or without the
+        # /opt/ml mount; the exports are custom_mpi_options' -x, as mpirun exports them
+        job=JobExtras(plan.job_name, str(tree), {k: on_host_tree(v, tree) for k, v in plan.mpi_exports.items()}),
+    )
 
 
 def on_host_tree(value: str, tree: Path) -> str:
@@ -93,16 +90,16 @@ def on_host_tree(value: str, tree: Path) -> str:
 
 
 class _Pump:
-    def __init__(self, plan: dict, job_dir: Path, host: str, rank: int, attempt: int) -> None:
+    def __init__(self, plan: JobPlan, job_dir: Path, host: str, rank: int, attempt: int) -> None:
         self.tag = f"[{host} rank {rank}]"
         self.host, self.rank, self.attempt = host, rank, attempt
-        self.echo = plan["echo"]
+        self.echo = plan.echo
         self.log_path = job_dir / "logs" / f"{host}.log"
         self.log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.log_failed = False
-        self.metrics = [(m["Name"], re.compile(m["Regex"])) for m in plan["metric_definitions"]]
-        self.store = JobStore(plan["home"]) if self.metrics else None
-        self.job = plan["job_name"]
+        self.metrics = [(m.name, re.compile(m.regex)) for m in plan.metric_definitions]
+        self.store = JobStore(plan.home) if self.metrics else None
+        self.job = plan.job_name
         self.pending: list[tuple[str, float, float, str, int, int]] = []
         self.last_flush = time.monotonic()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
@@ -193,9 +190,13 @@ class _PsTask:
     ``[algo-K ps]`` into the host's log; an end that nobody asked for is noted (when, how, its stderr tail) and
     ``on_death`` is called."""
 
-    def __init__(self, plan: dict, job_dir: Path, host: str, rank: int, attempt: int, env: dict[str, str]) -> None:
-        index = plan["hosts"].index(host)
-        self.name = f"TensorFlow parameter server ps:{index} at {plan['parameter_server']['ps_addresses'][index]}"
+    def __init__(self, plan: JobPlan, job_dir: Path, host: str, rank: int, attempt: int, env: dict[str, str]) -> None:
+        servers = plan.parameter_server
+        if servers is None:
+            raise HoraError(f"the plan of job {plan.job_name} runs no parameter servers; {host} has no ps task")
+        index = plan.host_index(host)
+        self.name = f"TensorFlow parameter server ps:{index} at {servers.ps_addresses[index]}"
+        self.master_address = servers.ps_addresses[0]  # the master host's ps task
         self.pump = _Pump(plan, job_dir, host, rank, attempt)
         self.pump.tag = f"[{host} ps]"
         self.stopping = False
@@ -203,10 +204,15 @@ class _PsTask:
         self.code: int | None = None
         self.on_death: list[Callable[[], object]] = []
         self.proc = subprocess.Popen(
-            ps_command(plan, host, plan["python"]), cwd=job_dir / "hosts" / host, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent,
+            ps_command(servers, plan.hosts, host, plan.python),
+            cwd=job_dir / "hosts" / host,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=die_with_parent,
             start_new_session=True,  # hora run's SIGTERM to the rank's group is for the script; the wrapper stops this
-        )  # fmt: skip
+        )
         self.thread = threading.Thread(target=self._watch, name="hora-job-ps", daemon=True)
         self.thread.start()
 
@@ -258,13 +264,13 @@ def _stderr(message: str) -> None:
 
 def main() -> None:
     job_dir = Path(sys.argv[1])
-    plan = json.loads((job_dir / "hora" / "plan.json").read_text())
+    plan = JobPlan.read(job_dir)
     rank = detect().rank
     attempt = int(read("HORA_JOB_ATTEMPT") or "1")
-    host = plan["hosts"][host_index_of_rank(rank, plan["processes_per_host"])]
+    host = plan.host_of_rank(rank)
     host_env = json.loads((job_dir / "hora" / f"env-{host}.json").read_text())
     env = rank_env(environment(), plan, host_env, rank)
-    tf_config = tf_config_for(plan, host)
+    tf_config = tf_config_for(plan.parameter_server, plan.hosts, host)
     # The script ends itself on SIGTERM (hora run signals the whole group); this wrapper keeps pumping its output
     # until it has gone, and dies with it on SIGKILL.
     stop = threading.Event()
@@ -277,7 +283,7 @@ def main() -> None:
         env["TF_CONFIG"] = json.dumps(tf_config)
     try:
         proc = subprocess.Popen(
-            plan["command"],
+            list(plan.command),
             cwd=job_dir / "hosts" / host / "code",
             env=env,
             stdin=subprocess.DEVNULL,
@@ -286,7 +292,7 @@ def main() -> None:
             preexec_fn=die_with_parent,  # the script dies with this wrapper, even one SIGKILLed alone
         )
     except OSError as exc:
-        pump.line("stderr", f"hora job: cannot start {plan['command'][0]!r}: {exc.strerror}")
+        pump.line("stderr", f"hora job: cannot start {plan.command[0]!r}: {exc.strerror}")
         code = 127
         pid = 0
     else:
@@ -298,19 +304,18 @@ def main() -> None:
         _pump(proc, pump)
         code = proc.wait()
     pump.flush()
-    status = {"rank": rank, "host": host, "pid": pid, "returncode": code, "tail": list(pump.tail), "ended": time.time()}
+    end = RankEnd(rank, host, pid, code, tuple(pump.tail), time.time())
     if ps is not None:
-        if code == 0 and host != plan["hosts"][0]:  # a worker host keeps its ps task until the master's script ends
-            master = MasterWatch(job_dir, attempt, plan["parameter_server"]["ps_addresses"][0])
+        if code == 0 and host != plan.hosts[0]:  # a worker host keeps its ps task until the master's script ends
+            master = MasterWatch(job_dir, attempt, ps.master_address)
             while not (stop.is_set() or ps.died is not None or master.ended()):
                 time.sleep(POLL_SECONDS)
         ps.stop()
         if ps.died is not None:  # the job's failure is the parameter server's
             code = ps.code if ps.code else 1
-            status = {"rank": rank, "host": host, "pid": ps.proc.pid, "returncode": code, "tail": list(ps.pump.tail),
-                      "ended": ps.died, "ps_task": ps.name}  # fmt: skip
+            end = RankEnd(rank, host, ps.proc.pid, code, tuple(ps.pump.tail), ps.died, ps_task=ps.name)
     try:
-        record_attempt(job_dir, attempt, f"rank-{rank}", status)
+        end.write(job_dir, attempt)
     except OSError as exc:  # the exit code still reaches hora run; only the traceback tail is lost
         _stderr(f"{pump.tag} hora job: cannot record this rank's end in {job_dir / 'hora'}: {exc}")
     sys.stdout.flush()

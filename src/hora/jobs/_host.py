@@ -18,7 +18,6 @@ descends from it and lives in the host's namespaces. Then:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -39,8 +38,10 @@ from hora._runtime.gate import RejectLog
 from hora._wire import recv_exact, send_frame
 from hora.config.variables import environment
 from hora.errors import HoraError
-from hora.jobs.cluster import read_secret, record_attempt, socket_path
+from hora.jobs.cluster import read_secret, socket_path
 from hora.jobs.parameter_server import hora_ps_run_settings
+from hora.jobs.plan import JobPlan
+from hora.jobs.records import HostReport, MasterRecord
 
 __all__ = ["MASTER_NEVER_CAME", "main"]
 
@@ -132,7 +133,7 @@ class _Session:
                 continue
 
 
-def serve(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> int:
+def serve(job_dir: Path, plan: JobPlan, host: str, attempt: int) -> int:
     """Wait for the master and run what it asks until its job session ends (see the module docstring)."""
     secret = read_secret(job_dir)
     path = socket_path(job_dir, host)
@@ -148,8 +149,7 @@ def serve(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> int:
     job_done = threading.Event()
     job_started = threading.Event()
     env = environment()
-    index = plan["hosts"].index(host)
-    env["SSH_CONNECTION"] = f"{plan['addresses'][0]} 0 {plan['addresses'][index]} 22"
+    env["SSH_CONNECTION"] = f"{plan.addresses[0]} 0 {plan.addresses[plan.host_index(host)]} 22"
     cwd = str(job_dir / "hosts" / host)
 
     def on_start(session: _Session) -> None:
@@ -163,16 +163,16 @@ def serve(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> int:
         if session.is_job:
             job_done.set()
 
-    deadline = time.monotonic() + float(plan["master_timeout"])
+    deadline = time.monotonic() + plan.master_timeout
     try:
         while not job_done.is_set() and not stopping.is_set():
             if not job_started.is_set() and time.monotonic() > deadline:
-                master = plan["hosts"][0]
-                reason = (f"{host} waited {plan['master_timeout']:g}s for the master host {master} to start the "
+                master = plan.hosts[0]
+                reason = (f"{host} waited {plan.master_timeout:g}s for the master host {master} to start the "
                           f"ranks and it never did (see {master}'s messages above or in logs/job.log); "
                           "raise master_timeout in the job spec if the master is just slow to start")
                 _say(host, reason)
-                record_attempt(job_dir, attempt, f"host-{host}", {"host": host, "error": reason})
+                HostReport(host, reason).write(job_dir, attempt)
                 return MASTER_NEVER_CAME
             readable, _, _ = select.select([listener], [], [], 0.2)
             if readable:
@@ -184,7 +184,7 @@ def serve(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> int:
         listener.close()
         path.unlink(missing_ok=True)
         for session in sessions:
-            session.stop(grace=float(plan["grace"]))
+            session.stop(grace=plan.grace)
     if stopping.is_set():
         return 128 + signal.SIGTERM
     job = [s for s in sessions if s.is_job]
@@ -193,50 +193,43 @@ def serve(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> int:
 
 
 # -- the master -------------------------------------------------------------------------------------------------
-def run_master(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> int:
+def run_master(job_dir: Path, plan: JobPlan, host: str, attempt: int) -> int:
     """Start every rank with hora run across the job's hosts; record its outcome for the supervisor."""
     from hora.runner.hosts import HostSlots
     from hora.runner.launch import LaunchSpec, launch
     from hora.runner.ssh import SshOptions
 
     rsh = [sys.executable, "-m", "hora.jobs._rsh", str(job_dir)]
-    settings = plan["run_settings"]
-    servers = plan.get("parameter_server")
+    settings = dict(plan.run_settings)
+    servers = plan.parameter_server
     try:
-        if servers and servers["servers"] == "hora":  # the hook: hora's own parameter servers, one per host
-            settings = {**settings, **hora_ps_run_settings(len(plan["hosts"]))}
+        if servers is not None and servers.servers == "hora":  # the hook: hora's own parameter servers, one per host
+            settings.update(hora_ps_run_settings(len(plan.hosts)))
     except HoraError as exc:
         _say(host, str(exc))
-        record_attempt(job_dir, attempt, "master", {"error": f"{type(exc).__name__}: {exc}"})
+        MasterRecord(error=f"{type(exc).__name__}: {exc}").write(job_dir, attempt)
         return 1
     spec = LaunchSpec(
         [sys.executable, "-m", "hora.jobs._entry", str(job_dir)],
-        len(plan["hosts"]) * plan["processes_per_host"],
+        plan.world_size,
         env=environment(),
         settings=settings,
         prefix_output=False,
-        grace=float(plan["grace"]),
+        grace=plan.grace,
         cwd=str(job_dir),
-        hosts=[HostSlots(h, plan["processes_per_host"]) for h in plan["hosts"]],
-        ssh=SshOptions(agent=rsh, connect_timeout=float(plan["connect_timeout"])),
-        network_interface=plan["interface"],
+        hosts=[HostSlots(h, plan.processes_per_host) for h in plan.hosts],
+        ssh=SshOptions(agent=rsh, connect_timeout=plan.connect_timeout),
+        network_interface=plan.interface,
         local_hosts=(host,),
     )
     try:
         result = launch(spec)
     except HoraError as exc:
         _say(host, f"hora run could not start the ranks: {exc}")
-        record_attempt(job_dir, attempt, "master", {"error": f"{type(exc).__name__}: {exc}"})
+        MasterRecord(error=f"{type(exc).__name__}: {exc}").write(job_dir, attempt)
         return 1
     try:
-        record_attempt(job_dir, attempt, "master", {
-            "exit_code": result.exit_code,
-            "returncodes": result.returncodes,
-            "interrupted": result.interrupted,
-            "timed_out": result.timed_out,
-            "failures": [dataclasses.asdict(f) for f in result.failures],
-            "job_id": result.job_id,
-        })
+        MasterRecord(result=result).write(job_dir, attempt)
     except OSError as exc:  # a full disk: the supervisor reports the missing record; say why here
         _say(host, f"cannot record how hora run ended in {job_dir / 'hora'}: {exc}")
     return result.exit_code
@@ -244,12 +237,12 @@ def run_master(job_dir: Path, plan: dict[str, Any], host: str, attempt: int) -> 
 
 def main() -> None:
     job_dir, host, attempt = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    plan = json.loads((job_dir / "hora" / "plan.json").read_text())
-    index = plan["hosts"].index(host)
-    if plan["network"] == "namespace":
+    plan = JobPlan.read(job_dir)
+    index = plan.host_index(host)
+    if plan.network == "namespace":
         from hora.jobs import netns
 
-        netns.enter(plan["namespaces"][index])
+        netns.enter(plan.namespaces[index])
     from hora.jobs.cluster import enter_host
 
     # algo-K resolves, is the host name, and its tree is /opt/ml (as root; see cluster.py)

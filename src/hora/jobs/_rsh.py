@@ -14,7 +14,6 @@ import os
 import socket
 import sys
 import time
-from pathlib import Path
 
 from hora._runtime.auth import Role, client_handshake
 from hora._wire import recv_frame
@@ -22,6 +21,7 @@ from hora.config.variables import read
 from hora.errors import HoraError
 from hora.jobs._host import HANDSHAKE_SECONDS
 from hora.jobs.cluster import read_secret, socket_path
+from hora.jobs.plan import JobPlan
 
 UNREACHABLE = 255
 
@@ -34,8 +34,7 @@ def _fail(message: str) -> None:
 
 def main() -> None:
     job_dir, host, command = sys.argv[1], sys.argv[2], sys.argv[3]
-    plan = json.loads(Path(job_dir, "hora", "plan.json").read_text())
-    timeout = float(read("HORA_JOB_CONNECT_TIMEOUT") or plan["connect_timeout"])
+    timeout = float(read("HORA_JOB_CONNECT_TIMEOUT") or JobPlan.read(job_dir).connect_timeout)
     path = socket_path(job_dir, host)
     deadline = time.monotonic() + timeout
     while True:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from hora.errors import HoraError
-from hora.jobs.runner import JobRunner
+from hora.jobs.lifecycle import JobSupervisor
 from hora.jobs.spec import spec_from_dict
 from hora.jobs.store import JobStore
 
@@ -18,7 +18,7 @@ def main() -> None:
     store = JobStore(sys.argv[1])
     try:
         record = store.get(sys.argv[2])
-        JobRunner(spec_from_dict(record.spec), store, echo=False).run()
+        JobSupervisor(spec_from_dict(record.spec), store, echo=False).run()
     except HoraError as exc:  # the store could not be read or written (a full disk): a sentence, not a traceback
         print(f"hora job: the supervisor of job {sys.argv[2]} stopped: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hora._proc import process_start_time
 from hora.errors import ConfigError, StorageError, TimeoutError
-from hora.jobs.runner import JobRunner
+from hora.jobs.lifecycle import JobSupervisor
 from hora.jobs.spec import JobSpec
 from hora.jobs.states import JobStatus, SecondaryStatus
 from hora.jobs.store import JobRecord, JobStore
@@ -29,7 +29,7 @@ def start_job(spec: JobSpec, store: JobStore | None = None, wait: bool = True, e
     store = store or JobStore()
     store.create(spec.job_name, spec.to_dict())
     if wait and threading.current_thread() is threading.main_thread():
-        return JobRunner(spec, store, echo=echo, progress=progress).run()
+        return JobSupervisor(spec, store, echo=echo, progress=progress).run()
     # Off the main thread this process cannot take the signals that carry max_run and `hora job stop` to the
     # ranks, so the job gets its own supervisor process; waiting for it then means following the store.
     # Detach through a short-lived middle process, so the supervisor is nobody's child here (no zombie, no

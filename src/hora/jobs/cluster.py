@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import json
 import os
 import socket
 import tempfile
@@ -36,7 +35,6 @@ __all__ = [
     "host_names",
     "hosts_file_text",
     "read_secret",
-    "record_attempt",
     "resolve_network",
     "runtime_dir",
     "socket_path",
@@ -106,15 +104,6 @@ def runtime_dir(job_dir: str | os.PathLike[str]) -> Path:
 
 def socket_path(job_dir: str | os.PathLike[str], host: str) -> Path:
     return runtime_dir(job_dir) / f"{host}.sock"
-
-
-def record_attempt(job_dir: str | os.PathLike[str], attempt: int, name: str, content: dict) -> None:
-    """Write ``hora/attempt-N/<name>.json`` whole or not at all (the supervisor may read it at any moment)."""
-    out = Path(job_dir, "hora", f"attempt-{attempt}")
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f"{name}.tmp"
-    tmp.write_text(json.dumps(content))
-    os.replace(tmp, out / f"{name}.json")
 
 
 def read_secret(job_dir: str | os.PathLike[str]) -> bytes:

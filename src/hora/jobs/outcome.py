@@ -5,17 +5,16 @@ traceback), and the artifacts archived from every host."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import signal
 import tarfile
 from pathlib import Path
-from typing import Any
 
 from hora.errors import HoraError, HostStartError, StorageError
 from hora.jobs import channels
-from hora.jobs.cluster import host_index_of_rank, record_attempt
+from hora.jobs.cluster import host_index_of_rank
+from hora.jobs.records import AttemptResult, HostReport, MasterRecord, RankEnd
 from hora.jobs.sagemaker_env import HostLayout, host_layout
 from hora.runner.result import Failure, RunResult, root_cause
 
@@ -53,40 +52,36 @@ def failure_reason(job_dir: Path, hosts: list[str], processes_per_host: int, att
                 rc = result.root_cause
                 code = rc.exit_code if rc is not None else result.exit_code
                 return f"AlgorithmError: {host} wrote output/failure:\n{text[:4096]}", code
-    statuses = {}
-    for path in (job_dir / "hora" / f"attempt-{attempt}").glob("rank-*.json"):
-        status = json.loads(path.read_text())
-        statuses[status["rank"]] = status
-    rc = _root_cause_with_tails(result, statuses)
+    ends = RankEnd.read_all(job_dir, attempt)
+    rc = _root_cause_with_tails(result, ends)
     if rc is None:
         return f"AlgorithmError: the ranks ended with exit code {result.exit_code}", result.exit_code
     host = hosts[host_index_of_rank(rc.rank, processes_per_host)]
-    status = statuses.get(rc.rank, {"tail": [], "returncode": rc.returncode, "pid": rc.pid})
-    tail, code, pid = status["tail"], status["returncode"], status["pid"] or rc.pid
-    if status.get("ps_task"):  # the host's parameter server ended while the job ran (_entry.py)
-        lines = [f"AlgorithmError: host {host}, the {status['ps_task']} (pid {pid}) failed first: "
+    end = ends.get(rc.rank)
+    tail, code, pid = (end.tail, end.returncode, end.pid or rc.pid) if end else ((), rc.returncode, rc.pid)
+    if end is not None and end.ps_task:  # the host's parameter server ended while the job ran (_entry.py)
+        lines = [f"AlgorithmError: host {host}, the {end.ps_task} (pid {pid}) failed first: "
                  f"{describe_code(code)}; the host's worker (rank {rc.rank}) was stopped"]
     elif rc.stopped:  # the rank the others waited for until the stall shutdown (hora.runner.result.root_cause)
         lines = [f"AlgorithmError: host {host}, rank {rc.rank} (pid {pid}) kept the other ranks waiting until the "
                  f"stall shutdown, then was stopped ({describe_code(code)}): {rc.reason}"]  # fmt: skip
     else:
         lines = [f"AlgorithmError: host {host}, rank {rc.rank} (pid {pid}) failed first: {describe_code(code)}"]
-    tb = traceback_tail(tail)
+    tb = traceback_tail(list(tail))
     if tb:
         lines.append("last lines of its stderr:")
         lines += [f"  {t}" for t in tb]
     return "\n".join(lines), (128 - code if code < 0 else code)
 
 
-def _root_cause_with_tails(result: RunResult, statuses: dict[int, dict[str, Any]]) -> Failure | None:
+def _root_cause_with_tails(result: RunResult, ends: dict[int, RankEnd]) -> Failure | None:
     """hora run's root-cause choice, fed with what it cannot see here: each script's stderr tail and exit time
     (the wrappers record them), so a rank that only reacted to another's death (PeerLostError, ShutdownError)
     is not blamed."""
-    if not all(f.rank in statuses for f in result.failures):  # exit times must all come from the same clock
+    if not all(f.rank in ends for f in result.failures):  # exit times must all come from the same clock
         return result.root_cause
     return root_cause([
-        dataclasses.replace(f, tail=list(statuses[f.rank]["tail"]), when=float(statuses[f.rank]["ended"]))
-        for f in result.failures
+        dataclasses.replace(f, tail=list(ends[f.rank].tail), when=ends[f.rank].ended) for f in result.failures
     ])
 
 
@@ -127,31 +122,29 @@ def master_result(
     """hora run's outcome as the master host recorded it (``hora/attempt-N/master.json``); HostStartError when the
     master could not start hora run or died without a record (with what the other hosts reported).
     ``interrupted``: the signal the supervisor forwarded to the master, if any."""
-    outcome = job_dir / "hora" / f"attempt-{attempt}"
     try:
-        record = json.loads((outcome / "master.json").read_text())
-    except (OSError, ValueError):
-        record = {"error": f"the master host {hosts[0]} ended ({describe_code(codes[hosts[0]])}) "
-                           "without reporting how hora run ended; the ranks it had started were stopped"
-                           + _full_disk(job_dir)}
-    if "error" in record:
+        record = MasterRecord.read(job_dir, attempt)
+    except (OSError, ValueError) as exc:
+        written = "without reporting" if isinstance(exc, OSError) else f"with a record hora cannot read ({exc})"
+        record = MasterRecord(
+            error=f"the master host {hosts[0]} ended ({describe_code(codes[hosts[0]])}) {written} how hora run "
+            f"ended; the ranks it had started were stopped{_full_disk(job_dir)}"
+        )
+    if record.result is None:
         if interrupted is not None:
-            return RunResult(128 + interrupted, [None] * world_size, None, [],
-                             interrupted, False, {}, "")
-        problems = [record["error"]]
+            return RunResult(128 + interrupted, [None] * world_size, None, [], interrupted, False, {}, "")
+        problems = [record.error or "unknown"]
         for host in hosts[1:]:
             try:
-                problems.append(json.loads((outcome / f"host-{host}.json").read_text())["error"])
-            except (OSError, ValueError, KeyError):
+                problems.append(HostReport.read(job_dir, attempt, host).error)
+            except (OSError, ValueError):
                 if codes.get(host) not in (0, None):
                     problems.append(f"{host}'s agent ended with {describe_code(codes[host])}")
         raise HostStartError("the job's hosts failed:\n  " + "\n  ".join(problems))
-    failures = [Failure(**f) for f in record["failures"]]
-    got = record["interrupted"] if record["interrupted"] is not None else interrupted
-    record_attempt(job_dir, attempt, "result",
-                   {"returncodes": record["returncodes"], "exit_code": record["exit_code"], "interrupted": got})
-    return RunResult(record["exit_code"], record["returncodes"], root_cause(failures), failures, interrupted,
-                     record["timed_out"], {}, record["job_id"])
+    r = record.result
+    got = r.interrupted if r.interrupted is not None else interrupted
+    AttemptResult(tuple(r.returncodes), r.exit_code, got).write(job_dir, attempt)
+    return dataclasses.replace(r, root_cause=root_cause(r.failures), interrupted=interrupted)
 
 
 def archive(

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from hora.errors import ConfigError
+from hora.jobs.plan import ParameterServerPlan
+from hora.jobs.records import RankEnd
 
 __all__ = [
     "PS_PORT",
@@ -53,9 +55,12 @@ PS_PORT = 2223
 
 
 def build_tf_config(
-    hosts: Sequence[str], current_host: str, ps_task: bool = False,
-    worker_addresses: Sequence[str] | None = None, ps_addresses: Sequence[str] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    hosts: Sequence[str],
+    current_host: str,
+    ps_task: bool = False,
+    worker_addresses: Sequence[str] | None = None,
+    ps_addresses: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """The container's ``_build_tf_config_for_ps``, key order included (``json.dumps`` of it is TF_CONFIG).
 
     ``worker_addresses`` / ``ps_addresses`` (one per host, in host order) replace the container's
@@ -118,7 +123,9 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def plan_entry(strategy: str, servers: str, hosts: list[str], addresses: list[str], namespaces: bool) -> dict[str, Any] | None:
+def plan_entry(
+    strategy: str, servers: str, hosts: list[str], addresses: list[str], namespaces: bool
+) -> ParameterServerPlan | None:
     """What the job's plan says about the parameter servers: None unless the job runs the ``parameter_server``
     distribution on more than one host. With a network namespace per host every host has the container's ports
     and its name resolves (``algo-1:2222``); on loopback addresses the hosts share one port space, so each task
@@ -126,7 +133,7 @@ def plan_entry(strategy: str, servers: str, hosts: list[str], addresses: list[st
     if strategy != "parameter_server":
         return None
     if servers == "hora":  # hora run places and addresses them itself (hora.ps.connect reads the job's store)
-        return {"servers": servers}
+        return ParameterServerPlan(servers)
     if len(hosts) < 2:
         return None
     if namespaces:
@@ -136,22 +143,26 @@ def plan_entry(strategy: str, servers: str, hosts: list[str], addresses: list[st
         ports = _free_ports([*addresses, *addresses])
         worker_at = [f"{a}:{p}" for a, p in zip(addresses, ports)]
         ps_at = [f"{a}:{p}" for a, p in zip(addresses, ports[len(addresses):])]
-    return {"servers": servers, "worker_addresses": worker_at, "ps_addresses": ps_at}
+    return ParameterServerPlan(servers, tuple(worker_at), tuple(ps_at))
 
 
-def tf_config_for(plan: dict[str, Any], host: str, ps_task: bool = False) -> dict[str, Any] | None:
-    """This host's TF_CONFIG (the ps task's with ``ps_task``), or None when the plan runs no parameter servers."""
-    entry = plan.get("parameter_server")
-    if not entry or entry["servers"] != "tensorflow":
+def tf_config_for(
+    servers: ParameterServerPlan | None, hosts: Sequence[str], host: str, ps_task: bool = False
+) -> dict[str, Any] | None:
+    """``host``'s TF_CONFIG (the ps task's with ``ps_task``), or None when the job runs no TensorFlow parameter
+    servers (``servers`` is the plan's :attr:`~hora.jobs.plan.JobPlan.parameter_server`)."""
+    if servers is None or servers.servers != "tensorflow":
         return None
-    return build_tf_config(plan["hosts"], host, ps_task, entry["worker_addresses"], entry["ps_addresses"])
+    return build_tf_config(hosts, host, ps_task, servers.worker_addresses, servers.ps_addresses)
 
 
-def ps_command(plan: dict[str, Any], host: str, python: str = sys.executable) -> list[str]:
+def ps_command(
+    servers: ParameterServerPlan | None, hosts: Sequence[str], host: str, python: str = sys.executable
+) -> list[str]:
     """The command of ``host``'s TensorFlow parameter-server task (:mod:`hora.jobs._tf_ps`)."""
-    config = tf_config_for(plan, host, ps_task=True)
+    config = tf_config_for(servers, hosts, host, ps_task=True)
     if config is None:
-        raise ConfigError("the job runs no parameter servers")
+        raise ConfigError("the job runs no TensorFlow parameter servers")
     return [python, "-m", "hora.jobs._tf_ps", json.dumps(config["cluster"]), str(config["task"]["index"])]
 
 
@@ -178,7 +189,7 @@ class MasterWatch:
     PROBE_SECONDS = 1.0
 
     def __init__(self, job_dir: Path, attempt: int, master_ps: str, master_rank: int = 0) -> None:
-        self.record = job_dir / "hora" / f"attempt-{attempt}" / f"rank-{master_rank}.json"
+        self.record = RankEnd.path(job_dir, attempt, master_rank)
         self.master_ps = master_ps
         self.served = False
         self.last_probe = 0.0

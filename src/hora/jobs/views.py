@@ -8,7 +8,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from hora.errors import ConfigError
+from hora.errors import ConfigError, StorageError
+from hora.jobs.plan import JobPlan
+from hora.jobs.records import AttemptResult, RankEnd, attempt_dir
 from hora.jobs.store import JobRecord, JobStore
 
 __all__ = ["describe", "follow_logs", "job_table", "metrics_table", "plot_metrics", "read_logs", "summary"]
@@ -95,43 +97,37 @@ def describe(store: JobStore, name: str) -> str:
 
 def _network(r: JobRecord) -> list[str]:
     """How the hosts got their addresses (from the plan the ranks were started with; nothing before that)."""
-    path = Path(r.job_dir) / "hora" / "plan.json"
     try:
-        plan = json.loads(path.read_text())
+        plan = JobPlan.read(r.job_dir)
     except OSError:
         return []
-    try:
-        where = ", ".join(f"{h}={a}" for h, a in zip(plan["hosts"], plan["addresses"]))
-        return [f"Network:           {plan.get('network', 'loopback')} ({where}; interface {plan.get('interface', 'lo')})"]
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        return [f"Network:           unknown: {path} is not a plan hora wrote ({_what(exc)})"]
-
-
-def _what(exc: BaseException) -> str:
-    return f"no field {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+    except StorageError as exc:  # a plan hora did not write: say so, describe the rest
+        return [f"Network:           unknown: {exc}"]
+    where = ", ".join(f"{h}={a}" for h, a in zip(plan.hosts, plan.addresses))
+    return [f"Network:           {plan.network} ({where}; interface {plan.interface})"]
 
 
 def _rank_outcomes(r: JobRecord) -> list[str]:
     """The last attempt's ranks: host, pid and how each script ended."""
-    attempt_dir = Path(r.job_dir) / "hora" / f"attempt-{r.attempts}"
     try:
-        return _rank_lines(r, attempt_dir, json.loads((attempt_dir / "result.json").read_text()))
+        return _rank_lines(r, AttemptResult.read(r.job_dir, r.attempts))
     except OSError:
         return []
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        return [f"Ranks (attempt {r.attempts}): unknown: {attempt_dir} holds records hora did not write ({_what(exc)})"]
+    except ValueError as exc:
+        where = attempt_dir(r.job_dir, r.attempts)
+        return [f"Ranks (attempt {r.attempts}): unknown: {where} holds records hora did not write ({exc})"]
 
 
-def _rank_lines(r: JobRecord, attempt_dir: Path, result: dict) -> list[str]:
+def _rank_lines(r: JobRecord, result: AttemptResult) -> list[str]:
     pph = int(r.spec.get("processes_per_host", 1))
     lines = [f"Ranks (attempt {r.attempts}):", f"  {'rank':>4}  {'host':8}  {'pid':>7}  outcome"]
-    for rank, code in enumerate(result["returncodes"]):
+    for rank, code in enumerate(result.returncodes):
         try:
-            status = json.loads((attempt_dir / f"rank-{rank}.json").read_text())
-        except (OSError, ValueError):
-            status = None
-        if status is not None:
-            code = status["returncode"]
+            end: RankEnd | None = RankEnd.read(RankEnd.path(r.job_dir, r.attempts, rank))
+        except OSError:
+            end = None
+        if end is not None:
+            code = end.returncode
         if code is None:
             outcome = "unknown"
         elif code < 0:
@@ -141,7 +137,7 @@ def _rank_lines(r: JobRecord, attempt_dir: Path, result: dict) -> list[str]:
                 outcome = f"killed by signal {-code}"
         else:
             outcome = f"exit code {code}"
-        pid = status["pid"] if status else ""
+        pid = end.pid if end else ""
         lines.append(f"  {rank:>4}  {'algo-' + str(rank // pph + 1):8}  {pid:>7}  {outcome}")
     return lines
 

@@ -19,7 +19,7 @@ from hora._runtime.auth import Role, client_handshake
 from hora.errors import AuthenticationError
 from hora.jobs import JobStore, parse_spec, start_job, stop_job, wait_job
 from hora.jobs.cluster import socket_path
-from hora.jobs.runner import JobRunner
+from hora.jobs.lifecycle import JobSupervisor
 
 
 def _spec(tmp_path: Path, script: str, name: str, **fields):
@@ -50,7 +50,7 @@ class _Prepared:
 
     def __init__(self, tmp_path: Path, **fields) -> None:
         spec = _spec(tmp_path, "print('never runs')\n", "prepared", **fields)
-        self.runner = JobRunner(spec, JobStore(tmp_path / "home"), echo=False)
+        self.runner = JobSupervisor(spec, JobStore(tmp_path / "home"), echo=False)
         (self.runner.job_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.runner.job_dir / "hora").mkdir(parents=True, exist_ok=True)
         self.runner._log_file = open(self.runner.job_dir / "logs" / "job.log", "a")  # noqa: SIM115

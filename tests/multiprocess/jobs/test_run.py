@@ -528,7 +528,7 @@ def test_an_unattended_job_never_hangs_forever_in_a_stall(tmp_path):
 
 
 def test_horovods_never_ending_stall_stays_reachable():
-    from hora.jobs.runner import unattended_settings
+    from hora.jobs.lifecycle import unattended_settings
 
     assert unattended_settings({}, {})["stall_shutdown_time"] == 600.0
     assert unattended_settings({"stall_check_time": 2.0}, {})["stall_shutdown_time"] == 20.0

@@ -20,6 +20,7 @@ from hora.jobs.parameter_server import (
     ps_command,
     tf_config_for,
 )
+from hora.jobs.plan import ParameterServerPlan
 from hora.jobs.sagemaker_env import HostLayout, encode_hyperparameters, sm_environment, write_host_config
 from hora.jobs.spec import spec_from_dict
 
@@ -98,12 +99,13 @@ def test_the_plan_uses_the_containers_ports_on_namespaces_and_free_ports_on_loop
     assert plan_entry("mpi", "tensorflow", hosts, [], True) is None
     assert plan_entry("parameter_server", "tensorflow", hosts[:1], ["10.0.0.1"], True) is None  # one host: no PS
     entry = plan_entry("parameter_server", "tensorflow", hosts, ["10.9.9.1", "10.9.9.2", "10.9.9.3"], True)
-    assert entry == {"servers": "tensorflow", "worker_addresses": [f"{h}:{WORKER_PORT}" for h in hosts],
-                     "ps_addresses": [f"{h}:{PS_PORT}" for h in hosts]}
+    assert entry == ParameterServerPlan(
+        "tensorflow", tuple(f"{h}:{WORKER_PORT}" for h in hosts), tuple(f"{h}:{PS_PORT}" for h in hosts)
+    )
     addresses = ["127.0.0.1", "127.0.0.1", "127.0.0.1"]
     entry = plan_entry("parameter_server", "tensorflow", hosts, addresses, False)
     assert entry is not None
-    every = entry["worker_addresses"] + entry["ps_addresses"]
+    every = entry.worker_addresses + entry.ps_addresses
     assert all(a.startswith("127.0.0.1:") for a in every) and len(set(every)) == 6  # one port space: all differ
     with socket.socket() as s:  # free ports: the tasks can bind them
         s.bind(("127.0.0.1", int(every[0].rsplit(":", 1)[1])))
@@ -112,15 +114,22 @@ def test_the_plan_uses_the_containers_ports_on_namespaces_and_free_ports_on_loop
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         ephemeral = int(f.read().split()[0])
     assert all(int(a.rsplit(":", 1)[1]) < ephemeral for a in every), (every, ephemeral)
-    plan = {"hosts": hosts, "parameter_server": entry}
-    config = tf_config_for(plan, "algo-3")
-    assert config == {"cluster": {"master": entry["worker_addresses"][:1], "ps": entry["ps_addresses"],
-                                  "worker": entry["worker_addresses"][1:]},
-                      "environment": "cloud", "task": {"index": 1, "type": "worker"}}  # fmt: skip
-    command = ps_command(plan, "algo-2", "/usr/bin/python3")
+    config = tf_config_for(entry, hosts, "algo-3")
+    assert config == {
+        "cluster": {
+            "master": list(entry.worker_addresses[:1]),
+            "ps": list(entry.ps_addresses),
+            "worker": list(entry.worker_addresses[1:]),
+        },
+        "environment": "cloud",
+        "task": {"index": 1, "type": "worker"},
+    }
+    command = ps_command(entry, hosts, "algo-2", "/usr/bin/python3")
     assert command[:3] == ["/usr/bin/python3", "-m", "hora.jobs._tf_ps"]
     assert json.loads(command[3]) == config["cluster"] and command[4] == "1"
-    assert tf_config_for({"hosts": hosts, "parameter_server": None}, "algo-1") is None
+    assert tf_config_for(None, hosts, "algo-1") is None
+    with pytest.raises(ConfigError, match="runs no TensorFlow parameter servers"):
+        ps_command(None, hosts, "algo-1")
 
 
 def test_the_distribution_forms_and_what_the_sdk_and_toolkit_make_of_them(code, tmp_path):
@@ -199,8 +208,8 @@ def test_horas_own_servers_run_one_per_host_on_one_host_too():
     # hora run places and addresses them (hora.ps.connect), also on one host: no TF_CONFIG, no TensorFlow task
     for hosts in (["algo-1"], ["algo-1", "algo-2"]):
         entry = plan_entry("parameter_server", "hora", hosts, ["10.0.0.1"] * len(hosts), True)
-        assert entry == {"servers": "hora"}
-        assert tf_config_for({"hosts": hosts, "parameter_server": entry}, hosts[0]) is None
+        assert entry == ParameterServerPlan("hora")
+        assert tf_config_for(entry, hosts, hosts[0]) is None
 
 
 def test_a_worker_host_learns_the_masters_end_from_its_record_or_its_server_going_away(tmp_path, monkeypatch):

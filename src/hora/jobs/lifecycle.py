@@ -1,8 +1,9 @@
 """Running one job: set up the hosts, install the code, stage the data, launch the ranks, judge the outcome, and
 archive the artifacts — even when the job fails or is stopped.
 
-The supervisor (:class:`JobRunner`) plays SageMaker's part: it builds the hosts (directories, addresses, network
-namespaces where it can), installs the code (:mod:`.install`), stages the data, then starts one process tree per
+The supervisor (:class:`JobSupervisor`) plays SageMaker's part: it builds the hosts (directories, addresses, network
+namespaces where it can), installs the code (:mod:`.install`), writes the job's plan (:mod:`.plan`), stages the
+data, then starts one process tree per
 host for each attempt (:mod:`.host_trees`). The master host, algo-1, starts every rank of every host with hora run;
 the other hosts wait for it (and report when it never comes); each rank's wrapper (:mod:`hora.jobs._entry`) tags
 its output. The outcome and the artifacts are judged and archived by :mod:`.outcome`; the states a job moves
@@ -40,6 +41,7 @@ from hora.jobs.cluster import (
 from hora.jobs.host_trees import HOST_START_SECONDS, HostTrees
 from hora.jobs.install import JobEnvironment
 from hora.jobs.outcome import archive, failure_reason, master_result
+from hora.jobs.plan import JobPlan, ParameterServerPlan
 from hora.jobs.sagemaker_env import (
     HostLayout,
     host_layout,
@@ -53,7 +55,7 @@ from hora.jobs.states import JobStatus, SecondaryStatus
 from hora.jobs.store import JobRecord, JobStore, write_private
 from hora.runner.result import RunResult
 
-__all__ = ["JobRunner", "entry_command", "failure_reason", "layouts_of"]
+__all__ = ["JobSupervisor", "entry_command", "failure_reason", "layouts_of"]
 
 
 #: Space the supervisor holds back in ``hora/`` while the job runs and frees before recording its end.
@@ -121,7 +123,7 @@ def entry_command(spec: JobSpec, user_args: list[str], python: str = sys.executa
     return [os.path.join(".", entry), *user_args]
 
 
-class JobRunner:
+class JobSupervisor:
     """Runs one stored job to its end in this process (``hora job run --wait``, or the detached supervisor)."""
 
     def __init__(self, spec: JobSpec, store: JobStore, echo: bool = True,
@@ -300,44 +302,45 @@ class JobRunner:
         self.say(f"hosts {', '.join(self.hosts)} set up under {self.job_dir / 'hosts'}")
 
     def _write_plan(self) -> None:
-        """What every rank's wrapper needs: the hosts, their addresses, the command, the metric definitions."""
+        """What every process of the job needs (:class:`~hora.jobs.plan.JobPlan`): the hosts, their addresses, the
+        command, the hora run settings, the parameter servers, the metric definitions."""
         python = str(self._env.python) if self._env.exists else sys.executable
         user_hps = json.loads(self.job_dir.joinpath("hora", f"env-{self.hosts[0]}.json").read_text())["SM_HPS"]
-        plan = {
-            "job_name": self.spec.job_name,
-            "home": str(self.store.home),
-            "hosts": self.hosts,
-            "addresses": self.addresses,
-            "network": "namespace" if self._net is not None else "loopback",
-            "namespaces": self._net.namespaces if self._net is not None else [],
-            "interface": self.interface,
-            "master_timeout": self.spec.master_timeout,
-            "connect_timeout": HOST_START_SECONDS,
-            "grace": self.spec.stop_grace,
-            "run_settings": unattended_settings(self.spec.run_settings, self._launch_env(1)),
-            "mpi_exports": self.spec.mpi_exports,
-            "processes_per_host": self.spec.processes_per_host,
-            "command": entry_command(self.spec, to_cmd_args(json.loads(user_hps)), python),
-            "python": python,
-            "strategy": self.spec.strategy,
-            "parameter_server": self._parameter_servers(),
-            "metric_definitions": [{"Name": m.name, "Regex": m.regex} for m in self.spec.metric_definitions],
-            "echo": self.echo,
-        }
-        write_private(self.job_dir / "hora" / "plan.json", json.dumps(plan, indent=1))
+        plan = JobPlan(
+            job_name=self.spec.job_name,
+            home=str(self.store.home),
+            hosts=tuple(self.hosts),
+            addresses=tuple(self.addresses),
+            network="namespace" if self._net is not None else "loopback",
+            namespaces=tuple(self._net.namespaces) if self._net is not None else (),
+            interface=self.interface,
+            master_timeout=self.spec.master_timeout,
+            connect_timeout=HOST_START_SECONDS,
+            grace=self.spec.stop_grace,
+            run_settings=unattended_settings(self.spec.run_settings, self._launch_env(1)),
+            mpi_exports=dict(self.spec.mpi_exports),
+            processes_per_host=self.spec.processes_per_host,
+            command=tuple(entry_command(self.spec, to_cmd_args(json.loads(user_hps)), python)),
+            python=python,
+            strategy=self.spec.strategy,
+            parameter_server=self._parameter_servers(),
+            metric_definitions=self.spec.metric_definitions,
+            echo=self.echo,
+        )
+        plan.write(self.job_dir)
         try:
             base_hosts = Path("/etc/hosts").read_text()
         except OSError:
             base_hosts = "127.0.0.1\tlocalhost\n"
         (self.job_dir / "hora" / "hosts").write_text(hosts_file_text(base_hosts, self.addresses))
 
-    def _parameter_servers(self) -> dict[str, Any] | None:
+    def _parameter_servers(self) -> ParameterServerPlan | None:
         """The parameter_server distribution's tasks and their addresses (parameter_server.py), said once."""
         entry = parameter_server.plan_entry(self.spec.strategy, self.spec.ps_servers, self.hosts, self.addresses,
                                             namespaces=self._net is not None)
         if self.spec.strategy != "parameter_server":
             return None
-        if entry is not None and entry["servers"] == "hora":
+        if entry is not None and entry.servers == "hora":
             self.say(f"distribution parameter_server: one worker and one hora parameter server (hora.ps) per host "
                      f"on {len(self.hosts)} host(s); the script connects with hora.ps.connect()")
         elif entry is None:
@@ -345,8 +348,8 @@ class JobRunner:
                      "SageMaker's TensorFlow container (it enables the distribution from two hosts on)")
         else:
             self.say(f"distribution parameter_server: one worker and one TensorFlow parameter server per host; "
-                     f"master/worker tasks at {', '.join(entry['worker_addresses'])}, "
-                     f"ps tasks at {', '.join(entry['ps_addresses'])}")
+                     f"master/worker tasks at {', '.join(entry.worker_addresses)}, "
+                     f"ps tasks at {', '.join(entry.ps_addresses)}")
         return entry
 
     def _ignore_in_source(self, directory: str, names: list[str]) -> list[str]:
