@@ -64,7 +64,7 @@ def failure_reason(job_dir: Path, hosts: list[str], processes_per_host: int, att
                  f"{describe_code(code)}; the host's worker (rank {rc.rank}) was stopped"]
     elif rc.stopped:  # the rank the others waited for until the stall shutdown (hora.runner.result.root_cause)
         lines = [f"AlgorithmError: host {host}, rank {rc.rank} (pid {pid}) kept the other ranks waiting until the "
-                 f"stall shutdown, then was stopped ({describe_code(code)}): {rc.reason}"]  # fmt: skip
+                 f"stall shutdown, then was stopped ({describe_code(code)}): {rc.reason}"]
     else:
         lines = [f"AlgorithmError: host {host}, rank {rc.rank} (pid {pid}) failed first: {describe_code(code)}"]
     tb = traceback_tail(list(tail))
