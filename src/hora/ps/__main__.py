@@ -27,10 +27,14 @@ from hora.ps.server import ParameterServer
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hora.ps", description="one parameter server of a hora job")
+    parser = argparse.ArgumentParser(
+        prog="python -m hora.ps", description="one parameter server of a hora job"
+    )
     parser.add_argument("--index", type=int, required=True, help="this server's index (0..S-1)")
     parser.add_argument("--workers", type=int, required=True, help="number of workers (ranks) of the job")
-    parser.add_argument("--generation", type=int, default=0, help="restarts so far (> 0: restore the checkpoint)")
+    parser.add_argument(
+        "--generation", type=int, default=0, help="restarts so far (> 0: restore the checkpoint)"
+    )
     args = parser.parse_args(argv)
     config = Config.resolve()
     logging.getLogger("hora").setLevel(config.log_level)
@@ -46,20 +50,29 @@ def main(argv: list[str] | None = None) -> int:
         host = config.bind_addr or _address_towards(config.rendezvous_addr)
         server = _server(secret, args.index, args.workers, host, config)
         if config.ps_checkpoint_dir:
-            server.saver = ShardSaver(config.ps_checkpoint_dir, args.index, config.ps_checkpoint_steps, server._layouts)
-            if args.generation == 0:  # a new job: what an earlier job left in DIR/ps<i> must never be restored
+            server.saver = ShardSaver(
+                config.ps_checkpoint_dir, args.index, config.ps_checkpoint_steps, server._layouts
+            )
+            # a new job: what an earlier job left in DIR/ps<i> must never be restored
+            if args.generation == 0:
                 server.saver.forget()
             else:
                 restored = restore_server(server, server.saver)
-                print(f"parameter server {args.index}: restart {args.generation}, restored {restored} shard(s) "
-                      f"from {server.saver.dir}", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"parameter server {args.index}: restart {args.generation}, restored {restored} shard(s) "
+                    f"from {server.saver.dir}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         _, port = server.start()
         hostname = config.hostname or socket.gethostname()
         publish(store, args.index, host, port, os.getpid(), hostname, args.generation)
         store.close()
-        logging.getLogger("hora.ps").info("serving at %s:%d on host %s for %d workers", host, port, hostname, args.workers)
+        logging.getLogger("hora.ps").info(
+            "serving at %s:%d on host %s for %d workers", host, port, hostname, args.workers
+        )
     except (HoraError, OSError, ValueError, KeyError) as exc:
         print(f"parameter server {args.index}: {exc}", file=sys.stderr)
         return 1

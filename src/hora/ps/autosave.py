@@ -117,7 +117,8 @@ class ShardSaver:
                 }
                 data = json.dumps(manifest, indent=1, sort_keys=True).encode()
                 checkpoint.atomic_write(os.path.join(self.dir, SERVER_MANIFEST), lambda f, d=data: f.write(d))
-            except (OSError, ValueError) as exc:  # a full disk must not stop the training: say it, keep serving
+            except (OSError, ValueError) as exc:
+                # a full disk must not stop the training: say it, keep serving
                 if not self.error:
                     log.error("checkpoint of '%s' shard %d in %s failed: %s", key[0], key[1], self.dir, exc)
                 self.error = f"checkpoint of '{key[0]}' shard {key[1]} in {self.dir} failed: {exc}"
@@ -147,12 +148,20 @@ def restore_server(server: ParameterServer, saver: ShardSaver) -> int:
                 raise ValueError(f"restore: {fname} holds shape {value.shape}, {path} says {e['shape']}")
             rule = parse_rule(e["rule"], "restore")
             shard = Shard(
-                str(e["name"]), int(e["shard"]), value, rule, str(e["consistency"]), int(e["staleness"]), server.workers
+                str(e["name"]),
+                int(e["shard"]),
+                value,
+                rule,
+                str(e["consistency"]),
+                int(e["staleness"]),
+                server.workers,
             )
             shard.assign(value, {k: data[f"slot_{k}"] for k in shard.slots}, int(data["t"]))
         shards[(shard.name, shard.index)] = shard
         saver._saved_t[(shard.name, shard.index)] = shard.t
         saver._entries[f"{shard.name}\0{shard.index}"] = dict(e)
-    layouts = {n: VariableLayout.from_json(v, f"restore '{n}'") for n, v in manifest.get("layouts", {}).items()}
+    layouts = {
+        n: VariableLayout.from_json(v, f"restore '{n}'") for n, v in manifest.get("layouts", {}).items()
+    }
     server.adopt(shards, layouts)
     return len(shards)

@@ -25,7 +25,15 @@ from hora.ps.messages import Piece, ShardSource
 if TYPE_CHECKING:
     from hora.ps.shard import Shard
 
-__all__ = ["MANIFEST", "atomic_write", "load_shards", "read_manifest", "reshard_sources", "save_shards", "write_manifest"]
+__all__ = [
+    "MANIFEST",
+    "atomic_write",
+    "load_shards",
+    "read_manifest",
+    "reshard_sources",
+    "save_shards",
+    "write_manifest",
+]
 
 MANIFEST = "manifest.json"
 
@@ -77,7 +85,9 @@ def read_manifest(directory: str) -> dict[str, Any]:
         with open(path, "rb") as f:
             manifest: dict[str, Any] = json.loads(f.read())
     except FileNotFoundError:
-        raise ConfigError(f"no parameter-server checkpoint in {directory}: {MANIFEST} is missing (an incomplete save?)") from None
+        raise ConfigError(
+            f"no parameter-server checkpoint in {directory}: {MANIFEST} is missing (an incomplete save?)"
+        ) from None
     return manifest
 
 
@@ -97,7 +107,9 @@ def reshard_sources(old: dict[str, Any], new_offsets: list[int]) -> list[list[Pi
     return out
 
 
-def load_shards(directory: str, shards: Mapping[tuple[str, int], Shard], sources: Sequence[ShardSource]) -> None:
+def load_shards(
+    directory: str, shards: Mapping[tuple[str, int], Shard], sources: Sequence[ShardSource]
+) -> None:
     """Fill the named shards from the pieces of old shard files (see :func:`reshard_sources`)."""
     for src in sources:
         key = (src.name, src.shard)

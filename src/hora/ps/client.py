@@ -76,9 +76,9 @@ class Client:
         partitioner: default partitioner (TensorFlow's contract); default: shards of at least 1 MiB, at most one per
             server.
         timeout: seconds to connect, and beyond the servers' own op timeout, to wait for any reply.
-        shm: move payloads through a shared segment (:mod:`hora.ps.segment`): one flag for every server, or one per server;
-            default: for servers on a loopback address (this host). :func:`hora.ps.connect` passes one per server:
-            those of this worker's host (``HORA_HOSTNAME``).
+        shm: move payloads through a shared segment (:mod:`hora.ps.segment`): one flag for every server, or one
+            per server; default: for servers on a loopback address (this host). :func:`hora.ps.connect` passes one
+            per server: those of this worker's host (``HORA_HOSTNAME``).
         restarts: reconnect to servers that ``hora run --max-restarts`` restarts and retry the failed operation
             (:mod:`hora.ps.reconnect`); default: a lost server raises :class:`PeerLostError`.
         single_copy: let servers on this host read gradients from and write values into this process's arrays
@@ -86,15 +86,24 @@ class Client:
     """
 
     def __init__(
-        self, servers: Sequence[tuple[str, int]], secret: bytes, rank: int, consistency: str = "async",
-        staleness: int | None = None, partitioner: Partitioner | None = None, timeout: float = 30.0,
-        op_timeout: float = 300.0, shm: bool | Sequence[bool] | None = None, restarts: Restarts | None = None,
+        self,
+        servers: Sequence[tuple[str, int]],
+        secret: bytes,
+        rank: int,
+        consistency: str = "async",
+        staleness: int | None = None,
+        partitioner: Partitioner | None = None,
+        timeout: float = 30.0,
+        op_timeout: float = 300.0,
+        shm: bool | Sequence[bool] | None = None,
+        restarts: Restarts | None = None,
         single_copy: bool = True,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if not servers:
             raise ConfigError("a parameter-server client needs at least one server (hora run --num-ps S)")
         self.rank = rank
-        self.restarts = restarts  # how to reach a restarted server (hora.ps.reconnect); None: a lost server is fatal
+        # how to reach a restarted server (hora.ps.reconnect); None: a lost server is fatal
+        self.restarts = restarts
         addresses = [(str(h), int(p)) for h, p in servers]
         self.mode, self.staleness = parse_consistency(consistency, staleness)
         self.partitioner = partitioner or MinSizePartitioner(1 << 20, max_shards=len(servers))
@@ -103,13 +112,17 @@ class Client:
         self._lost: str | None = None
         self._lost_lock = threading.Lock()
         self._closed = False
-        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, len(servers) - 1), thread_name_prefix="hora-ps")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max(1, len(servers) - 1), thread_name_prefix="hora-ps"
+        )
         if shm is None or isinstance(shm, bool):
             use_segment = [bool(shm) if shm is not None else loopback(h) for h, _ in addresses]
         elif len(shm) == len(servers):
             use_segment = [bool(x) for x in shm]
         else:
-            raise ConfigError(f"shm= has {len(shm)} flags for {len(servers)} servers; give one per server, or one bool")
+            raise ConfigError(
+                f"shm= has {len(shm)} flags for {len(servers)} servers; give one per server, or one bool"
+            )
         self._scratch = threading.local()
         self._last_rows: tuple[_Var, np.ndarray, _Rows] | None = None
         self._links: list[ServerLink] = []
@@ -157,9 +170,14 @@ class Client:
 
     # -- registration ---------------------------------------------------------------------------------------------
     def register(
-        self, name: str | Mapping[str, np.ndarray], value: np.ndarray | None = None, rule: str | Mapping[str, Any] | UpdateRule = "sgd",
-        partitioner: Partitioner | None = None, consistency: str | None = None, staleness: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        name: str | Mapping[str, np.ndarray],
+        value: np.ndarray | None = None,
+        rule: str | Mapping[str, Any] | UpdateRule = "sgd",
+        partitioner: Partitioner | None = None,
+        consistency: str | None = None,
+        staleness: int | None = None,
+    ) -> None:
         """Create variables on the servers: ``register("w", array, rule=...)`` or ``register({"w": a, "b": b})``.
 
         Every worker registers the same variables in the same order; worker 0's values are the initial values (the
@@ -169,7 +187,9 @@ class Client:
         """
         values = dict(name) if isinstance(name, Mapping) else {name: value}
         rule = parse_rule(rule, "register")
-        mode, k = (self.mode, self.staleness) if consistency is None else parse_consistency(consistency, staleness)
+        mode, k = (
+            (self.mode, self.staleness) if consistency is None else parse_consistency(consistency, staleness)
+        )
         part = partitioner or self.partitioner
         arrays: dict[str, np.ndarray] = {}
         keys: list[ShardKey] = []
@@ -178,7 +198,9 @@ class Client:
                 raise ConfigError(f"register '{n}': this worker already registered a variable of that name")
             a = np.ascontiguousarray(v)
             if a.dtype not in (np.float32, np.float64):
-                raise ConfigError(f"register '{n}': dtype {a.dtype} is not supported; the servers hold float32 or float64")
+                raise ConfigError(
+                    f"register '{n}': dtype {a.dtype} is not supported; the servers hold float32 or float64"
+                )
             if a.ndim == 0:
                 a = a.reshape(1)
             arrays[n] = a
@@ -198,10 +220,14 @@ class Client:
             layouts.append(Layout(n, var.layout(rule, mode, k)))
             for i, server in enumerate(var.servers):
                 value = a[var.offsets[i] : var.offsets[i + 1]]
-                per.setdefault(server, []).append(Register(n, i, value.shape, a.dtype.str, rule, mode, k, value))
+                per.setdefault(server, []).append(
+                    Register(n, i, value.shape, a.dtype.str, rule, mode, k, value)
+                )
         mismatch: list[dict[str, Any]] = []
         try:
-            self._run({0: layouts}, lambda s: lambda reply: mismatch.append(reply) if "mismatch" in reply else None)
+            self._run(
+                {0: layouts}, lambda s: lambda reply: mismatch.append(reply) if "mismatch" in reply else None
+            )
             if mismatch:  # stop worker 0's shards too, so it raises at its next request on the variable
                 bad = mismatch[0]
                 poison = Poison(str(bad["name"]), str(bad["mismatch"]))
@@ -233,7 +259,9 @@ class Client:
     def _var(self, name: str, op: str) -> _Var:
         var = self._vars.get(name)
         if var is None:
-            raise ConfigError(f"{op} '{name}': no such variable; register it first (known: {sorted(self._vars)[:10]})")
+            raise ConfigError(
+                f"{op} '{name}': no such variable; register it first (known: {sorted(self._vars)[:10]})"
+            )
         return var
 
     def _out(self, name: str, out: np.ndarray | None) -> np.ndarray:
@@ -255,7 +283,9 @@ class Client:
             if g.shape != var.shape and g.size == int(np.prod(var.shape)):
                 g = g.reshape(var.shape)
             if g.shape != var.shape:
-                raise ConfigError(f"{op} '{name}': the gradient has shape {g.shape}, the variable {var.shape}")
+                raise ConfigError(
+                    f"{op} '{name}': the gradient has shape {g.shape}, the variable {var.shape}"
+                )
             g = np.ascontiguousarray(g, var.dtype).reshape(-1, *var.shape[1:]) if var.shape else g
         flat_out = out.reshape(-1, *var.shape[1:]) if out is not None else None
         per: dict[int, list[_Request]] = {}
@@ -271,13 +301,22 @@ class Client:
         var = self._var(name, op)
         ids = np.asarray(ids)
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
-            raise ConfigError(f"{op} '{name}': ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}")
+            raise ConfigError(
+                f"{op} '{name}': ids must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}"
+            )
         last = self._last_rows  # a step pulls rows and then pushes the same ids: sort them once
-        if last is not None and last[0] is var and last[1].shape == ids.shape and np.array_equal(last[1], ids):
+        if (
+            last is not None
+            and last[0] is var
+            and last[1].shape == ids.shape
+            and np.array_equal(last[1], ids)
+        ):
             return last[2]
         uniq, first, inverse = np.unique(ids.astype(np.int64), return_index=True, return_inverse=True)
         if len(uniq) and (uniq[0] < 0 or uniq[-1] >= var.shape[0]):
-            raise ConfigError(f"{op} '{name}': ids must lie in 0..{var.shape[0] - 1}, got {uniq[0]}..{uniq[-1]}")
+            raise ConfigError(
+                f"{op} '{name}': ids must lie in 0..{var.shape[0] - 1}, got {uniq[0]}..{uniq[-1]}"
+            )
         cuts = np.searchsorted(uniq, var.offsets).tolist()
         result = (var, uniq, first, inverse.reshape(-1), cuts)
         self._last_rows = (var, ids.copy(), result)
@@ -292,16 +331,21 @@ class Client:
             a, b = cuts[i], cuts[i + 1]
             if a < b:
                 local = (uniq[a:b] - var.offsets[i]).astype("<i8")
-                per.setdefault(server, []).append(HotRequest(Op.PULL_ROWS, name, i, (local,), fetched[a:b], b - a))
+                per.setdefault(server, []).append(
+                    HotRequest(Op.PULL_ROWS, name, i, (local,), fetched[a:b], b - a)
+                )
         self._run(per)
-        return np.take(fetched, inverse, axis=0, mode="clip")  # a new array (fetched is reused); faster than []
+        # a new array (fetched is reused); np.take is faster than []
+        return np.take(fetched, inverse, axis=0, mode="clip")
 
     def push_rows(self, name: str, ids: Any, grads: np.ndarray) -> None:
         """Gradients of rows ``ids`` (duplicates are summed here, so each row crosses the wire once)."""
         var, uniq, first, inverse, cuts = self._rows(name, "push_rows", ids)
         g = np.asarray(grads, var.dtype)
         if g.shape != (len(inverse), *var.shape[1:]):
-            raise ConfigError(f"push_rows '{name}': grads have shape {g.shape}, expected {(len(inverse), *var.shape[1:])}")
+            raise ConfigError(
+                f"push_rows '{name}': grads have shape {g.shape}, expected {(len(inverse), *var.shape[1:])}"
+            )
         summed = self._buffer(1, (len(uniq), *var.shape[1:]), var.dtype)
         sum_duplicates(inverse, len(uniq), g, out=summed, first=first)
         per: dict[int, list[_Request]] = {}
@@ -374,7 +418,9 @@ class Client:
         for n, v in self._vars.items():
             old = manifest["variables"].get(n)
             if old is None or tuple(old["shape"]) != v.shape:
-                raise ConfigError(f"restore: the checkpoint in {directory} has no variable '{n}' of shape {v.shape}")
+                raise ConfigError(
+                    f"restore: the checkpoint in {directory} has no variable '{n}' of shape {v.shape}"
+                )
             for i, pieces in enumerate(checkpoint.reshard_sources(old, v.offsets)):
                 per.setdefault(v.servers[i], []).append(ShardSource(n, i, tuple(pieces)))
         self._run({s: [Load(directory, tuple(src))] for s, src in per.items()})
@@ -406,7 +452,12 @@ class Client:
         others end now and those servers count this worker as gone (nobody waits for it under bounded/sync)."""
         with self._lost_lock:
             if self._lost is None:
-                held = [f"'{n}' shard {i}" for n, v in self._vars.items() for i, s in enumerate(v.servers) if s == server]
+                held = [
+                    f"'{n}' shard {i}"
+                    for n, v in self._vars.items()
+                    for i, s in enumerate(v.servers)
+                    if s == server
+                ]
                 self._lost = (
                     f"{what} was lost ({exc}); it held {', '.join(held[:20]) or 'no shards'}"
                     f"{' ...' if len(held) > 20 else ''}. Training cannot go on without it: restart the job"
@@ -415,7 +466,9 @@ class Client:
                     link.shutdown()
             return self._lost
 
-    def _exchange(self, server: int, reqs: Sequence[_Request], on_reply: Callable[[int], OnReply] | None) -> None:
+    def _exchange(
+        self, server: int, reqs: Sequence[_Request], on_reply: Callable[[int], OnReply] | None
+    ) -> None:
         link = self._links[server]
         what = link.what
         with link.lock:

@@ -58,8 +58,14 @@ def _calls() -> tuple[object, object] | None:
         return None
     for f in (read, write):
         f.restype = ctypes.c_ssize_t
-        f.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.POINTER(_Iovec), ctypes.c_ulong,
-                      ctypes.c_ulong]  # fmt: skip
+        f.argtypes = [
+            ctypes.c_int,
+            ctypes.POINTER(_Iovec),
+            ctypes.c_ulong,
+            ctypes.POINTER(_Iovec),
+            ctypes.c_ulong,
+            ctypes.c_ulong,
+        ]
     return read, write
 
 

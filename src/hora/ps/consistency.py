@@ -21,6 +21,8 @@ def parse_consistency(text: str, staleness: int | None = None) -> tuple[str, int
         return "bounded", int(k) if k is not None else int(staleness or 0)
     if value in ("async", "sync"):
         if staleness is not None and value == "sync" and staleness:
-            raise ConfigError(f"consistency 'sync' has no staleness (got staleness={staleness}); use bounded({staleness})")
+            raise ConfigError(
+                f"consistency 'sync' has no staleness (got staleness={staleness}); use bounded({staleness})"
+            )
         return value, 0
     raise ConfigError(f"consistency {text!r} is not one of async, sync, bounded(k)")

@@ -27,15 +27,24 @@ def open_store(config: Config, rank: int) -> tuple[RendezvousClient, bytes]:
         )
     prefix = f"{config.job_id}/{config.attempt}/ps/"
     deadline = time.monotonic() + config.start_timeout
-    return RendezvousClient(config.rendezvous_addr, config.rendezvous_port, secret, rank, prefix, deadline), secret
+    store = RendezvousClient(config.rendezvous_addr, config.rendezvous_port, secret, rank, prefix, deadline)
+    return store, secret
 
 
 def publish(
-    store: RendezvousClient, index: int, host: str, port: int, pid: int, hostname: str = "", generation: int = 0
+    store: RendezvousClient,
+    index: int,
+    host: str,
+    port: int,
+    pid: int,
+    hostname: str = "",
+    generation: int = 0,
 ) -> None:
     """Server ``index`` listens at ``host:port`` on host ``hostname``; ``generation`` counts its restarts
     (``<index>@<generation>`` is the key a worker waits on for a restarted server, :mod:`hora.ps.reconnect`)."""
-    value = json.dumps({"host": host, "port": port, "pid": pid, "hostname": hostname, "generation": generation})
+    value = json.dumps(
+        {"host": host, "port": port, "pid": pid, "hostname": hostname, "generation": generation}
+    )
     store.set(f"{index}@{generation}", value)
     store.set(str(index), value)
 

@@ -321,7 +321,9 @@ class Load(ControlRequest):
     sources: tuple[ShardSource, ...]
 
     def fields(self) -> dict[str, Any]:
-        sources = [{"name": s.name, "shard": s.shard, "pieces": [list(p) for p in s.pieces]} for s in self.sources]
+        sources = [
+            {"name": s.name, "shard": s.shard, "pieces": [list(p) for p in s.pieces]} for s in self.sources
+        ]
         return {"dir": self.dir, "sources": sources}
 
     @classmethod

@@ -69,7 +69,9 @@ class MinSizePartitioner(Partitioner):
     """As many shards as keep each at least ``min_shard_bytes``, at most ``max_shards`` (TensorFlow's
     ``MinSizePartitioner``: ``max(1, min(rows, max_shards, ceil(total_bytes / min_shard_bytes)))``)."""
 
-    def __init__(self, min_shard_bytes: int = 256 << 10, max_shards: int = 1, bytes_per_string: int = 16) -> None:
+    def __init__(
+        self, min_shard_bytes: int = 256 << 10, max_shards: int = 1, bytes_per_string: int = 16
+    ) -> None:
         if min_shard_bytes < 1:
             raise ValueError(f"Argument `min_shard_bytes` must be positive. Received: {min_shard_bytes}")
         if max_shards < 1:
@@ -94,7 +96,9 @@ class MaxSizePartitioner(Partitioner):
     """As few shards as keep each at most ``max_shard_bytes`` (whole rows; a row larger than that is a shard of its
     own), capped by ``max_shards`` (TensorFlow's ``MaxSizePartitioner``)."""
 
-    def __init__(self, max_shard_bytes: int, max_shards: int | None = None, bytes_per_string: int = 16) -> None:
+    def __init__(
+        self, max_shard_bytes: int, max_shards: int | None = None, bytes_per_string: int = 16
+    ) -> None:
         if max_shard_bytes < 1:
             raise ValueError(f"Argument `max_shard_bytes` must be positive. Received {max_shard_bytes}")
         if max_shards and max_shards < 1:
@@ -138,7 +142,9 @@ class ShardKey:
     nbytes: int
 
 
-def place(shards: Sequence[ShardKey], num_servers: int, loads: Sequence[int] | None = None) -> dict[ShardKey, int]:
+def place(
+    shards: Sequence[ShardKey], num_servers: int, loads: Sequence[int] | None = None
+) -> dict[ShardKey, int]:
     """Byte-balanced placement: largest shard first (ties by name, then index) onto the server holding the fewest
     bytes so far (ties: the lowest index). ``loads``: bytes the servers already hold. Deterministic, so every worker
     that registers the same variables computes the same placement."""
@@ -162,4 +168,9 @@ def balance(placement: dict[ShardKey, int], num_servers: int) -> dict[str, Any]:
     for key, server in placement.items():
         per[server] += key.nbytes
     mean = sum(per) / num_servers if num_servers else 0.0
-    return {"bytes": per, "max": max(per, default=0), "mean": mean, "max_over_mean": max(per) / mean if mean else 1.0}
+    return {
+        "bytes": per,
+        "max": max(per, default=0),
+        "mean": mean,
+        "max_over_mean": max(per) / mean if mean else 1.0,
+    }

@@ -76,7 +76,9 @@ def pack_request(op: Op, name: bytes, shard: int, rows: int = 0, nbytes: int = 0
     return REQUEST.pack(REQUEST_MAGIC, op.code, len(name), shard, rows, nbytes, shm) + name
 
 
-def send_parts(sock: socket.socket, head: bytes, payload: Sequence[memoryview | bytes | np.ndarray] = ()) -> None:
+def send_parts(
+    sock: socket.socket, head: bytes, payload: Sequence[memoryview | bytes | np.ndarray] = ()
+) -> None:
     """Send ``head`` and then ``payload``'s bytes: one syscall for small messages, no copy of large payloads."""
     views = [memoryview(p).cast("B") for p in payload]  # type: ignore[arg-type]
     if sum(v.nbytes for v in views) < _SMALL:
@@ -105,7 +107,11 @@ def parse_header(frame: bytes, what: str) -> dict[str, Any]:
         header = json.loads(frame)
     except ValueError as exc:
         raise ProtocolError(f"{what} sent a header that is not JSON ({exc})") from None
-    if not isinstance(header, dict) or not isinstance(header.get("nbytes", 0), int) or header.get("nbytes", 0) < 0:
+    if (
+        not isinstance(header, dict)
+        or not isinstance(header.get("nbytes", 0), int)
+        or header.get("nbytes", 0) < 0
+    ):
         raise ProtocolError(f"{what} sent a malformed header (not an object with a whole nbytes >= 0)")
     return header
 
@@ -118,7 +124,9 @@ def recv_header(sock: socket.socket, what: str) -> dict[str, Any]:
 def _expect(sock: socket.socket, n: int, what: str) -> None:
     (length,) = _LEN.unpack(recv_exact(sock, _LEN.size, what))
     if length != n:
-        raise ProtocolError(f"{what} sent a payload of {length} bytes where {n} were due; dropping the connection")
+        raise ProtocolError(
+            f"{what} sent a payload of {length} bytes where {n} were due; dropping the connection"
+        )
 
 
 def recv_payload_into(sock: socket.socket, view: memoryview | np.ndarray, what: str) -> None:
@@ -206,4 +214,6 @@ class Reader:
         """A payload frame's length, which must be ``n``."""
         (length,) = _LEN.unpack(self.take(_LEN.size))
         if length != n:
-            raise ProtocolError(f"{self.what} sent a payload of {length} bytes where {n} were due; dropping the connection")
+            raise ProtocolError(
+                f"{self.what} sent a payload of {length} bytes where {n} were due; dropping the connection"
+            )

@@ -44,11 +44,15 @@ class Restarts:
         link = client.links[server]
         link.drop()  # the old process is gone, and the new one never maps the old segment
         deadline = time.monotonic() + self.timeout
-        log.warning("%s was lost (%s); waiting up to %gs for its restart (--max-restarts)", what, exc, self.timeout)
+        log.warning(
+            "%s was lost (%s); waiting up to %gs for its restart (--max-restarts)", what, exc, self.timeout
+        )
         try:
             store, secret = open_store(self._config, self._rank)
         except HoraError as err:
-            raise PeerLostError(_give_up(client, server, what, exc, f"the job's store cannot be reached ({err})")) from exc
+            raise PeerLostError(
+                _give_up(client, server, what, exc, f"the job's store cannot be reached ({err})")
+            ) from exc
         try:
             if server not in self.generations:  # which generation did this client first connect to?
                 latest = json.loads(store.get(str(server)) or "{}")
@@ -72,13 +76,17 @@ class Restarts:
                     continue
                 link.replace(sock, (host, port))
                 self.count += 1
-                log.warning("reconnected to parameter server %d (restart %d) at %s:%d", server, generation, host, port)
+                log.warning(
+                    "reconnected to parameter server %d (restart %d) at %s:%d", server, generation, host, port
+                )
                 return
         finally:
             store.close()
 
     @staticmethod
-    def _next(store: Any, client: Client, server: int, generation: int, deadline: float) -> dict[str, Any] | None:
+    def _next(
+        store: Any, client: Client, server: int, generation: int, deadline: float
+    ) -> dict[str, Any] | None:
         """The published ``<server>@<generation>``, or None once ``deadline`` passed. Waits in 1 s slices: when
         another server is given up meanwhile, the client is broken and this wait ends with that error."""
         while True:

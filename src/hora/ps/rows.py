@@ -8,7 +8,11 @@ __all__ = ["sum_duplicates"]
 
 
 def sum_duplicates(
-    inverse: np.ndarray, n: int, grads: np.ndarray, out: np.ndarray | None = None, first: np.ndarray | None = None
+    inverse: np.ndarray,
+    n: int,
+    grads: np.ndarray,
+    out: np.ndarray | None = None,
+    first: np.ndarray | None = None,
 ) -> np.ndarray:
     """Row ``j`` of the result is the sum, in order of appearance, of the ``grads`` rows ``i`` with ``inverse[i] ==
     j``: the sums ``np.add.at`` gives (it adds to zeros, so only the sign of a zero sum can differ), without its

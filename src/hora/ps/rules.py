@@ -233,8 +233,11 @@ def apply_dense(
     With ``out`` (same shape, C-contiguous), also copy the updated values there, chunk by chunk right after each is
     updated; ``out`` may be ``grad`` itself (each chunk of the gradient is used before it is overwritten).
     """
-    if param.size <= CHUNK or not (param.flags.c_contiguous and all(v.flags.c_contiguous for v in slots.values())):
-        rule.apply(param, grad, slots, t)  # small (nothing to chunk), or reshaping would copy: update in place
+    if param.size <= CHUNK or not (
+        param.flags.c_contiguous and all(v.flags.c_contiguous for v in slots.values())
+    ):
+        # small (nothing to chunk), or reshaping would copy: update in place
+        rule.apply(param, grad, slots, t)
         if out is not None:
             np.copyto(out, param)
         return
@@ -245,9 +248,13 @@ def apply_dense(
 
 
 def _chunked(
-    rule: UpdateRule, param: np.ndarray, slots: Slots, t: int,
-    chunk: Callable[[int, int], np.ndarray], deliver: Deliver | None,
-) -> None:  # fmt: skip
+    rule: UpdateRule,
+    param: np.ndarray,
+    slots: Slots,
+    t: int,
+    chunk: Callable[[int, int], np.ndarray],
+    deliver: Deliver | None,
+) -> None:
     """Update contiguous ``param`` :data:`CHUNK` elements at a time from ``chunk(lo, hi)`` (the gradient's elements
     lo..hi), handing each updated chunk to ``deliver`` while it is in the cache."""
     p = param.reshape(-1)
@@ -271,7 +278,9 @@ def apply_streamed(
     """:func:`apply_dense` with a gradient that is not in this process: each chunk is fetched into a scratch buffer
     in the cache, updated, and its new values delivered at once (a worker's memory, :mod:`hora.ps.cma`). A fetch
     that fails leaves the chunks before it updated."""
-    if param.size <= CHUNK or not (param.flags.c_contiguous and all(v.flags.c_contiguous for v in slots.values())):
+    if param.size <= CHUNK or not (
+        param.flags.c_contiguous and all(v.flags.c_contiguous for v in slots.values())
+    ):
         grad = np.empty(param.shape, param.dtype)
         fetch(0, grad.reshape(-1))
         rule.apply(param, grad, slots, t)
@@ -303,12 +312,15 @@ def apply_rows(
 
 
 _local = threading.local()
-_TEMP_LIMIT = 1 << 22  # elements: larger updates (unchunked) allocate their temporaries instead of keeping them
+#: Elements: larger updates (unchunked) allocate their temporaries instead of keeping them.
+_TEMP_LIMIT = 1 << 22
 _SMALL = 1 << 12  # elements
 _POOL = 5  # two temporaries, then a sparse update's gathered rows and at most two slots
 
 
-def _scratch(dtype: np.dtype[Any], shape: tuple[int, ...], size: int, first: int, count: int) -> list[np.ndarray]:
+def _scratch(
+    dtype: np.dtype[Any], shape: tuple[int, ...], size: int, first: int, count: int
+) -> list[np.ndarray]:
     """``count`` scratch arrays of ``shape`` (``size`` elements), rows ``first..`` of this thread's pool: the rules
     allocate nothing per update (a fresh megabyte costs its page faults, ~0.6 ms here, every time)."""
     if size > _TEMP_LIMIT:
@@ -327,5 +339,3 @@ def _temps(like: np.ndarray) -> list[np.ndarray]:
     if like.size <= _SMALL:  # a small block from malloc's free lists costs less than slicing the pool
         return [np.empty_like(like), np.empty_like(like)]
     return _scratch(like.dtype, like.shape, like.size, 0, 2)
-
-

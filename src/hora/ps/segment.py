@@ -31,9 +31,18 @@ from hora.errors import ProtocolError
 from hora.ps.protocol import REPLY, REPLY_MAGIC, REQUEST, REQUEST_MAGIC
 
 __all__ = [
-    "DATA", "HEAD", "PREFIX", "REPLY_AT", "REP_WORD", "REQ_WORD", "SOCKET_CODE", "TOKEN_AT", "Segment", "spin_readable",
+    "DATA",
+    "HEAD",
+    "PREFIX",
+    "REPLY_AT",
+    "REP_WORD",
+    "REQ_WORD",
+    "SOCKET_CODE",
+    "TOKEN_AT",
+    "Segment",
+    "spin_readable",
     "spin_until",
-]  # fmt: skip
+]
 
 PREFIX = "hora-ps-"
 _DIR = "/dev/shm"
@@ -79,7 +88,8 @@ class Segment:
         self.name, self.size = name, size
         self.u8 = np.frombuffer(mm, np.uint8)
         self.data = self.u8[DATA:]
-        self.mv = memoryview(mm)  # headers are packed and unpacked in place (struct), no numpy on the hot path
+        # headers are packed and unpacked in place (struct), no numpy on the hot path
+        self.mv = memoryview(mm)
         self.words = self.mv[:DATA].cast("I")
         self.base = int(self.u8.ctypes.data)
         self.seq = 0  # the last request count rung (client) or served (server)
@@ -130,7 +140,9 @@ class Segment:
         try:
             st = os.fstat(fd)
             if st.st_uid != os.getuid() or st.st_size != size or st.st_mode & 0o077:
-                raise ProtocolError(f"shared-memory segment {name} is not this user's private segment of {size} bytes")
+                raise ProtocolError(
+                    f"shared-memory segment {name} is not this user's private segment of {size} bytes"
+                )
             mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)

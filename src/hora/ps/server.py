@@ -51,9 +51,16 @@ class ParameterServer:
     ``shutdown(timeout)`` stops it and closes every connection."""
 
     def __init__(
-        self, secret: bytes, index: int, workers: int, host: str = "127.0.0.1", port: int = 0,
-        op_timeout: float = 300.0, handshake_timeout: float = 10.0, max_bytes: int = 16 << 30,
-    ) -> None:  # fmt: skip
+        self,
+        secret: bytes,
+        index: int,
+        workers: int,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        op_timeout: float = 300.0,
+        handshake_timeout: float = 10.0,
+        max_bytes: int = 16 << 30,
+    ) -> None:
         self.index = index
         self.workers = workers
         self._secret = secret
@@ -64,7 +71,8 @@ class ParameterServer:
         self._lock = threading.Lock()
         self._registered = threading.Condition(self._lock)
         self._shards: dict[tuple[str, int], Shard] = {}
-        self._layouts: dict[str, VariableLayout] = {}  # server 0: every variable's, as the first worker gave it
+        # server 0: every variable's layout, as the first worker gave it
+        self._layouts: dict[str, VariableLayout] = {}
         self._clients: set[socket.socket] = set()
         self._live: dict[int, int] = {}  # connections open per worker
         self._closed = threading.Event()
@@ -73,7 +81,8 @@ class ParameterServer:
         self._thread: threading.Thread | None = None
         self.bytes_in = 0
         self.bytes_out = 0
-        self.saver: ShardSaver | None = None  # checkpoints for restarts (hora.ps.autosave), set before start()
+        # checkpoints for restarts (hora.ps.autosave), set before start()
+        self.saver: ShardSaver | None = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -155,7 +164,9 @@ class ParameterServer:
             finally:
                 self._pending.finish(sock)
             if not 0 <= rank < self.workers:
-                raise AuthenticationError(f"a client claimed worker {rank}; this job has workers 0..{self.workers - 1}")
+                raise AuthenticationError(
+                    f"a client claimed worker {rank}; this job has workers 0..{self.workers - 1}"
+                )
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 if self._closed.is_set():
@@ -171,6 +182,9 @@ class ParameterServer:
             self._rejects.drop(exc)
         except OSError:
             pass
+        except ValueError:  # select() on a socket that shutdown() closed meanwhile: nothing to report
+            if not self._closed.is_set():
+                raise
         finally:
             gone = False
             with self._lock:
@@ -189,7 +203,9 @@ class ParameterServer:
     def shard(self, name: str, index: int) -> Shard:
         shard = self._shards.get((name, index))  # one dict read: atomic, no lock needed
         if shard is None:
-            raise KeyError(f"server {self.index} holds no shard {index} of '{name}': register the variable first")
+            raise KeyError(
+                f"server {self.index} holds no shard {index} of '{name}': register the variable first"
+            )
         return shard
 
     def handle(self, link: WorkerLink, request: ControlRequest) -> tuple[dict[str, Any], list[Any]]:

@@ -155,7 +155,9 @@ class ServerLink:
     def what(self) -> str:
         return f"parameter server {self.index} at {self.address[0]}:{self.address[1]}"
 
-    def run(self, requests: Sequence[HotRequest | ControlRequest], on_reply: OnReply | None, lost: Lost) -> Refusal | None:
+    def run(
+        self, requests: Sequence[HotRequest | ControlRequest], on_reply: OnReply | None, lost: Lost
+    ) -> Refusal | None:
         """Send ``requests`` in order, each after the previous one's reply; the first refusal ends the run and is
         returned (the connection is fine). The caller holds :attr:`lock`."""
         for request in requests:
@@ -190,7 +192,8 @@ class ServerLink:
             segment = self._segment(need)
         if segment is not None and (direct or segment.size >= need):
             return self._over_segment(segment, request, lost, direct)
-        if segment is not None:  # it could not grow: the server waits on its doorbell, so ring before the socket
+        if segment is not None:
+            # it could not grow: the server waits on its doorbell, so ring before using the socket
             self.ring_socket()
         return self._over_tcp(request)
 
@@ -205,7 +208,9 @@ class ServerLink:
         sock, what, into = self.sock, self.what, request.into
         views = _views(request.payload)
         nbytes = sum(v.nbytes for v in views)
-        send_parts(sock, pack_request(request.op, request.name.encode(), request.shard, request.rows, nbytes), views)
+        send_parts(
+            sock, pack_request(request.op, request.name.encode(), request.shard, request.rows, nbytes), views
+        )
         if nbytes < SPIN_BELOW:
             spin_readable(sock, SPIN)
         reply = recv_exact(sock, REPLY.size, what)
@@ -234,7 +239,9 @@ class ServerLink:
         try:
             new = Segment.create(max(need, 1 << 20, 2 * segment.size if segment else 0))
         except OSError as exc:
-            log.warning("parameter server %d: no shared memory for %d bytes (%s); using TCP", self.index, need, exc)
+            log.warning(
+                "parameter server %d: no shared memory for %d bytes (%s); using TCP", self.index, need, exc
+            )
             self.use_segment = False
             return segment
         try:
@@ -266,7 +273,9 @@ class ServerLink:
             and max(a.nbytes for a in arrays) >= SINGLE_COPY_FROM
         )
 
-    def _over_segment(self, segment: Segment, request: HotRequest, lost: Lost, direct: bool) -> Refusal | None:
+    def _over_segment(
+        self, segment: Segment, request: HotRequest, lost: Lost, direct: bool
+    ) -> Refusal | None:
         """Payload into the segment (big enough), doorbell, wait, reply out of it. ``direct``: only the addresses
         of the arrays go in, and the server reads and writes them itself (:mod:`hora.ps.cma`)."""
         payload, into, what = request.payload, request.into, self.what
@@ -297,7 +306,8 @@ class ServerLink:
                 return Refusal.of(dict(json.loads(bytes(segment.data[:n]))))
             except ValueError:
                 raise ProtocolError(f"{what} sent an error that is not JSON") from None
-        if n != _due(into):  # the request's own size: it fits the segment, unless single copy wrote it in place
+        # the request's own size: it fits the segment, unless single copy wrote it in place
+        if n != _due(into):
             raise ProtocolError(f"{what} answered {n} bytes where {_due(into)} were due")
         if into is not None and n and not direct:
             np.copyto(into.reshape(-1).view(np.uint8), segment.data[:n])

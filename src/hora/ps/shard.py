@@ -36,7 +36,14 @@ class Shard:
     """A shard's state; every method takes the shard's lock."""
 
     def __init__(
-        self, name: str, index: int, value: np.ndarray, rule: UpdateRule, mode: str, staleness: int, workers: int
+        self,
+        name: str,
+        index: int,
+        value: np.ndarray,
+        rule: UpdateRule,
+        mode: str,
+        staleness: int,
+        workers: int,
     ) -> None:
         self.name, self.index = name, index
         self.value = value
@@ -59,14 +66,21 @@ class Shard:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "shape": list(self.value.shape), "dtype": self.value.dtype.str, "rule": self.rule.to_json(),
-            "consistency": self.mode, "staleness": self.staleness,
-        }  # fmt: skip
+            "shape": list(self.value.shape),
+            "dtype": self.value.dtype.str,
+            "rule": self.rule.to_json(),
+            "consistency": self.mode,
+            "staleness": self.staleness,
+        }
 
     def check_same(self, other: dict[str, Any], rank: int) -> None:
         mine = self.describe()
         if mine != other:
-            diff = [f"{k}: {mine[k]!r} here, {other.get(k)!r} from worker {rank}" for k in mine if mine[k] != other.get(k)]
+            diff = [
+                f"{k}: {mine[k]!r} here, {other.get(k)!r} from worker {rank}"
+                for k in mine
+                if mine[k] != other.get(k)
+            ]
             self.poisoned = (
                 f"register '{self.name}' shard {self.index}: worker {rank} registered it differently from the first "
                 f"worker ({'; '.join(diff)}); every worker must register the same variables with the same shape, "
@@ -99,7 +113,9 @@ class Shard:
         if self.mode == "bounded":
             self.cond.notify_all()
 
-    def exchange_remote(self, rank: int, fetch: Fetch | None, deliver: Deliver | None, timeout: float) -> None:
+    def exchange_remote(
+        self, rank: int, fetch: Fetch | None, deliver: Deliver | None, timeout: float
+    ) -> None:
         """A dense push (``fetch`` reads the gradient chunk by chunk from the worker), a pull (``deliver`` writes
         the values to the worker), or both, with no staging copy (:mod:`hora.ps.cma`). Under ``async`` a push_pull
         is one pass; ``sync`` reads the whole gradient first (it is kept until the step is complete)."""
@@ -197,13 +213,16 @@ class Shard:
 
     def _behind(self, rank: int) -> list[int]:
         need = self.clock[rank] if self.mode == "sync" else self.clock[rank] - self.staleness
-        return [w for w, c in enumerate(self.clock) if c < need and (self.mode == "sync" or w not in self.gone)]
+        return [
+            w for w, c in enumerate(self.clock) if c < need and (self.mode == "sync" or w not in self.gone)
+        ]
 
     def _waiting_for(self, rank: int, missing: list[int], timeout: float) -> str:
         what = (
-            f"step {self.clock[rank] - 1} to be pushed by every worker" if self.mode == "sync"
+            f"step {self.clock[rank] - 1} to be pushed by every worker"
+            if self.mode == "sync"
             else f"the slowest worker to come within {self.staleness} steps of its step {self.clock[rank]}"
-        )  # fmt: skip
+        )
         return (
             f"pull '{self.name}' shard {self.index}: worker {rank} waited {timeout:g}s for {what}; still behind: "
             f"worker(s) {missing} (clocks {[self.clock[w] for w in missing]}). A worker stopped or is far slower; "
@@ -226,7 +245,9 @@ class Shard:
             np.copyto(out, self.value)
             return out
 
-    def read_rows(self, rank: int, rows: np.ndarray, timeout: float, out: np.ndarray | None = None) -> np.ndarray:
+    def read_rows(
+        self, rank: int, rows: np.ndarray, timeout: float, out: np.ndarray | None = None
+    ) -> np.ndarray:
         self.wait_readable(rank, timeout)
         with self.cond:
             return np.take(self.value, rows, axis=0, out=out, mode="clip")  # rows were checked by the caller
@@ -250,7 +271,9 @@ class Shard:
     def assign(self, value: np.ndarray, slots: dict[str, np.ndarray], t: int) -> None:
         with self.cond:
             if value.shape != self.value.shape:
-                raise CollectiveError(f"restore '{self.name}' shard {self.index}: shape {value.shape} != {self.value.shape}")
+                raise CollectiveError(
+                    f"restore '{self.name}' shard {self.index}: shape {value.shape} != {self.value.shape}"
+                )
             self.value[...] = value
             for k, v in slots.items():
                 if k in self.slots:

@@ -81,7 +81,9 @@ class WorkerLink:
     def _control(self, header: dict[str, Any]) -> None:
         nbytes = header["nbytes"]
         if nbytes > self.server.max_bytes:
-            raise ProtocolError(f"{self.what} announced a payload of {nbytes} bytes, above this server's limit")
+            raise ProtocolError(
+                f"{self.what} announced a payload of {nbytes} bytes, above this server's limit"
+            )
         self._announced, self._payload_read = nbytes, False  # on the wire until a handler reads it
         try:
             reply, payload = self.server.handle(self, parse_control(header, self.what))
@@ -197,7 +199,9 @@ class WorkerLink:
         server, segment = self.server, self.segment
         in_segment = via_segment and not single_copy
         if nbytes > server.max_bytes or (in_segment and segment is not None and nbytes > segment.data.nbytes):
-            raise ProtocolError(f"{self.what} announced a payload of {nbytes} bytes, above this server's limit")
+            raise ProtocolError(
+                f"{self.what} announced a payload of {nbytes} bytes, above this server's limit"
+            )
         try:
             shard = server.shard(name, index)
             if shard.poisoned:
@@ -209,8 +213,11 @@ class WorkerLink:
             self._error(exc, via_segment)
             return
         if nbytes != due:
-            raise ProtocolError(f"{self.what} sent {nbytes} bytes for {op} '{name}' shard {index} (due: {due})")
-        if rows > len(shard.value):  # distinct ids (checked below) cannot be more: bounds what is allocated next
+            raise ProtocolError(
+                f"{self.what} sent {nbytes} bytes for {op} '{name}' shard {index} (due: {due})"
+            )
+        # distinct ids (checked below) cannot be more: bounds what is allocated next
+        if rows > len(shard.value):
             raise ProtocolError(
                 f"{self.what} asked for {rows} rows of '{name}' shard {index}, which has {len(shard.value)}"
             )
@@ -244,7 +251,9 @@ class WorkerLink:
         value, rank, timeout = shard.value, self.rank, self.server.op_timeout
         if op.dense:
             if region.nbytes < value.nbytes:
-                raise ProtocolError(f"{self.what}'s shared segment cannot hold shard {shard.index} of '{shard.name}'")
+                raise ProtocolError(
+                    f"{self.what}'s shared segment cannot hold shard {shard.index} of '{shard.name}'"
+                )
             view = region[: value.nbytes].view(value.dtype).reshape(value.shape)
             if op is Op.PUSH:
                 shard.push(rank, view)
@@ -260,7 +269,9 @@ class WorkerLink:
             raise ProtocolError(f"{self.what}'s shared segment cannot hold {rows} rows of '{shard.name}'")
         ids = region[: rows * 8].view("<i8").astype(np.intp)  # a copy: checked once, used as checked
         if rows and (ids.min() < 0 or ids.max() >= len(value)):
-            raise ValueError(f"{op} '{shard.name}' shard {shard.index}: row ids out of range 0..{len(value) - 1}")
+            raise ValueError(
+                f"{op} '{shard.name}' shard {shard.index}: row ids out of range 0..{len(value) - 1}"
+            )
         if op is Op.PULL_ROWS:
             if rows > 1 and not (np.diff(ids) > 0).all():
                 raise ValueError(
@@ -271,7 +282,11 @@ class WorkerLink:
             return region[: rows * shard.row_bytes]
         if rows > 1 and not (np.diff(ids) > 0).all() and len(np.unique(ids)) != rows:
             raise ValueError(f"push_rows '{shard.name}': row ids must be unique (the client sums duplicates)")
-        grads = region[rows * 8 : rows * (8 + shard.row_bytes)].view(value.dtype).reshape((rows, *value.shape[1:]))
+        grads = (
+            region[rows * 8 : rows * (8 + shard.row_bytes)]
+            .view(value.dtype)
+            .reshape((rows, *value.shape[1:]))
+        )
         shard.push(rank, (ids, grads))
         self._saved(shard)
         return None
@@ -280,9 +295,12 @@ class WorkerLink:
         """Run dense ``op`` on the worker's own arrays, whose addresses are in the segment; returns the bytes
         written into the worker's result."""
         assert self.segment is not None and self.remote is not None
-        src, dst = ADDRESSES.unpack_from(self.segment.mv, DATA)  # copied out: the worker cannot change them under us
+        # copied out: the worker cannot change them under us
+        src, dst = ADDRESSES.unpack_from(self.segment.mv, DATA)
         if (op is not Op.PULL) != bool(src) or (op is not Op.PUSH) != bool(dst):
-            raise ProtocolError(f"{self.what} sent a single-copy {op} of '{shard.name}' without its addresses")
+            raise ProtocolError(
+                f"{self.what} sent a single-copy {op} of '{shard.name}' without its addresses"
+            )
         remote, item = self.remote, shard.value.itemsize
         remote.check()
         fetch = (lambda lo, buf: remote.read(src + lo * item, buf)) if src else None
