@@ -1,4 +1,10 @@
-"""Every collective x dtype x root against numpy, on 1-4 real ranks, over shared memory and TCP."""
+"""Every collective x dtype x root against numpy, on 1-4 real ranks, over shared memory and TCP.
+
+One launch per layout runs every part of the matrix (each collective's worker, join with Sum and Average, topology
+and the exported variables, process sets at 4 ranks) one after another, each on a fresh group
+(support/parts.py): a launch costs seconds, most parts a fraction of one. A failing part fails its layout's test
+with the part's name, its rank and its traceback.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import pytest
 
 import hora.numpy as hvd
 from support.harness import run_ranks
+from support.parts import Part, parts_worker
 from workers.collectives import (
     allgather_worker,
     allreduce_worker,
@@ -15,6 +22,7 @@ from workers.collectives import (
     grouped_worker,
     join_worker,
     object_worker,
+    process_set_worker,
     reducescatter_worker,
     topology_worker,
 )
@@ -31,28 +39,16 @@ LAYOUTS = [
 ]
 
 
-@pytest.mark.parametrize(("np_", "settings"), LAYOUTS)
-@pytest.mark.parametrize(
-    "worker",
-    [allreduce_worker, allgather_worker, broadcast_worker, alltoall_worker, reducescatter_worker, async_order_worker,
-     object_worker, grouped_worker],
-    ids=lambda f: f.__name__.removesuffix("_worker"),
-)
-def test_collective(worker, np_, settings):
-    results = run_ranks(worker, np_, **settings)
-    assert len(results) == np_
-    assert all(results), results
+def _all_true(name: str, results: list, np_: int) -> None:
+    assert all(results), (name, results)
 
 
-@pytest.mark.parametrize("np_", [1, 2, 3, 4])
-@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average], ids=["sum", "average"])
-def test_join_contributes_zeros_and_returns_last_rank(np_, op):
-    assert run_ranks(join_worker, np_, int(op)) == [np_ - 1] * np_
+def _last_rank(name: str, results: list, np_: int) -> None:
+    """join() returns the last rank to join; join contributes zeros for ranks out of data (join_worker checks)."""
+    assert results == [np_ - 1] * np_, (name, results)
 
 
-@pytest.mark.parametrize("np_", [1, 3])
-def test_topology_and_exported_variables(np_):
-    infos = run_ranks(topology_worker, np_)
+def _topology(name: str, infos: list, np_: int) -> None:
     for r, info in enumerate(infos):
         assert (info["rank"], info["size"], info["local_rank"], info["local_size"]) == (r, np_, r, np_)
         assert (info["cross_rank"], info["cross_size"], info["homogeneous"]) == (0, 1, True)
@@ -64,7 +60,27 @@ def test_topology_and_exported_variables(np_):
         assert (env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"], env["HOROVOD_HOSTNAME"]) == ("0", "1", "localhost")
 
 
-def test_process_sets_in_hora_numpy():
-    from workers.collectives import process_set_worker
+#: Every layout's parts, and how each part's per-rank results are checked (each worker checks its own results too).
+PARTS = [
+    (Part("allreduce", allreduce_worker), _all_true),
+    (Part("allgather", allgather_worker), _all_true),
+    (Part("broadcast", broadcast_worker), _all_true),
+    (Part("alltoall", alltoall_worker), _all_true),
+    (Part("reducescatter", reducescatter_worker), _all_true),
+    (Part("async_order", async_order_worker), _all_true),
+    (Part("object", object_worker), _all_true),
+    (Part("grouped", grouped_worker), _all_true),
+    (Part("join-sum", join_worker, (int(hvd.Sum),)), _last_rank),
+    (Part("join-average", join_worker, (int(hvd.Average),)), _last_rank),
+    (Part("topology", topology_worker), _topology),
+]
+FOUR_RANKS = [(Part("process_sets", process_set_worker), _all_true)]  # two sets of two ranks
 
-    assert run_ranks(process_set_worker, 4, timeout=120) == [True] * 4
+
+@pytest.mark.parametrize(("np_", "settings"), LAYOUTS)
+def test_collectives(np_, settings):
+    parts = PARTS + (FOUR_RANKS if np_ == 4 else [])
+    results = run_ranks(parts_worker, np_, [part for part, _ in parts], timeout=240, **settings)
+    assert len(results) == np_
+    for part, check in parts:
+        check(part.name, [r[part.name] for r in results], np_)
