@@ -4,11 +4,14 @@ real default and variable, parsed flags become settings, and bad values are refu
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import pytest
 
 from hora.config import Config, env_names
+from hora.config.launchers import without_launcher_variables
 from hora.config.settings import settings_with_flags
+from hora.config.worker_env import worker_env
 from hora.errors import ConfigError
 from hora.runner.flags import (
     LAUNCHER_OPTIONS,
@@ -122,3 +125,74 @@ def test_a_bad_combination_names_the_flags():
 def test_each_setting_has_one_flag_and_each_flag_one_setting():
     table = flag_table()
     assert len(set(table.values())) == len(table)
+
+
+# What a rank of `hora run FLAGS` resolves, against the environment hora run was started in: the flags' settings
+# (settings_from_args) are written over the launcher's environment as hora run writes a rank's (worker_env), and the
+# rank reads them back (Config.resolve, with init()'s arguments as overrides). End to end, with real ranks, in
+# tests/multiprocess/runner/test_flags.py.
+
+ENGINE_DEFAULTS = {
+    "fusion_threshold": 64 * 1024 * 1024,
+    "cycle_time_ms": 1.0,
+    "cache_capacity": 1024,
+    "stall_check_disable": False,
+    "stall_check_time": 60.0,
+    "stall_shutdown_time": 0.0,
+    "timeline": "",
+    "timeline_mark_cycles": False,
+}
+
+
+#: Where the rank is (what hora run's placement adds; no engine setting depends on it).
+ONE_RANK: dict[str, Any] = {
+    "rank": 0, "size": 1, "local_rank": 0, "local_size": 1, "cross_rank": 0, "cross_size": 1, "host": "localhost",
+    "rendezvous": ("127.0.0.1", 1), "secret": b"s" * 32, "job_id": "job", "master_addr": "127.0.0.1",
+    "master_port": 2,
+}
+
+
+def workers_resolve(flags: list[str], env: dict[str, str] | None = None, **arguments: Any) -> dict[str, Any]:
+    """The engine settings a rank of ``hora run FLAGS`` resolves when hora run's environment is ``env``."""
+    settings = settings_from_args(parse_run_options(flags))
+    assert check_settings(settings, env=env or {}) == ""
+    rank_env = worker_env(without_launcher_variables(env or {}), settings=settings, **ONE_RANK)
+    cfg = Config.resolve(env=rank_env, overrides=arguments)
+    return {name: getattr(cfg, name) for name in ENGINE_DEFAULTS}
+
+
+def test_without_flags_or_environment_the_workers_get_the_defaults():
+    assert workers_resolve([]) == ENGINE_DEFAULTS
+
+
+@pytest.mark.parametrize("name", ["HORA_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"])
+def test_the_flag_beats_the_environment(name):
+    assert workers_resolve(["--fusion-threshold-mb", "2"], {name: "12345"})["fusion_threshold"] == 2 * 1024 * 1024
+
+
+def test_the_environment_applies_without_the_flag():
+    env = {"HOROVOD_FUSION_THRESHOLD": "12345", "HOROVOD_CYCLE_TIME": "7", "HOROVOD_STALL_CHECK_DISABLE": "1",
+           "HOROVOD_TIMELINE": "/tmp/horovod-timeline.json"}
+    assert workers_resolve([], env) == {**ENGINE_DEFAULTS, "fusion_threshold": 12345, "cycle_time_ms": 7.0,
+                                        "stall_check_disable": True, "timeline": "/tmp/horovod-timeline.json"}
+
+
+def test_the_hora_name_beats_the_horovod_alias_in_the_workers():
+    assert workers_resolve([], {"HORA_CACHE_CAPACITY": "8", "HOROVOD_CACHE_CAPACITY": "9"})["cache_capacity"] == 8
+
+
+def test_an_argument_beats_the_flag():
+    # hvd.init(fusion_threshold=4096) passes its arguments to Config.resolve(overrides=...)
+    got = workers_resolve(["--fusion-threshold-mb", "2"], {"HOROVOD_FUSION_THRESHOLD": "1"}, fusion_threshold=4096)
+    assert got["fusion_threshold"] == 4096
+
+
+def test_an_empty_timeline_flag_turns_off_the_environments_timeline():
+    assert workers_resolve(["--timeline-filename", ""], {"HOROVOD_TIMELINE": "/tmp/t.json"})["timeline"] == ""
+
+
+def test_stall_shutdown_flag_is_judged_against_the_environment():
+    # alone, 10 s is below the default warning time; the environment lowers that to 5 s, which makes it valid (the
+    # refusal of a warning-time flag above the environment's shutdown time: tests/unit/test_cli.py)
+    got = workers_resolve(["--stall-check-shutdown-time-seconds", "10"], {"HOROVOD_STALL_CHECK_TIME_SECONDS": "5"})
+    assert (got["stall_check_time"], got["stall_shutdown_time"]) == (5.0, 10.0)

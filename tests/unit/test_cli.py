@@ -1,0 +1,126 @@
+"""The ``hora run`` command line in this process (hora.cli.main, the function ``python -m hora`` calls): bad flags,
+a bad environment and bad combinations are refused with exit status 2 and a sentence before any rank starts; the
+help lists the engine flags; a command that is not executable is exit status 126.
+
+What reaches the workers end to end is tests/multiprocess/runner/test_flags.py; what the flags resolve to, against
+the environment, is tests/unit/runner/test_flags.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from hora.cli import main
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No hora or Horovod variable in this process's environment."""
+    for name in list(os.environ):
+        if name.startswith(("HORA_", "HOROVOD_")):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def hora_run(capsys, *words: str) -> tuple[int, str, str]:
+    """``hora run WORDS``: (exit status, stdout, stderr). argparse's usage errors and --help exit by SystemExit."""
+    try:
+        code = main(["run", *words])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "reason"),
+    [
+        ("--fusion-threshold-mb", "-1", "expected a finite number of MB >= 0"),
+        ("--fusion-threshold-mb", "lots", "expected a finite number of MB >= 0"),
+        ("--fusion-threshold-mb", "inf", "expected a finite number of MB >= 0"),
+        ("--cycle-time-ms", "-1", "expected a finite number >= 0"),
+        ("--cycle-time-ms", "nan", "expected a finite number >= 0"),
+        ("--cache-capacity", "-1", "expected a whole number >= 0"),
+        ("--cache-capacity", "1.5", "invalid literal"),
+        ("--stall-check-warning-time-seconds", "0", "expected a finite number > 0"),
+        ("--stall-check-shutdown-time-seconds", "-5", "expected a finite number >= 0"),
+        ("--start-timeout", "-1", "expected a finite number > 0"),
+    ],
+)
+def test_invalid_flag_values_are_clear_errors(capsys, clean_env, flag, value, reason):
+    code, _, err = hora_run(capsys, "-np", "1", flag, value, sys.executable, "-c", "pass")
+    assert code == 2, err
+    assert f"argument {flag}: {value!r} is not valid: {reason}" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("HORA_FUSION_THRESHOLD", "64MB"),
+        ("HOROVOD_CYCLE_TIME", "fast"),
+        ("HOROVOD_CACHE_CAPACITY", "-1"),
+        ("HORA_STALL_CHECK_DISABLE", "maybe"),
+        ("HOROVOD_STALL_CHECK_TIME_SECONDS", "0"),
+        ("HORA_STALL_SHUTDOWN_TIME_SECONDS", "never"),
+        ("HOROVOD_TIMELINE_MARK_CYCLES", "2"),
+        ("HOROVOD_GLOO_TIMEOUT_SECONDS", "-1"),
+    ],
+)
+def test_invalid_environment_stops_the_launcher_before_any_rank_starts(capsys, clean_env, tmp_path, name, value):
+    marker = tmp_path / "started"
+    clean_env.setenv(name, value)
+    code, _, err = hora_run(capsys, "-np", "2", sys.executable, "-c", f"open({str(marker)!r}, 'w')")
+    assert code == 2, err
+    assert f"hora run: invalid hora settings:\n  {name}={value!r} is not valid" in err
+    assert "Traceback" not in err
+    assert not marker.exists()
+
+
+def test_stall_shutdown_flag_below_the_warning_time_is_refused(capsys, clean_env):
+    code, _, err = hora_run(capsys, "-np", "1", "--stall-check-warning-time-seconds", "30",
+                            "--stall-check-shutdown-time-seconds", "10", sys.executable, "-c", "pass")
+    assert code == 2, err
+    assert "--stall-check-shutdown-time-seconds 10 is less than --stall-check-warning-time-seconds 30" in err
+    assert "--stall-check-shutdown-time-seconds sets HORA_STALL_SHUTDOWN_TIME_SECONDS" in err
+    assert "--stall-check-warning-time-seconds sets HORA_STALL_CHECK_TIME_SECONDS" in err
+    assert "Traceback" not in err
+
+
+def test_a_warning_time_flag_above_the_environments_shutdown_time_is_refused(capsys, clean_env):
+    # the other half (a shutdown flag made valid by the environment) is in tests/unit/runner/test_flags.py
+    clean_env.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "10")
+    code, _, err = hora_run(capsys, "-np", "1", "--stall-check-warning-time-seconds", "20", sys.executable, "-c",
+                            "pass")
+    assert code == 2, err
+    assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=10 is less than HORA_STALL_CHECK_TIME_SECONDS=20" in err
+
+
+def test_help_lists_the_engine_flags(capsys):
+    code, out, err = hora_run(capsys, "--help")
+    assert code == 0, err
+    for flag in ["--fusion-threshold-mb", "--cycle-time-ms", "--cache-capacity", "--timeline-filename",
+                 "--timeline-mark-cycles", "--no-stall-check", "--stall-check-warning-time-seconds",
+                 "--stall-check-shutdown-time-seconds", "--log-level"]:
+        assert flag in out
+    for name in ["HORA_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_GLOO_TIMEOUT_SECONDS"]:
+        assert name in out
+
+
+@pytest.mark.parametrize("port", ["-1", "70000", "http"])
+def test_a_rendezvous_port_out_of_range_is_a_usage_error(capsys, port):
+    code, _, err = hora_run(capsys, "-np", "1", "--rendezvous-port", port, "true")
+    assert code == 2 and "Traceback" not in err, err
+    assert "is not a port number" in err and "0-65535" in err
+
+
+def test_a_command_that_is_not_executable_is_a_sentence_and_126(capsys, tmp_path):
+    script = tmp_path / "train.sh"
+    script.write_text("echo hi\n")
+    script.chmod(0o644)
+    code, _, err = hora_run(capsys, "-np", "2", str(script))
+    assert code == 126 and "Traceback" not in err, err
+    assert f"cannot start {str(script)!r}: Permission denied (is it an executable file?" in err
