@@ -242,6 +242,7 @@ for name in json.loads(sys.argv[1]):
         "not_shared": sorted(n for n in surface.__all__ if getattr(m, n, None) is not getattr(surface, n)),
         "callbacks": sorted(c for c in json.loads(sys.argv[3]) if hasattr(getattr(m, "callbacks", None), c)),
         "ops": [m.Average, m.Sum, m.Adasum, m.Min, m.Max, m.Product],
+        "eager": m._executing_eagerly() if hasattr(m, "_executing_eagerly") else None,
     }
 print(json.dumps(out))
 """
@@ -301,6 +302,7 @@ def test_every_adapter_has_horovods_names_and_the_shared_objects():
         assert sorted(set(got["all"]) - set(surface.__all__)) == OWN_NAMES[adapter], adapter
         assert set(surface.__all__) <= set(got["all"]), adapter
         assert got["ops"] == [0, 1, 2, 3, 4, 5], adapter
+        assert got["eager"] is (True if adapter == "hora.tensorflow" else None), adapter  # Horovod scripts call it
         if "keras" in adapter:
             assert got["callbacks"] == HOROVOD_KERAS_CALLBACKS, adapter
 
