@@ -79,8 +79,8 @@ def common_names(repo: str, rev: str) -> set[str]:
 
 
 def main(repo: str, rev: str) -> None:
-    commit = subprocess.run(["git", "-C", repo, "rev-parse", f"{rev}^{{commit}}"], capture_output=True, text=True,
-                            check=True).stdout.strip()  # fmt: skip
+    rev_parse = ["git", "-C", repo, "rev-parse", f"{rev}^{{commit}}"]
+    commit = subprocess.run(rev_parse, capture_output=True, text=True, check=True).stdout.strip()
     modules = {name: {"file": path, "names": public_names(_show(repo, rev, path))} for name, path in MODULES.items()}
     exported = {n for m in modules.values() for n in m["names"]}
     out = {
