@@ -8,20 +8,17 @@ which is always a fresh array (or the caller's ``out``): nothing returned aliase
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hora.errors import ConfigError, HoraError, MismatchError, PeerLostError, ProtocolError
+from hora.errors import ConfigError, MismatchError
 from hora.ps import checkpoint
 from hora.ps.consistency import parse_consistency
 from hora.ps.messages import (
-    ControlRequest,
     HotRequest,
     Layout,
     Load,
@@ -37,15 +34,12 @@ from hora.ps.partition import MinSizePartitioner, Partitioner, ShardKey, place, 
 from hora.ps.rows import sum_duplicates
 from hora.ps.rules import UpdateRule, parse_rule
 from hora.ps.server_link import OnReply, ServerLink, loopback
+from hora.ps.server_links import PerServer, Request, ServerLinks
 
 if TYPE_CHECKING:
     from hora.ps.reconnect import Restarts
 
 __all__ = ["Client", "parse_consistency"]
-
-_Request = HotRequest | ControlRequest
-#: Requests per server (each server's in order on its link, the servers at the same time).
-_PerServer = Mapping[int, Sequence[_Request]]
 
 
 @dataclass
@@ -102,19 +96,11 @@ class Client:
         if not servers:
             raise ConfigError("a parameter-server client needs at least one server (hora run --num-ps S)")
         self.rank = rank
-        # how to reach a restarted server (hora.ps.reconnect); None: a lost server is fatal
-        self.restarts = restarts
         addresses = [(str(h), int(p)) for h, p in servers]
         self.mode, self.staleness = parse_consistency(consistency, staleness)
         self.partitioner = partitioner or MinSizePartitioner(1 << 20, max_shards=len(servers))
         self._vars: dict[str, _Var] = {}
         self._loads = [0] * len(servers)
-        self._lost: str | None = None
-        self._lost_lock = threading.Lock()
-        self._closed = False
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max(1, len(servers) - 1), thread_name_prefix="hora-ps"
-        )
         if shm is None or isinstance(shm, bool):
             use_segment = [bool(shm) if shm is not None else loopback(h) for h, _ in addresses]
         elif len(shm) == len(servers):
@@ -125,42 +111,43 @@ class Client:
             )
         self._scratch = threading.local()
         self._last_rows: tuple[_Var, np.ndarray, _Rows] | None = None
-        self._links: list[ServerLink] = []
-        deadline = time.monotonic() + timeout
-        try:
-            for i, address in enumerate(addresses):
-                link = ServerLink.open(
-                    i, address, secret, rank, deadline, op_timeout + timeout, use_segment[i], single_copy
-                )
-                self._links.append(link)
-        except BaseException:
-            self.close()
-            raise
+        self._servers = ServerLinks.open(
+            addresses, use_segment, secret, rank, timeout, op_timeout, single_copy, restarts, self._held
+        )
+        self._run = self._servers.run  # every operation: its requests per server, run on the links
 
     @property
     def num_servers(self) -> int:
-        return len(self._links)
+        return len(self._servers)
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
         """``(host, port)`` of each server now (a restarted server's new address)."""
-        return [link.address for link in self._links]
+        return [link.address for link in self._servers.links]
 
     @property
     def links(self) -> list[ServerLink]:
         """The connection to each server (:class:`~hora.ps.server_link.ServerLink`)."""
-        return list(self._links)
+        return list(self._servers.links)
+
+    @property
+    def restarts(self) -> Restarts | None:
+        """How a restarted server is reached (:mod:`hora.ps.reconnect`); None: a lost server is fatal."""
+        return self._servers.restarts
 
     @property
     def shared_memory(self) -> list[bool]:
         """Per server, whether payloads go through shared memory (False from the first time it could not)."""
-        return [link.use_segment for link in self._links]
+        return [link.use_segment for link in self._servers.links]
 
     def close(self) -> None:
-        self._closed = True
-        for link in self._links:
-            link.close()
-        self._pool.shutdown(wait=True)
+        self._servers.close()
+
+    def _held(self, server: int) -> list[str]:
+        """The shards ``server`` holds (for the message when it is lost)."""
+        return [
+            f"'{n}' shard {i}" for n, v in self._vars.items() for i, s in enumerate(v.servers) if s == server
+        ]
 
     def __enter__(self) -> Client:
         return self
@@ -213,8 +200,8 @@ class Client:
         for key in keys:
             self._vars[key.name].servers.append(placement[key])
             self._loads[placement[key]] += key.nbytes
-        layouts: list[_Request] = []
-        per: dict[int, list[_Request]] = {}
+        layouts: list[Request] = []
+        per: dict[int, list[Request]] = {}
         for n, a in arrays.items():
             var = self._vars[n]
             layouts.append(Layout(n, var.layout(rule, mode, k)))
@@ -275,7 +262,7 @@ class Client:
             )
         return out
 
-    def _dense(self, name: str, op: Op, grad: np.ndarray | None, out: np.ndarray | None) -> _PerServer:
+    def _dense(self, name: str, op: Op, grad: np.ndarray | None, out: np.ndarray | None) -> PerServer:
         var = self._var(name, str(op))
         g = None
         if grad is not None:
@@ -288,7 +275,7 @@ class Client:
                 )
             g = np.ascontiguousarray(g, var.dtype).reshape(-1, *var.shape[1:]) if var.shape else g
         flat_out = out.reshape(-1, *var.shape[1:]) if out is not None else None
-        per: dict[int, list[_Request]] = {}
+        per: dict[int, list[Request]] = {}
         for i, server in enumerate(var.servers):
             lo, hi = var.offsets[i], var.offsets[i + 1]
             payload = (g[lo:hi],) if g is not None else ()
@@ -326,7 +313,7 @@ class Client:
         """Rows ``ids`` of the variable (duplicates allowed, fetched once), shape ``(len(ids), *row_shape)``."""
         var, uniq, _, inverse, cuts = self._rows(name, "pull_rows", ids)
         fetched = self._buffer(0, (len(uniq), *var.shape[1:]), var.dtype)  # reused: we return a gather of it
-        per: dict[int, list[_Request]] = {}
+        per: dict[int, list[Request]] = {}
         for i, server in enumerate(var.servers):
             a, b = cuts[i], cuts[i + 1]
             if a < b:
@@ -348,7 +335,7 @@ class Client:
             )
         summed = self._buffer(1, (len(uniq), *var.shape[1:]), var.dtype)
         sum_duplicates(inverse, len(uniq), g, out=summed, first=first)
-        per: dict[int, list[_Request]] = {}
+        per: dict[int, list[Request]] = {}
         for i, server in enumerate(var.servers):
             a, b = cuts[i], cuts[i + 1]
             if a < b:
@@ -425,65 +412,3 @@ class Client:
                 per.setdefault(v.servers[i], []).append(ShardSource(n, i, tuple(pieces)))
         self._run({s: [Load(directory, tuple(src))] for s, src in per.items()})
         return int(manifest.get("step", 0))
-
-    # -- the wire -------------------------------------------------------------------------------------------------
-    def _run(self, per: _PerServer, on_reply: Callable[[int], OnReply] | None = None) -> None:
-        """Run each server's requests in order on its link, the servers concurrently; ``on_reply(server)`` is
-        given each control reply of that server."""
-        items = [(s, reqs) for s, reqs in per.items() if reqs]
-        if not items:
-            return
-        futures = [self._pool.submit(self._exchange, s, reqs, on_reply) for s, reqs in items[1:]]
-        first_error: BaseException | None = None
-        try:
-            self._exchange(items[0][0], items[0][1], on_reply)
-        except BaseException as exc:
-            first_error = exc
-        for f in futures:
-            try:
-                f.result()
-            except BaseException as exc:
-                first_error = first_error or exc
-        if first_error is not None:
-            raise first_error
-
-    def _lose(self, server: int, what: str, exc: BaseException) -> str:
-        """The first lost server breaks the client: every connection is shut down, so requests in flight on the
-        others end now and those servers count this worker as gone (nobody waits for it under bounded/sync)."""
-        with self._lost_lock:
-            if self._lost is None:
-                held = [
-                    f"'{n}' shard {i}"
-                    for n, v in self._vars.items()
-                    for i, s in enumerate(v.servers)
-                    if s == server
-                ]
-                self._lost = (
-                    f"{what} was lost ({exc}); it held {', '.join(held[:20]) or 'no shards'}"
-                    f"{' ...' if len(held) > 20 else ''}. Training cannot go on without it: restart the job"
-                )
-                for link in self._links:
-                    link.shutdown()
-            return self._lost
-
-    def _exchange(
-        self, server: int, reqs: Sequence[_Request], on_reply: Callable[[int], OnReply] | None
-    ) -> None:
-        link = self._links[server]
-        what = link.what
-        with link.lock:
-            if self._lost is not None:
-                raise PeerLostError(self._lost)
-            if self._closed:
-                raise HoraError("this parameter-server client is closed")
-            try:
-                refusal = link.run(reqs, on_reply(server) if on_reply else None, lambda: self._lost)
-            except (OSError, PeerLostError, ProtocolError) as exc:
-                if self.restarts is None or self._lost is not None:  # no restarts, or another server is gone
-                    raise PeerLostError(self._lose(server, what, exc)) from exc
-                self.restarts.recover(self, server, what, exc)  # connected to its restart, or PeerLostError
-            else:
-                if refusal is not None:  # the server answered: the connection is fine
-                    raise refusal.exception(what)
-                return
-        self._exchange(server, reqs, on_reply)  # the failed operation again, whole, on the restarted server

@@ -22,7 +22,7 @@ from hora.errors import HoraError, PeerLostError
 from hora.ps.directory import open_store
 
 if TYPE_CHECKING:
-    from hora.ps.client import Client
+    from hora.ps.server_links import ServerLinks
 
 __all__ = ["Restarts"]
 
@@ -39,9 +39,9 @@ class Restarts:
         self.generations: dict[int, int] = {}
         self.count = 0  # reconnections so far
 
-    def recover(self, client: Client, server: int, what: str, exc: BaseException) -> None:
-        """Replace ``client``'s connection to ``server`` by one to its restarted process, or raise PeerLostError."""
-        link = client.links[server]
+    def recover(self, links: ServerLinks, server: int, what: str, exc: BaseException) -> None:
+        """Replace the connection to ``server`` by one to its restarted process, or raise PeerLostError."""
+        link = links[server]
         link.drop()  # the old process is gone, and the new one never maps the old segment
         deadline = time.monotonic() + self.timeout
         log.warning(
@@ -51,7 +51,7 @@ class Restarts:
             store, secret = open_store(self._config, self._rank)
         except HoraError as err:
             raise PeerLostError(
-                _give_up(client, server, what, exc, f"the job's store cannot be reached ({err})")
+                _give_up(links, server, what, exc, f"the job's store cannot be reached ({err})")
             ) from exc
         try:
             if server not in self.generations:  # which generation did this client first connect to?
@@ -60,13 +60,13 @@ class Restarts:
                 self.generations[server] = int(latest.get("generation", 0)) - (0 if same else 1)
             while True:
                 generation = self.generations[server] + 1
-                info = self._next(store, client, server, generation, deadline)
+                info = self._next(store, links, server, generation, deadline)
                 if info is None:
                     reason = f"it was not restarted within {self.timeout:g}s (HORA_START_TIMEOUT)"
-                    raise PeerLostError(_give_up(client, server, what, exc, reason)) from exc
+                    raise PeerLostError(_give_up(links, server, what, exc, reason)) from exc
                 self.generations[server] = generation
                 if "failed" in info:
-                    raise PeerLostError(_give_up(client, server, what, exc, str(info["failed"]))) from exc
+                    raise PeerLostError(_give_up(links, server, what, exc, str(info["failed"]))) from exc
                 host, port = str(info["host"]), int(info["port"])
                 soon = min(deadline, time.monotonic() + 5.0)
                 what_now = f"parameter server {server} (restart {generation})"
@@ -85,13 +85,13 @@ class Restarts:
 
     @staticmethod
     def _next(
-        store: Any, client: Client, server: int, generation: int, deadline: float
+        store: Any, links: ServerLinks, server: int, generation: int, deadline: float
     ) -> dict[str, Any] | None:
         """The published ``<server>@<generation>``, or None once ``deadline`` passed. Waits in 1 s slices: when
         another server is given up meanwhile, the client is broken and this wait ends with that error."""
         while True:
-            if client._lost is not None:
-                raise PeerLostError(client._lost)
+            if links.lost is not None:
+                raise PeerLostError(links.lost)
             left = deadline - time.monotonic()
             try:
                 key = f"{server}@{generation}"
@@ -101,6 +101,6 @@ class Restarts:
                     return None
 
 
-def _give_up(client: Client, server: int, what: str, exc: BaseException, reason: str) -> str:
-    """Break the client as a lost server without restarts does (every connection shut), with ``reason``."""
-    return client._lose(server, what, PeerLostError(f"{exc}; {reason}"))
+def _give_up(links: ServerLinks, server: int, what: str, exc: BaseException, reason: str) -> str:
+    """Break every link as a lost server without restarts does (every connection shut), with ``reason``."""
+    return links.lose(server, what, PeerLostError(f"{exc}; {reason}"))
