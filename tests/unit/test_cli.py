@@ -14,6 +14,9 @@ import sys
 import pytest
 
 from hora.cli import main
+from hora.errors import ConfigError
+from hora.runner import run_command
+from hora.runner.flags import check_settings
 
 
 @pytest.fixture
@@ -124,3 +127,40 @@ def test_a_command_that_is_not_executable_is_a_sentence_and_126(capsys, tmp_path
     code, _, err = hora_run(capsys, "-np", "2", str(script))
     assert code == 126 and "Traceback" not in err, err
     assert f"cannot start {str(script)!r}: Permission denied (is it an executable file?" in err
+
+
+@pytest.mark.parametrize(
+    ("words", "env", "expected"),
+    [
+        (["--strategy", "parameter_server"], {},
+         "--strategy parameter_server needs parameter servers, and this job starts none: add --num-ps S"),
+        ([], {"HORA_STRATEGY": "parameter_server"},
+         "HORA_STRATEGY=parameter_server (from the environment) needs parameter servers"),
+        (["--ps-consistency", "sync", "--ps-checkpoint-steps", "5"], {},
+         "--ps-consistency sync, --ps-checkpoint-steps 5 configure parameter servers, and this job starts none"),
+        (["--num-ps", "1", "--max-restarts", "2"], {}, "--max-restarts 2 needs --ps-checkpoint-dir DIR"),
+    ],
+    ids=["strategy-flag", "strategy-env", "server-flags", "restarts-without-checkpoints"],
+)
+def test_a_job_no_rank_could_run_is_refused_before_any_rank_starts(capsys, clean_env, tmp_path, words, env, expected):
+    # Before: the ranks imported their framework and each failed in DistributedOptimizer, seconds later.
+    marker = tmp_path / "started"
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    code, _, err = hora_run(capsys, "-np", "2", *words, sys.executable, "-c", f"open({str(marker)!r}, 'w')")
+    assert code == 2, err
+    assert err.startswith(f"hora run: {expected}"), err
+    assert "Traceback" not in err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("servers", [{"num_ps": 1}, {"ps_per_host": 1}], ids=["num-ps", "ps-per-host"])
+def test_the_parameter_server_strategy_with_servers_passes_the_check(servers):
+    assert check_settings({"strategy": "parameter_server", "ps_consistency": "sync", **servers}, env={}) == ""
+
+
+def test_run_command_refuses_the_same_contradictions_before_any_rank_starts(clean_env, tmp_path):
+    marker = tmp_path / "started"
+    with pytest.raises(ConfigError, match=r"^--strategy parameter_server needs parameter servers"):
+        run_command([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], np=1, strategy="parameter_server")
+    assert not marker.exists()

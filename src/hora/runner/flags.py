@@ -17,6 +17,7 @@ from hora.config import Config, describe_settings, env_names, parse_value
 from hora.config.settings import Flag, settings_with_flags
 from hora.config.variables import environment
 from hora.errors import ConfigError
+from hora.runner.contradictions import check_launch
 
 __all__ = [
     "LAUNCHER_OPTIONS",
@@ -167,14 +168,15 @@ def parse_run_options(options: Sequence[str]) -> argparse.Namespace:
 
 def check_settings(settings: Mapping[str, Any], env: Mapping[str, str] | None = None) -> str:
     """Resolve the settings the workers will see (``env``, default this environment, then the flags), so a bad
-    value or a bad combination stops the launcher with one message instead of every rank; empty when all is well."""
+    value or a bad combination (:mod:`hora.runner.contradictions`) stops the launcher with one message instead of
+    every rank; empty when all is well."""
     base = dict(environment() if env is None else env)
     for setting in _SET_BY_LAUNCHER:
         for name in env_names(setting):
             base.pop(name, None)
     try:
         base.update(Config.env_for(settings))
-        Config.resolve(env=base)
+        check_launch(Config.resolve(env=base), settings)
     except ConfigError as exc:
         message = str(exc)
         table = flag_table()

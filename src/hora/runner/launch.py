@@ -38,6 +38,7 @@ from hora.config import Config
 from hora.config.variables import environment
 from hora.config.worker_env import worker_env
 from hora.errors import ConfigError
+from hora.runner.contradictions import check_launch
 from hora.runner.hosts import HostSlots, RankSlot, assign_ranks, is_local_host, place_servers
 from hora.runner.output import OutputPump
 from hora.runner.ps_servers import PsServers
@@ -350,17 +351,14 @@ def _server_hosts(spec: LaunchSpec, hosts: list[str], base_env: Mapping[str, str
     """The host of each of the job's parameter servers (``--num-ps`` / ``--ps-per-host``); [] when it has none.
 
     Raises:
-        ConfigError: ``--num-ps`` and ``--ps-per-host`` disagree.
+        ConfigError: ``--num-ps`` and ``--ps-per-host`` disagree, or the settings contradict each other
+            (:func:`hora.runner.contradictions.check_launch`).
     """
     try:
         config = Config.resolve(env=base_env, overrides=spec.settings)
     except ConfigError:
         return []  # the workers report the bad setting themselves
-    if config.ps_max_restarts and not config.ps_checkpoint_dir:
-        raise ConfigError(
-            f"--max-restarts {config.ps_max_restarts} needs --ps-checkpoint-dir DIR (HORA_PS_CHECKPOINT_DIR): a "
-            "restarted parameter server restores its shards from there"
-        )
+    check_launch(config, spec.settings)
     return place_servers(config.num_ps, config.ps_per_host, hosts)
 
 
