@@ -154,6 +154,17 @@ def alltoall_worker() -> bool:
         equal = data(r, dtype, (2 * n, 3))
         out = hvd.alltoall(equal)  # no splits: equal slices, and only the output comes back
         check(out, np.concatenate([data(k, dtype, (2 * n, 3))[2 * r : 2 * r + 2] for k in range(n)]), f"alltoall equal {dtype}")
+    # splits that sum to fewer rows than the tensor has: the rows past their sum are not sent (Horovod's behaviour)
+    longer = data(r, "float32", (sum(splits_of(r)) + 2, 3))
+    out, received = hvd.alltoall(longer, splits=splits_of(r))
+    parts = [data(k, "float32", (sum(splits_of(k)) + 2, 3))[sum(splits_of(k)[:r]) :][: splits_of(k)[r]] for k in range(n)]
+    check(out, np.concatenate(parts), "alltoall of the first rows")
+    try:
+        hvd.alltoall(longer, splits=[s + 3 for s in splits_of(r)])
+    except ValueError as e:
+        assert "more than the first dimension" in str(e), e
+    else:
+        raise AssertionError("alltoall splits summing past the first dimension did not raise")
     big = data(r, "float64", (40_000 * n,))
     check(hvd.alltoall(big), np.concatenate([data(k, "float64", (40_000 * n,))[40_000 * r : 40_000 * (r + 1)] for k in range(n)]), "alltoall big")
     hvd.shutdown()

@@ -141,10 +141,15 @@ def _splits(group: Group, arr: np.ndarray, splits: Any) -> list[int]:
             )
         return [arr.shape[0] // group.size] * group.size
     split_list = [int(s) for s in np.asarray(splits).reshape(-1)]
-    if len(split_list) != group.size or min(split_list, default=0) < 0 or sum(split_list) != arr.shape[0]:
+    if len(split_list) != group.size or min(split_list, default=0) < 0:
         raise ValueError(
-            f"alltoall splits {split_list} must have one non-negative entry per rank ({group.size}) "
-            f"summing to the first dimension ({arr.shape[0]})"
+            f"alltoall splits {split_list} must have one non-negative entry per rank ({group.size}): the rows "
+            "for rank 0, rank 1, ..."
+        )
+    if sum(split_list) > arr.shape[0]:  # a smaller sum sends the first rows only, as in Horovod
+        raise ValueError(
+            f"alltoall splits {split_list} sum to {sum(split_list)} rows, more than the first dimension of the "
+            f"tensor ({arr.shape[0]}); pass splits whose sum is at most {arr.shape[0]}"
         )
     return split_list
 
@@ -159,12 +164,14 @@ def alltoall_async(
     arr = as_array(tensor, "alltoall")
     if arr.ndim == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
+    split_list = _splits(group, arr, splits)
+    arr = arr[: sum(split_list)]  # rows past the splits' sum are not sent (Horovod's behaviour)
     req = Request(
         Kind.ALLTOALL,
         name if name is not None else group.auto_name("alltoall"),
         DTYPE_NAMES[arr.dtype],
         arr.shape,
-        splits=tuple(_splits(group, arr, splits)),
+        splits=tuple(split_list),
     )
     entry = Entry(req, arr)
     submit(group, entry)
