@@ -74,7 +74,9 @@ def wait_job(store: JobStore, name: str, timeout: float | None = None, poll: flo
         if record.done:
             return record
         if record.supervisor_pid is None and time.time() - record.created > 120:
-            raise ConfigError(f"job {name!r} was recorded but its supervisor never started; see its logs/supervisor.err")
+            raise ConfigError(
+                f"job {name!r} was recorded but its supervisor never started; see its logs/supervisor.err"
+            )
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"job {name!r} is still {record.status}/{record.secondary_status} after {timeout:g}s")
         time.sleep(poll)

@@ -47,7 +47,10 @@ def parse_distribution(dist: Any, pph: int, hps: Mapping[str, Any], c: Checker) 
     elif isinstance(dist, str):
         if dist not in STRATEGIES:
             close = difflib.get_close_matches(dist, STRATEGIES, n=1)
-            c.add(f"distribution {dist!r} is not one of {', '.join(STRATEGIES)}" + (f"; did you mean {close[0]!r}?" if close else ""))
+            c.add(
+                f"distribution {dist!r} is not one of {', '.join(STRATEGIES)}"
+                + (f"; did you mean {close[0]!r}?" if close else "")
+            )
         else:
             strategy = dist
     elif isinstance(dist, Mapping):
@@ -55,7 +58,10 @@ def parse_distribution(dist: Any, pph: int, hps: Mapping[str, Any], c: Checker) 
         for name, opts in dist.items():
             if name not in STRATEGIES[1:]:
                 close = difflib.get_close_matches(str(name), STRATEGIES, n=1)
-                c.add(f"distribution strategy {name!r} is not one of {', '.join(STRATEGIES[1:])}" + (f"; did you mean {close[0]!r}?" if close else ""))
+                c.add(
+                    f"distribution strategy {name!r} is not one of {', '.join(STRATEGIES[1:])}"
+                    + (f"; did you mean {close[0]!r}?" if close else "")
+                )
                 continue
             known = PS_DISTRIBUTION_FIELDS if name == "parameter_server" else DISTRIBUTION_FIELDS
             opts = {} if opts is None else opts
@@ -73,7 +79,11 @@ def parse_distribution(dist: Any, pph: int, hps: Mapping[str, Any], c: Checker) 
             if name == "parameter_server":
                 ps_servers = opts.get("servers", "tensorflow")
                 continue
-            inner = c.int_(opts, "processes_per_host", 0, 1, f" (in distribution.{name})") if opts.get("processes_per_host") is not None else 0
+            inner = (
+                c.int_(opts, "processes_per_host", 0, 1, f" (in distribution.{name})")
+                if opts.get("processes_per_host") is not None
+                else 0
+            )
             if inner and pph and inner != pph:
                 c.add(f"processes_per_host is {pph} but distribution.{name}.processes_per_host is {inner}; give one")
             pph = pph or inner
@@ -114,7 +124,11 @@ def _ps_hyperparameter(strategy: str, hps: Mapping[str, Any], c: Checker) -> tup
         return strategy, hps
     value = hps[PS_HYPERPARAMETER]
     rest = {k: v for k, v in hps.items() if k != PS_HYPERPARAMETER}
-    flag = {True: True, False: False, "true": True, "false": False}.get(value) if isinstance(value, (bool, str)) else None
+    flag = (
+        {True: True, False: False, "true": True, "false": False}.get(value)
+        if isinstance(value, (bool, str))
+        else None
+    )
     if flag is None:
         c.add(f"hyperparameter {PS_HYPERPARAMETER} must be true or false, got {value!r}")
     elif flag and strategy not in ("none", "parameter_server"):

@@ -31,13 +31,39 @@ log = logging.getLogger("hora")
 
 #: SDK arguments that have no effect when the job runs on this machine (accepted so SDK scripts run unchanged).
 NO_EFFECT = (
-    "role", "framework_version", "py_version", "image_uri", "image_name", "sagemaker_session", "tags",
-    "volume_size", "volume_kms_key", "output_kms_key", "subnets", "security_group_ids", "model_uri",
-    "model_channel_name", "enable_network_isolation", "encrypt_inter_container_traffic", "use_spot_instances",
-    "max_wait", "debugger_hook_config", "tensorboard_output_config", "profiler_config", "disable_profiler", "rules",
-    "code_location", "container_log_level", "keep_alive_period_in_seconds", "enable_sagemaker_metrics",
-    "train_instance_type", "train_volume_size", "train_max_run", "script_mode", "region",
-)  # fmt: skip
+    "role",
+    "framework_version",
+    "py_version",
+    "image_uri",
+    "image_name",
+    "sagemaker_session",
+    "tags",
+    "volume_size",
+    "volume_kms_key",
+    "output_kms_key",
+    "subnets",
+    "security_group_ids",
+    "model_uri",
+    "model_channel_name",
+    "enable_network_isolation",
+    "encrypt_inter_container_traffic",
+    "use_spot_instances",
+    "max_wait",
+    "debugger_hook_config",
+    "tensorboard_output_config",
+    "profiler_config",
+    "disable_profiler",
+    "rules",
+    "code_location",
+    "container_log_level",
+    "keep_alive_period_in_seconds",
+    "enable_sagemaker_metrics",
+    "train_instance_type",
+    "train_volume_size",
+    "train_max_run",
+    "script_mode",
+    "region",
+)
 #: SDK arguments hora maps onto its own spec fields.
 RENAMED = {
     "checkpoint_s3_uri": "checkpoint_path",
@@ -154,9 +180,13 @@ class Estimator:
         return f"{self.base_job_name[:40]}-{time.strftime('%Y-%m-%d-%H-%M-%S')}-{int(time.time() * 1000) % 1000:03d}"
 
     def fit(
-        self, inputs: str | Mapping[str, Any] | None = None, wait: bool = True, logs: bool | str = True,
-        job_name: str | None = None, experiment_config: Any = None,
-    ) -> JobRecord:  # fmt: skip
+        self,
+        inputs: str | Mapping[str, Any] | None = None,
+        wait: bool = True,
+        logs: bool | str = True,
+        job_name: str | None = None,
+        experiment_config: Any = None,
+    ) -> JobRecord:
         """Run the job with ``inputs`` (a path or URI for the ``training`` channel, or channel -> source). With
         ``wait``, block until it ends, streaming its logs when ``logs``, and raise UnexpectedStatusException if it
         failed (as the SDK). Returns the job's record (the SDK returns None; scripts that ignore it are unchanged)."""

@@ -34,10 +34,12 @@ class HostTrees:
     def _start(self, host: str, attempt: int, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [sys.executable, "-m", "hora.jobs._host", str(self.job_dir), host, str(attempt)],
-            cwd=self.job_dir, env=dict(env), stdin=subprocess.DEVNULL,
+            cwd=self.job_dir,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C on the terminal reaches the supervisor only; it stops the hosts
             preexec_fn=die_with_parent,  # the hosts die with their supervisor
-        )  # fmt: skip
+        )
 
     def forward(self, signum: int) -> bool:
         """A stop signal while the ranks run: the master's hora run stops them (a second signal kills every
@@ -71,14 +73,21 @@ class HostTrees:
                 self._agents[host] = self._start(host, attempt, env)
             deadline = time.monotonic() + HOST_START_SECONDS
             for host in self.hosts[1:]:  # the master's first connections would only retry meanwhile
-                while (not socket_path(self.job_dir, host).exists() and self._agents[host].poll() is None
-                       and time.monotonic() < deadline and self.interrupted is None):  # fmt: skip
+                while (
+                    not socket_path(self.job_dir, host).exists()
+                    and self._agents[host].poll() is None
+                    and time.monotonic() < deadline
+                    and self.interrupted is None
+                ):
                     time.sleep(0.05)
             gone = {h: p.returncode for h, p in self._agents.items() if p.poll() is not None}
             if gone:  # the master would only wait for them in vain
-                raise HostStartError("the job's hosts failed:\n  " + "\n  ".join(
+                ended = "\n  ".join(
                     f"{h}'s agent ended ({describe_code(code)}) before the master started; see its messages "
-                    "in the job's output (logs/supervisor.err for a detached job)" for h, code in gone.items()))  # fmt: skip
+                    "in the job's output (logs/supervisor.err for a detached job)"
+                    for h, code in gone.items()
+                )
+                raise HostStartError(f"the job's hosts failed:\n  {ended}")
             master = self._start(self.hosts[0], attempt, env)
             self._agents[self.hosts[0]] = master
             while master.poll() is None:

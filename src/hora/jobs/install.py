@@ -23,8 +23,16 @@ def run_in_own_group(cmd: list[str], cwd: Path, env: Mapping[str, str], log: Any
     """Run ``cmd`` in its own process group and return its exit code; on a stop (an exception here, e.g. the
     max_run or ``hora job stop`` signal) or after ``timeout`` the whole group is killed: pip's build
     subprocesses go with it."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
     try:
         return proc.wait(timeout)
     except BaseException as exc:
@@ -79,8 +87,17 @@ class JobEnvironment:
         env = {**environment(), **job_environment}
         for what, args in steps:
             say(f"installing {what} into {self.dir}")
-            cmd = [sys.executable, "-m", "pip", "--python", str(self.python), "install",
-                   "--disable-pip-version-check", "--no-input", *args]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                str(self.python),
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                *args,
+            ]
             with open(self._log, "ab") as log:
                 returncode = run_in_own_group(cmd, src, env, log, timeout)
             if returncode != 0:

@@ -174,7 +174,10 @@ class JobSupervisor:
         log_file = self._log_file
         _reserve(self.job_dir / "hora" / RESERVE_NAME)
         pid = os.getpid()
-        write_private(self.job_dir / "hora" / "supervisor.json", json.dumps({"pid": pid, "start": process_start_time(pid)}))
+        write_private(
+            self.job_dir / "hora" / "supervisor.json",
+            json.dumps({"pid": pid, "start": process_start_time(pid)}),
+        )
         start = time.time()
         self.store.update(name, started=start, supervisor_pid=pid)
         timer = threading.Timer(self.spec.max_run, self._max_run_reached)
@@ -204,7 +207,11 @@ class JobSupervisor:
         reason: str | None = None
         exit_code: int | None = None
         try:
-            self._status(JobStatus.InProgress, SecondaryStatus.Starting, f"{len(self.hosts)} host(s) x {self.spec.processes_per_host} process(es)")
+            self._status(
+                JobStatus.InProgress,
+                SecondaryStatus.Starting,
+                f"{len(self.hosts)} host(s) x {self.spec.processes_per_host} process(es)",
+            )
             self._setup_hosts()
             self._env.install(self.layouts[self.hosts[0]].code_dir, self.spec.environment, self.spec.max_run, self.say)
             self._write_plan()
@@ -225,7 +232,11 @@ class JobSupervisor:
             status, secondary, reason = JobStatus.Failed, SecondaryStatus.Failed, f"ClientError: {exc}"
         except Exception as exc:  # a bug or an OS error: still archive and record it
             self._stoppable = False
-            status, secondary, reason = JobStatus.Failed, SecondaryStatus.Failed, f"InternalError: {type(exc).__name__}: {exc}"
+            status, secondary, reason = (
+                JobStatus.Failed,
+                SecondaryStatus.Failed,
+                f"InternalError: {type(exc).__name__}: {exc}",
+            )
         timer.cancel()
         self._close_channels()
         # The space held back at the start is freed now: the job's end can be recorded even when the script
@@ -256,7 +267,12 @@ class JobSupervisor:
 
     def _max_run_reached(self) -> None:
         self._limit_hit = True
-        self.store.transition(self.spec.job_name, JobStatus.InProgress, SecondaryStatus.Stopping, f"max_run={self.spec.max_run:g}s reached")
+        self.store.transition(
+            self.spec.job_name,
+            JobStatus.InProgress,
+            SecondaryStatus.Stopping,
+            f"max_run={self.spec.max_run:g}s reached",
+        )
         os.kill(os.getpid(), signal.SIGTERM)  # handled in the main thread: by launch() while ranks run, else _Stop
 
     def _stopped_reason(self, result: RunResult | None) -> tuple[JobStatus, SecondaryStatus, str]:
@@ -298,7 +314,8 @@ class JobSupervisor:
             write_host_config(self.spec, layout, host, self.interface)
             shutil.copytree(self.spec.source_dir, layout.code_dir, dirs_exist_ok=True, ignore=self._ignore_in_source)
             env = sm_environment(self.spec, layout, host, cpus, gpus)
-            write_private(self.job_dir / "hora" / f"env-{host}.json", json.dumps(env, indent=1))  # the spec's environment
+            # the spec's environment
+            write_private(self.job_dir / "hora" / f"env-{host}.json", json.dumps(env, indent=1))
         self.say(f"hosts {', '.join(self.hosts)} set up under {self.job_dir / 'hosts'}")
 
     def _write_plan(self) -> None:

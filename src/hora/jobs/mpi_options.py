@@ -57,7 +57,9 @@ def _exports(words: list[str], problems: list[str]) -> tuple[dict[str, str], lis
         if not eq:
             found = environment().get(name)
             if found is None:
-                problems.append(f"custom_mpi_options: -x {name} exports {name} from this environment, where it is not set")
+                problems.append(
+                    f"custom_mpi_options: -x {name} exports {name} from this environment, where it is not set"
+                )
                 continue
             value = found
         exports[name] = value

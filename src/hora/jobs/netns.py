@@ -3,13 +3,14 @@
 Built as root with ``ip`` (iproute2), for one job:
 
 - a bridge ``hjb<pid>`` in this machine's namespace, with the gateway address ``10.X.Y.254/24``;
-- one namespace ``hj<pid>.<start>-algo-K`` per host, joined to the bridge by a veth pair whose inner end is named ``eth0``
-  (SageMaker's ``SM_NETWORK_INTERFACE_NAME``) and carries ``10.X.Y.K/24``, with ``lo`` up and a default route
-  through the gateway, so the host reaches services that listen on this machine's other addresses.
+- one namespace ``hj<pid>.<start>-algo-K`` per host, joined to the bridge by a veth pair whose inner end is named
+  ``eth0`` (SageMaker's ``SM_NETWORK_INTERFACE_NAME``) and carries ``10.X.Y.K/24``, with ``lo`` up and a default
+  route through the gateway, so the host reaches services that listen on this machine's other addresses.
 
 ``<pid>`` and ``<start>`` are the supervisor's process id and start time: :func:`sweep` removes what a supervisor
-that died without cleaning up left behind. Hosts reach each other only over the bridge; reaching further (the internet) needs IP forwarding
-and NAT, which hora does not configure on the machine (use ``network: loopback`` for such scripts).
+that died without cleaning up left behind. Hosts reach each other only over the bridge; reaching further (the
+internet) needs IP forwarding and NAT, which hora does not configure on the machine (use ``network: loopback`` for
+such scripts).
 """
 
 from __future__ import annotations

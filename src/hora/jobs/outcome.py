@@ -25,7 +25,10 @@ TRACEBACK_LINES = 15
 
 def traceback_tail(lines: list[str]) -> list[str]:
     """The last traceback in a rank's stderr (at most the last lines of it), else its last lines."""
-    start = max((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")), default=None)
+    start = max(
+        (i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),
+        default=None,
+    )
     chosen = lines[start:] if start is not None else lines
     return chosen[-TRACEBACK_LINES:]
 

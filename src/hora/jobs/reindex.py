@@ -77,10 +77,17 @@ def _from_directory(store: JobStore, name: str) -> tuple[dict[str, Any], list[tu
         hosts = job_dir / "hosts"
         spec = {"job_name": name, "instance_count": max(1, len(list(hosts.glob("algo-*"))) if hosts.is_dir() else 1)}
     row: dict[str, Any] = {
-        "name": name, "job_dir": str(job_dir), "spec": json.dumps(spec), "created": created,
-        "status": JobStatus.Failed.value, "secondary_status": SecondaryStatus.Failed.value,
-    }  # fmt: skip
-    note = f"rebuilt by `hora job reindex` from {job_dir} (the earlier status history and metrics were lost with the index)"
+        "name": name,
+        "job_dir": str(job_dir),
+        "spec": json.dumps(spec),
+        "created": created,
+        "status": JobStatus.Failed.value,
+        "secondary_status": SecondaryStatus.Failed.value,
+    }
+    note = (
+        f"rebuilt by `hora job reindex` from {job_dir} "
+        "(the earlier status history and metrics were lost with the index)"
+    )
     record = _read_json(hora_dir / RECORD_FILE)
     if record is not None:
         for key in ("status", "secondary_status", "created", "started", "ended", "attempts", "failure_reason",
@@ -102,7 +109,10 @@ def _from_directory(store: JobStore, name: str) -> tuple[dict[str, Any], list[tu
         f"InternalError: the job's end was never recorded in {job_dir} (its supervisor stopped before finishing, "
         "or the job predates hora/record.json); rebuilt by `hora job reindex`"
     )
-    artifacts = {a: str(job_dir / "output" / f"{a}.tar.gz") for a in ("model", "output")
-                 if (job_dir / "output" / f"{a}.tar.gz").is_file()}  # fmt: skip
+    artifacts = {
+        a: str(job_dir / "output" / f"{a}.tar.gz")
+        for a in ("model", "output")
+        if (job_dir / "output" / f"{a}.tar.gz").is_file()
+    }
     row["artifacts"] = json.dumps(artifacts)
     return row, [(time.time(), row["status"], row["secondary_status"], note)]

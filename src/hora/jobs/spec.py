@@ -116,7 +116,11 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form (the job store keeps it; ``describe`` shows it)."""
-        out: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("inputs", "metric_definitions")}
+        out: dict[str, Any] = {
+            k: getattr(self, k)
+            for k in self.__dataclass_fields__
+            if k not in ("inputs", "metric_definitions")
+        }
         out["inputs"] = {c.name: c.__dict__ for c in self.inputs}
         out["metric_definitions"] = [{"Name": m.name, "Regex": m.regex} for m in self.metric_definitions]
         return out
@@ -140,7 +144,9 @@ def load_spec(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None 
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise SpecError([f"the top level must be a mapping of fields, got {type(data).__name__}"], f"job spec {str(p)!r}")
+        raise SpecError(
+            [f"the top level must be a mapping of fields, got {type(data).__name__}"], f"job spec {str(p)!r}"
+        )
     data = {**data, **(overrides or {})}
     return parse_spec(data, base_dir=p.resolve().parent, source=f"job spec {str(p)!r}")
 
@@ -149,7 +155,9 @@ def _local(path: str, base: Path) -> str:
     return str((base / os.path.expanduser(path)).resolve())
 
 
-def parse_spec(data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None = None, source: str = "the job spec") -> JobSpec:
+def parse_spec(
+    data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None = None, source: str = "the job spec"
+) -> JobSpec:
     """Check a spec given as a mapping and return the :class:`JobSpec`.
 
     Raises:

@@ -6,7 +6,7 @@
           │                        │                          └─► InProgress / Stopping (stop, max_run)   │
           └────────────────────────┴─────────────── a failure before training ──────────────────────────► │
                                                                                                           ▼
-                                Completed / Completed   |   Failed / Failed   |   Stopped / Stopped or MaxRuntimeExceeded
+                              Completed / Completed   |   Failed / Failed   |   Stopped / Stopped or MaxRuntimeExceeded
 
 Every job ends in one of the three terminal statuses; the artifacts are archived (Uploading) whatever the outcome.
 A job whose supervisor died is marked Failed by the next command that looks at it.

@@ -211,9 +211,19 @@ class JobStore:
                 write_private(self.job_dir(name) / "hora" / SPEC_FILE, json.dumps(spec, indent=1))
                 db.execute(
                     "INSERT INTO jobs (name, status, secondary_status, job_dir, spec, created) VALUES (?,?,?,?,?,?)",
-                    (name, JobStatus.InProgress, SecondaryStatus.Starting, str(self.job_dir(name)), json.dumps(spec), now),
+                    (
+                        name,
+                        JobStatus.InProgress,
+                        SecondaryStatus.Starting,
+                        str(self.job_dir(name)),
+                        json.dumps(spec),
+                        now,
+                    ),
                 )
-                db.execute("INSERT INTO transitions VALUES (?,?,?,?,?)", (name, now, JobStatus.InProgress, SecondaryStatus.Starting, "job created"))
+                db.execute(
+                    "INSERT INTO transitions VALUES (?,?,?,?,?)",
+                    (name, now, JobStatus.InProgress, SecondaryStatus.Starting, "job created"),
+                )
             except BaseException:
                 shutil.rmtree(self.job_dir(name), ignore_errors=True)
                 raise
@@ -236,9 +246,20 @@ class JobStore:
     @staticmethod
     def _record(r: dict[str, Any]) -> JobRecord:
         return JobRecord(
-            r["name"], JobStatus(r["status"]), SecondaryStatus(r["secondary_status"]), r["job_dir"], json.loads(r["spec"]), r["created"],
-            r["started"], r["ended"], r["attempts"], r["failure_reason"], r["exit_code"], r["supervisor_pid"],
-            bool(r["stop_requested"]), json.loads(r["artifacts"]),
+            r["name"],
+            JobStatus(r["status"]),
+            SecondaryStatus(r["secondary_status"]),
+            r["job_dir"],
+            json.loads(r["spec"]),
+            r["created"],
+            r["started"],
+            r["ended"],
+            r["attempts"],
+            r["failure_reason"],
+            r["exit_code"],
+            r["supervisor_pid"],
+            bool(r["stop_requested"]),
+            json.loads(r["artifacts"]),
         )
 
     def jobs(self) -> list[JobRecord]:

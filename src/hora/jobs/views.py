@@ -44,7 +44,9 @@ def job_table(records: list[JobRecord]) -> str:
 def summary(record: JobRecord) -> str:
     """The few lines printed when a job ends."""
     attempts = f"{record.attempts} attempt{'s' if record.attempts != 1 else ''}"
-    lines = [f"job {record.name}: {record.status} ({record.secondary_status}) after {_duration(record.duration)}, {attempts}"]
+    lines = [
+        f"job {record.name}: {record.status} ({record.secondary_status}) after {_duration(record.duration)}, {attempts}"
+    ]
     if record.failure_reason:
         lines.append("failure reason:")
         lines += [f"  {line}" for line in record.failure_reason.splitlines()]
