@@ -21,7 +21,10 @@ class EngineSettings:
         parsers.non_negative_int,
         "HORA_FUSION_THRESHOLD",
         "HOROVOD_FUSION_THRESHOLD",
-        help="Largest fusion buffer in bytes: ready tensors are packed into one collective up to this size (0 disables fusion).",
+        help=(
+            "Largest fusion buffer in bytes: ready tensors are packed into one collective up to this size "
+            "(0 disables fusion)."
+        ),
         flag=Flag(
             "--fusion-threshold-mb",
             "fuse ready tensors into buffers of up to MB MiB; 0 disables fusion",

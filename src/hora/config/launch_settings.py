@@ -34,13 +34,19 @@ class LaunchSettings:
         str,
         "HORA_HOSTNAME",
         "HOROVOD_HOSTNAME",
-        help="Name of this host as the launcher knows it; ranks with the same name share memory. Default: the host name.",
+        help=(
+            "Name of this host as the launcher knows it; ranks with the same name share memory. "
+            "Default: the host name."
+        ),
     )
     rendezvous_addr: str = setting(
         "",
         str,
         "HORA_RENDEZVOUS_ADDR",
-        help="Address of the rendezvous store (set by 'hora run'). Without it, rank 0 hosts one and publishes it in HORA_RUNTIME_DIR.",
+        help=(
+            "Address of the rendezvous store (set by 'hora run'). Without it, rank 0 hosts one and publishes it "
+            "in HORA_RUNTIME_DIR."
+        ),
     )
     rendezvous_port: int = setting(
         0,
@@ -88,5 +94,8 @@ class LaunchSettings:
         "",
         str,
         "HORA_RUNTIME_DIR",
-        help="Private (0700) directory for bootstrap files when no 'hora run' launched the job. Default: $TMPDIR/hora-<uid>.",
+        help=(
+            "Private (0700) directory for bootstrap files when no 'hora run' launched the job. "
+            "Default: $TMPDIR/hora-<uid>."
+        ),
     )

@@ -73,7 +73,9 @@ class LaunchInfo:
     local_size: int | None = None
     job_key: str = ""
     master_addr: str = ""
-    multi_host: bool = False  # the launcher says the ranks span several hosts (rank 0 must listen on a routable address)
+    multi_host: bool = (
+        False  # the launcher says the ranks span several hosts (rank 0 must listen on a routable address)
+    )
     #: another launcher started this process inside a ``hora run`` worker: the outer job's HORA_* settings
     #: (rendezvous, secret, job id, host name) are stale here
     inside_hora_run: bool = False
@@ -112,7 +114,8 @@ def _check_local(local_rank: int | None, local_size: int | None, names: tuple[st
         return
     if local_size < 1 or not 0 <= local_rank < local_size or local_size > size:
         raise ConfigError(
-            f"{names[0]}={local_rank} and {names[1]}={local_size} are inconsistent: need 0 <= local rank < local size <= size ({size})."
+            f"{names[0]}={local_rank} and {names[1]}={local_size} are inconsistent: "
+            f"need 0 <= local rank < local size <= size ({size})."
         )
 
 

@@ -39,7 +39,10 @@ class PsSettings:
         0,
         parsers.non_negative_int,
         "HORA_PS_PER_HOST",
-        help="Parameter servers hora run starts on every host of the job (K x hosts in all; --num-ps, if given, must equal that).",
+        help=(
+            "Parameter servers hora run starts on every host of the job "
+            "(K x hosts in all; --num-ps, if given, must equal that)."
+        ),
         flag=Flag(
             "--ps-per-host", "start K parameter servers on every host of the job", metavar="K", group="run"
         ),

@@ -29,7 +29,16 @@ from hora.config.ps_settings import PsSettings
 from hora.config.runtime_settings import RuntimeSettings
 from hora.errors import ConfigError
 
-__all__ = ["Config", "Flag", "describe_settings", "env_names", "flag_of", "parse_value", "render", "settings_with_flags"]
+__all__ = [
+    "Config",
+    "Flag",
+    "describe_settings",
+    "env_names",
+    "flag_of",
+    "parse_value",
+    "render",
+    "settings_with_flags",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +55,9 @@ class Config(LaunchSettings, PsSettings, EngineSettings, RuntimeSettings):
         cls, env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
     ) -> Config:
         """Read every setting from ``env`` (default ``os.environ``), then apply explicit ``overrides``."""
-        values, sources, problems = read_settings(dataclasses.fields(Config), os.environ if env is None else env, overrides or {})
+        values, sources, problems = read_settings(
+            dataclasses.fields(Config), os.environ if env is None else env, overrides or {}
+        )
         problems += _cross_check(values, sources, with_defaults=True)
         if problems:
             raise ConfigError("invalid hora settings:\n  " + "\n  ".join(problems))

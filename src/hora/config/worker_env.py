@@ -46,8 +46,12 @@ class WorkerVariable:
 
 WORKER_VARIABLES: tuple[WorkerVariable, ...] = (
     WorkerVariable(("HORA_RANK", "HORA_SIZE"), "rank of this process, number of ranks", "`5`, `8`"),
-    WorkerVariable(("HORA_LOCAL_RANK", "HORA_LOCAL_SIZE"), "rank among the ranks of this host, their number", "`5`, `8`"),
-    WorkerVariable(("HORA_CROSS_RANK", "HORA_CROSS_SIZE"), "index of this host among the hosts, their number", "`0`, `1`"),
+    WorkerVariable(
+        ("HORA_LOCAL_RANK", "HORA_LOCAL_SIZE"), "rank among the ranks of this host, their number", "`5`, `8`"
+    ),
+    WorkerVariable(
+        ("HORA_CROSS_RANK", "HORA_CROSS_SIZE"), "index of this host among the hosts, their number", "`0`, `1`"
+    ),
     WorkerVariable(
         ("HORA_HOSTNAME",),
         "the host name the launcher uses for this rank; ranks with the same name share memory",
@@ -79,7 +83,9 @@ WORKER_VARIABLES: tuple[WorkerVariable, ...] = (
     ),
     WorkerVariable(("RANK", "WORLD_SIZE"), "torchrun's names for `HORA_RANK`, `HORA_SIZE`", "`5`, `8`"),
     WorkerVariable(
-        ("LOCAL_RANK", "LOCAL_WORLD_SIZE"), "torchrun's names for `HORA_LOCAL_RANK`, `HORA_LOCAL_SIZE`", "`5`, `8`"
+        ("LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+        "torchrun's names for `HORA_LOCAL_RANK`, `HORA_LOCAL_SIZE`",
+        "`5`, `8`",
     ),
     WorkerVariable(
         ("MASTER_ADDR", "MASTER_PORT"),
