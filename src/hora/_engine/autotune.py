@@ -194,9 +194,15 @@ def make_tuner(rank: int, settings: Any, transport: Any) -> Autotuner | None:
         settings.fusion_threshold, settings.cycle_time * 1000.0, settings.cache_capacity > 0, *(hier or (False, False))
     )
     return Autotuner(
-        start, settings.autotune_warmup_samples, settings.autotune_steps_per_sample, settings.autotune_max_samples,
-        settings.autotune_noise, settings.autotune_log, settings.cache_capacity > 0, hier is not None,
-    )  # fmt: skip
+        start,
+        settings.autotune_warmup_samples,
+        settings.autotune_steps_per_sample,
+        settings.autotune_max_samples,
+        settings.autotune_noise,
+        settings.autotune_log,
+        settings.cache_capacity > 0,
+        hier is not None,
+    )
 
 
 def hierarchical_of(transport: Any) -> tuple[bool, bool] | None:

@@ -27,9 +27,13 @@ class ControlLinks:
     ``timeout`` seconds; a peer that closes its connection is reported as having died or left."""
 
     def __init__(
-        self, rank: int, sockets: dict[int, socket.socket], timeout: float, max_frame_bytes: int,
+        self,
+        rank: int,
+        sockets: dict[int, socket.socket],
+        timeout: float,
+        max_frame_bytes: int,
         describe: dict[int, str],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.rank = rank
         self._socks = dict(sockets)
         self._timeout = timeout

@@ -3,9 +3,9 @@
 Every TCP connection hora opens — rendezvous, engine control, data — starts with this handshake before a single
 byte of payload is parsed::
 
-    server -> client   MAGIC | VERSION | server_nonce(32)
-    client -> server   MAGIC | VERSION | role(1) | rank(i32) | client_nonce(32) | HMAC(secret, "c" | sn | cn | role | rank)
-    server -> client   0x01 | HMAC(secret, "s" | cn | sn | role | rank)      (or 0x00 and close: rejected)
+    server -> client  MAGIC | VERSION | server_nonce(32)
+    client -> server  MAGIC | VERSION | role(1) | rank(i32) | client_nonce(32) | HMAC(secret, "c"|sn|cn|role|rank)
+    server -> client  0x01 | HMAC(secret, "s"|cn|sn|role|rank)      (or 0x00 and close: rejected)
 
 All fields have fixed sizes, so nothing of attacker-chosen length is read before the peer has proved it knows the
 per-job secret; the client also checks the server's proof, so a process squatting on a port cannot pose as a peer.

@@ -113,9 +113,11 @@ class PeerListener:
                     continue
                 if self._pending.admit(conn):
                     threading.Thread(
-                        target=self._handshake, args=(conn, addr, min(left, HANDSHAKE_SECONDS)),
-                        name="hora-handshake", daemon=True,
-                    ).start()  # fmt: skip
+                        target=self._handshake,
+                        args=(conn, addr, min(left, HANDSHAKE_SECONDS)),
+                        name="hora-handshake",
+                        daemon=True,
+                    ).start()
                 else:
                     conn.close()
         except BaseException as exc:

@@ -29,9 +29,12 @@ class RejectLog:
     """Counts dropped connections and logs them: the first at WARNING, then at most one summary per interval."""
 
     def __init__(
-        self, log: logging.Logger, what: str, interval: float = REPORT_INTERVAL,
+        self,
+        log: logging.Logger,
+        what: str,
+        interval: float = REPORT_INTERVAL,
         say: Callable[[str], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._log = log
         self._say = say  # where the loud reports go instead of the log (a process printing its own lines)
         self._what = what
@@ -59,8 +62,11 @@ class RejectLog:
             return
         self._log.warning(
             "%s: dropped a connection: %s%s; further ones are reported at most every %gs",
-            self._what, reason, earlier, self._interval,
-        )  # fmt: skip
+            self._what,
+            reason,
+            earlier,
+            self._interval,
+        )
 
 
 class PendingHandshakes:

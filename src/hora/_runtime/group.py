@@ -98,9 +98,15 @@ def assemble(
             listener = PeerListener(bind_addr, spec.secret, config.port_range)
             cleanup.append(listener)
             mine = Peer(
-                hostname, os.getpid(), process_start_time(os.getpid()), *listener.address, kernel_id(), local_hint,
-                config.fusion_threshold, config.cache_capacity,
-            ).to_wire()  # fmt: skip
+                hostname,
+                os.getpid(),
+                process_start_time(os.getpid()),
+                *listener.address,
+                kernel_id(),
+                local_hint,
+                config.fusion_threshold,
+                config.cache_capacity,
+            ).to_wire()
         peers = [Peer.from_wire(p) for p in directory.allgather("peers", mine)]
         hosts = list(dict.fromkeys(p.host for p in peers))
         transport = choose_transport(config, hosts, size, spec.hierarchical)
@@ -132,9 +138,14 @@ def assemble(
 
 
 def _connect(
-    spec: GroupSpec, listener: PeerListener, peers: list[Peer], me: int, mesh: bool, deadline: float,
+    spec: GroupSpec,
+    listener: PeerListener,
+    peers: list[Peer],
+    me: int,
+    mesh: bool,
+    deadline: float,
     cleanup: list[Any],
-) -> tuple[dict[int, socket.socket], dict[int, socket.socket]]:  # fmt: skip
+) -> tuple[dict[int, socket.socket], dict[int, socket.socket]]:
     """Control connections (every worker to member 0) and, for ``mesh``, data connections (each to the lower)."""
     size = len(peers)
     expected: set[tuple[Role, int]] = set()
@@ -160,9 +171,14 @@ def _connect(
 
 
 def _group(
-    spec: GroupSpec, me: int, control: dict[int, socket.socket], transport: Any, kind: str, peers: tuple[Peer, ...],
+    spec: GroupSpec,
+    me: int,
+    control: dict[int, socket.socket],
+    transport: Any,
+    kind: str,
+    peers: tuple[Peer, ...],
     topology: Topology,
-) -> Group:  # fmt: skip
+) -> Group:
     if spec.set_id:
         describe = {
             i: f"rank {r} (set rank {i} of process set {spec.set_id}; host {p.host}, pid {p.pid})"

@@ -36,10 +36,16 @@ class Peer:
     def from_wire(cls, data: dict[str, Any]) -> Peer:
         hint = data.get("local_hint") or (None, None)
         return cls(
-            str(data["host"]), int(data["pid"]), int(data["start"]), str(data["addr"]), int(data["port"]),
-            str(data.get("kernel", "")), (hint[0], hint[1]), int(data["fusion_threshold"]),
+            str(data["host"]),
+            int(data["pid"]),
+            int(data["start"]),
+            str(data["addr"]),
+            int(data["port"]),
+            str(data.get("kernel", "")),
+            (hint[0], hint[1]),
+            int(data["fusion_threshold"]),
             int(data["cache_capacity"]),
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -100,14 +106,23 @@ class Directory(Protocol):
 class StoreDirectory:
     """A :class:`Directory` on the rendezvous store, for a group whose participants are exactly its members."""
 
-    def __init__(self, store: RendezvousClient, rank: int, size: int, deadline: float, missing: Callable[[list[int]], str]):
+    def __init__(
+        self,
+        store: RendezvousClient,
+        rank: int,
+        size: int,
+        deadline: float,
+        missing: Callable[[list[int]], str],
+    ):
         self._store, self._rank, self._size, self._deadline = store, rank, size, deadline
         self._missing = missing  # the message when ranks never publish
 
     def allgather(self, key: str, value: dict[str, Any] | None) -> list[dict[str, Any]]:
         self._store.set(f"{key}/{self._rank}", json.dumps(value))
         try:
-            raw = self._store.wait([f"{key}/{r}" for r in range(self._size)], max(0.0, self._deadline - time.monotonic()))
+            raw = self._store.wait(
+                [f"{key}/{r}" for r in range(self._size)], max(0.0, self._deadline - time.monotonic())
+            )
         except MissingKeys as exc:
             raise RendezvousError(self._missing([int(k.rsplit("/", 1)[1]) for k in exc.missing])) from None
         return [json.loads(raw[f"{key}/{r}"]) for r in range(self._size)]

@@ -83,9 +83,11 @@ def build_transport(
 
 
 def _shared_segments(
-    config: Config, directory: Directory, me: int | None,
+    config: Config,
+    directory: Directory,
+    me: int | None,
     segments: list[tuple[str, list[int], list[tuple[int, int]], int, list[str], int]],
-) -> list[ShmTransport]:  # fmt: skip
+) -> list[ShmTransport]:
     """Make the shared-memory ``segments`` (name, members, (pid, start) per member, exchange bytes, labels, busy
     processes): each one's first member creates it, a barrier, the others attach, a barrier, every name is
     unlinked (from then on a crash cannot leak a segment). Returns this member's segments."""
@@ -93,17 +95,37 @@ def _shared_segments(
     try:
         for seg, members, pids, exchange, seg_labels, busy in segments:
             if me is not None and members[0] == me:
-                mine.append(ShmTransport(
-                    seg, 0, len(members), config.shm_chunk_bytes, pids, config.op_timeout, True, exchange,
-                    seg_labels, busy,
-                ))  # fmt: skip
+                mine.append(
+                    ShmTransport(
+                        seg,
+                        0,
+                        len(members),
+                        config.shm_chunk_bytes,
+                        pids,
+                        config.op_timeout,
+                        True,
+                        exchange,
+                        seg_labels,
+                        busy,
+                    )
+                )
         directory.barrier("shm-created")
         for seg, members, pids, exchange, seg_labels, busy in segments:
             if me is not None and me in members[1:]:
-                mine.append(ShmTransport(
-                    seg, members.index(me), len(members), config.shm_chunk_bytes, pids, config.op_timeout, False,
-                    exchange, seg_labels, busy,
-                ))  # fmt: skip
+                mine.append(
+                    ShmTransport(
+                        seg,
+                        members.index(me),
+                        len(members),
+                        config.shm_chunk_bytes,
+                        pids,
+                        config.op_timeout,
+                        False,
+                        exchange,
+                        seg_labels,
+                        busy,
+                    )
+                )
         directory.barrier("shm-attached")
     except BaseException:
         for t in mine:
@@ -115,9 +137,14 @@ def _shared_segments(
 
 
 def _hierarchical(
-    config: Config, directory: Directory, peers: list[Peer], me: int | None, data: dict[int, socket.socket],
-    segment: str, labels: list[str],
-) -> HierarchicalTransport | None:  # fmt: skip
+    config: Config,
+    directory: Directory,
+    peers: list[Peer],
+    me: int | None,
+    data: dict[int, socket.socket],
+    segment: str,
+    labels: list[str],
+) -> HierarchicalTransport | None:
     """Shared memory among each host's members (one segment per host with several), this member's lane (a TCP ring
     among the members with its local rank, one per host, over sockets of the flat mesh) and the flat ring; see
     :mod:`hora._transport.hierarchical`."""
