@@ -58,7 +58,14 @@ def wait(address: int, expected: int, timeout: float) -> None:
         time.sleep(min(timeout, 1e-4))
         return
     ts = _Timespec(int(timeout), int((timeout % 1.0) * 1e9))
-    r = _syscall_fn(_NR, ctypes.c_void_p(address), _FUTEX_WAIT, ctypes.c_uint32(expected & 0xFFFFFFFF),
-                    ctypes.byref(ts), None, 0)  # fmt: skip
+    r = _syscall_fn(
+        _NR,
+        ctypes.c_void_p(address),
+        _FUTEX_WAIT,
+        ctypes.c_uint32(expected & 0xFFFFFFFF),
+        ctypes.byref(ts),
+        None,
+        0,
+    )
     if r == -1 and ctypes.get_errno() not in (errno.EAGAIN, errno.ETIMEDOUT, errno.EINTR):
         raise OSError(ctypes.get_errno(), "futex wait failed")

@@ -127,8 +127,11 @@ class HierarchicalTransport(Transport):
         if self.lane is not None:
             i = self._local_rank
             received = gathered[lane_at[i] : lane_at[i] + lane_bytes[i]]
-            self.lane.allgather(block[part_at[me][i] : part_at[me][i] + parts[me][i]], received,
-                                [parts[h][i] for h in range(len(hosts))])  # fmt: skip
+            self.lane.allgather(
+                block[part_at[me][i] : part_at[me][i] + parts[me][i]],
+                received,
+                [parts[h][i] for h in range(len(hosts))],
+            )
             mine = received
         else:
             mine = gathered[:0]
