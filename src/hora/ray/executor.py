@@ -171,10 +171,27 @@ class RayExecutor:
         self.states = []
         for slot, node, actor in zip(slots, self.nodes, self.workers):
             bind = None if one_machine else node.ip
-            rank_vars = rank_env(slot, len(slots), rdv, self._rendezvous.secret, self._rendezvous.job_id, master,
-                                 bind, env, self.hora_settings)  # fmt: skip
-            state = WorkerState(slot.rank, len(slots), slot.local_rank, slot.local_size, slot.cross_rank,
-                                slot.cross_size, slot.host, node.node_id)  # fmt: skip
+            rank_vars = rank_env(
+                slot,
+                len(slots),
+                rdv,
+                self._rendezvous.secret,
+                self._rendezvous.job_id,
+                master,
+                bind,
+                env,
+                self.hora_settings,
+            )
+            state = WorkerState(
+                slot.rank,
+                len(slots),
+                slot.local_rank,
+                slot.local_size,
+                slot.cross_rank,
+                slot.cross_size,
+                slot.host,
+                node.node_id,
+            )
             self.states.append(state)
             calls.append(actor.setup.remote(rank_vars, state, executable_cls, executable_args or (), executable_kwargs))
         self._gather(calls, "setting up")
@@ -213,7 +230,9 @@ class RayExecutor:
             self._rendezvous = None
 
     # -- Horovod's calls ----------------------------------------------------------------------------------------
-    def run(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> list[Any]:
+    def run(
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on every rank; return the values in rank order.
 
         Raises:
@@ -348,8 +367,10 @@ def _failure_error(
     if root.traceback:
         lines += ["", f"rank {root.rank}'s traceback:", root.traceback.rstrip()]
     if others:
-        lines += ["", f"ranks {others} failed too (after it): " + "; ".join(
-            f"rank {f.rank}: {f.error_type}: {f.message}" for f in failures if f.rank != root.rank)]  # fmt: skip
+        after = "; ".join(
+            f"rank {f.rank}: {f.error_type}: {f.message}" for f in failures if f.rank != root.rank
+        )
+        lines += ["", f"ranks {others} failed too (after it): {after}"]
     lines.append("The executor's workers were stopped; call start() to run again.")
     result = RunResult(
         1,

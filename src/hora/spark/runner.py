@@ -138,9 +138,9 @@ def _spark_text(exc: BaseException) -> str:
 
 def _stage_error(exc: BaseException, n: int) -> RunError:
     text = _spark_text(exc)
-    retried = "" if "Could not recover from a failed barrier ResultStage" not in text else (
-        " Spark did not retry the stage (a failed barrier result stage is not retried)."
-    )  # fmt: skip
+    retried = ""
+    if "Could not recover from a failed barrier ResultStage" in text:
+        retried = " Spark did not retry the stage (a failed barrier result stage is not retried)."
     begin = text.find(FAILURE_BEGIN)
     if begin >= 0:
         end = text.find(FAILURE_END, begin)
