@@ -9,8 +9,16 @@ import ml_dtypes
 import numpy as np
 
 __all__ = [
-    "DTYPES", "DTYPE_NAMES", "HALF", "ReduceOp", "combine", "even_counts", "offsets", "reduce_into", "scale_into",
-]  # fmt: skip
+    "DTYPES",
+    "DTYPE_NAMES",
+    "HALF",
+    "ReduceOp",
+    "combine",
+    "even_counts",
+    "offsets",
+    "reduce_into",
+    "scale_into",
+]
 
 
 class ReduceOp(enum.IntEnum):

@@ -11,7 +11,15 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["die_with_parent", "handle_signals", "kill_group", "process_alive", "process_start_time", "set_parent_death_signal", "usable_cpus"]
+__all__ = [
+    "die_with_parent",
+    "handle_signals",
+    "kill_group",
+    "process_alive",
+    "process_start_time",
+    "set_parent_death_signal",
+    "usable_cpus",
+]
 
 _PR_SET_PDEATHSIG = 1
 _prctl: Any
