@@ -100,9 +100,14 @@ class _Agent:
         """Start a rank (``key`` >= 0) or a server (``key`` < 0, :func:`server_key`), reported as started."""
         thread_defaults(env, int(env.get("HORA_LOCAL_SIZE", "1")), usable_cpus())
         proc = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, preexec_fn=die_with_parent,  # the forked rank dies with the agent
-        )  # fmt: skip
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=die_with_parent,  # the forked rank dies with the agent
+        )
         self.procs[key] = proc
         for stream, pipe in ((1, proc.stdout), (2, proc.stderr)):
             assert pipe is not None

@@ -9,8 +9,14 @@ from dataclasses import dataclass
 from hora.errors import ConfigError
 
 __all__ = [
-    "HostSlots", "RankSlot", "assign_ranks", "is_local_host", "parse_hostfile", "parse_hosts", "place_servers",
-]  # fmt: skip
+    "HostSlots",
+    "RankSlot",
+    "assign_ranks",
+    "is_local_host",
+    "parse_hostfile",
+    "parse_hosts",
+    "place_servers",
+]
 
 
 @dataclass(frozen=True)

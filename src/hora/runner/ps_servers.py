@@ -38,8 +38,9 @@ def report_exit(index: int, pid: int, code: int, where: str = "") -> None:
     """Say that parameter server ``index`` ended while the workers still ran (``where``: " on host h")."""
     print(
         f"hora run: parameter server {index} (pid {pid}){where} exited with {code} while the workers were running",
-        file=sys.stderr, flush=True,
-    )  # fmt: skip
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def server_key(index: int, generation: int = 0) -> int:
@@ -96,9 +97,12 @@ class RestartBudget:
         since = self._stopped_since.setdefault(index, time.monotonic())
         if time.monotonic() - since >= FROZEN_AFTER:
             self._stopped_since.pop(index, None)
-            print(f"hora run: parameter server {index} (pid {pid}) is stopped (SIGSTOP?) and has not served for "
-                  f"{FROZEN_AFTER:g}s: killing it (SIGKILL) so the workers do not wait for it", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            print(
+                f"hora run: parameter server {index} (pid {pid}) is stopped (SIGSTOP?) and has not served for "
+                f"{FROZEN_AFTER:g}s: killing it (SIGKILL) so the workers do not wait for it",
+                file=sys.stderr,
+                flush=True,
+            )
             self._frozen.add(index)
             kill_group(pid, signal.SIGKILL)
 
@@ -122,7 +126,9 @@ class RestartBudget:
             return "the job runs without --max-restarts"
         return f"hora run gave it up after {self.restarts[index]} restart(s) (--max-restarts {self.max_restarts})"
 
-    def ended(self, index: int, code: int, env: Mapping[str, str], log: Callable[[str], None]) -> tuple[str, int | None, str]:
+    def ended(
+        self, index: int, code: int, env: Mapping[str, str], log: Callable[[str], None]
+    ) -> tuple[str, int | None, str]:
         """Server ``index`` ended with ``code``: how it ended, the generation to restart it as (None: not
         restarted) and why not. A server given up under ``--max-restarts`` is published as such at the job's store
         (``env``: the server's), so the workers waiting for its restart fail at once; ``log`` hears if that fails."""
@@ -159,9 +165,15 @@ class PsServers:
     """
 
     def __init__(
-        self, count: int, workers: int, env: Mapping[str, str], pump: OutputPump, log: Callable[[str], None],
-        max_restarts: int = 0, local: Mapping[int, Mapping[str, str]] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        count: int,
+        workers: int,
+        env: Mapping[str, str],
+        pump: OutputPump,
+        log: Callable[[str], None],
+        max_restarts: int = 0,
+        local: Mapping[int, Mapping[str, str]] | None = None,
+    ) -> None:
         self.count = count
         self._local = {i: dict(e) for i, e in local.items()} if local is not None else {i: {} for i in range(count)}
         self.indices: list[int] = []  # the index of each of procs
@@ -186,10 +198,15 @@ class PsServers:
     def _spawn(self, i: int, generation: int) -> subprocess.Popen[bytes]:
         """Start server ``i`` (``generation`` > 0: a restart, which restores its checkpoint first)."""
         proc = subprocess.Popen(
-            server_argv(i, self._workers, generation), env=self._server_env(i), cwd=self._cwd,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            server_argv(i, self._workers, generation),
+            env=self._server_env(i),
+            cwd=self._cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
             preexec_fn=die_with_parent,
-        )  # fmt: skip
+        )
         key = server_key(i, generation)  # a restart's output is a stream of its own: [ps0.restart1]
         self._pump.labels[key] = server_label(i, generation)
         self._pump.add(key, proc.stdout, proc.stderr)  # type: ignore[arg-type]

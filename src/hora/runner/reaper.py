@@ -26,9 +26,12 @@ class GroupReaper:
         self._proc: subprocess.Popen[bytes] | None
         try:
             self._proc = subprocess.Popen(
-                ["/bin/sh", "-c", _SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                ["/bin/sh", "-c", _SCRIPT],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError:  # no /bin/sh: the ranks still die with the launcher, only their children may not
             self._proc = None
 

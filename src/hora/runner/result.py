@@ -52,7 +52,10 @@ class RunResult:
     def report(self) -> str:
         """A human-readable account of the failure (empty when the job succeeded)."""
         if self.timed_out:
-            head = "hora run: the job exceeded its time limit; every rank's stack was dumped to its stderr and the ranks were killed."
+            head = (
+                "hora run: the job exceeded its time limit; every rank's stack was dumped to its stderr "
+                "and the ranks were killed."
+            )
         elif self.interrupted is not None:
             head = f"hora run: interrupted by {signal.Signals(self.interrupted).name}; stopped every rank."
         elif self.root_cause is None:
@@ -109,7 +112,11 @@ def _user_frame(tail: list[str]) -> list[str]:
     for i in range(len(tail) - 1, -1, -1):
         line = tail[i].strip()
         if line.startswith('File "') and "/hora/" not in line and "<frozen" not in line:
-            return [tail[i], tail[i + 1]] if i + 1 < len(tail) and not tail[i + 1].strip().startswith("File") else [tail[i]]
+            return (
+                [tail[i], tail[i + 1]]
+                if i + 1 < len(tail) and not tail[i + 1].strip().startswith("File")
+                else [tail[i]]
+            )
     return []
 
 

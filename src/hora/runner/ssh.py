@@ -88,13 +88,19 @@ def _classify(host: str, port: int, stderr: str, code: int | None, limit: float,
     low = stderr.lower()
     if code is None or "banner exchange" in low:
         if code is None and not _tcp_connects(host, port, min(limit, 3.0)):
-            return f"host {host}: cannot reach port {port} (no answer within {limit:g}s); check that the host is up and that no firewall drops SSH on the way"
+            return (
+                f"host {host}: cannot reach port {port} (no answer within {limit:g}s); "
+                "check that the host is up and that no firewall drops SSH on the way"
+            )
         return (
             f"host {host}: accepted the TCP connection on port {port} but the SSH server never answered "
             f"within {limit:g}s (a hung sshd, or a firewall or proxy that swallows the connection)"
         )
     if "connection refused" in low:
-        return f"host {host}: connection refused on port {port}: no SSH server listens there (start sshd, or give its port with -p/--ssh-port)"
+        return (
+            f"host {host}: connection refused on port {port}: no SSH server listens there "
+            "(start sshd, or give its port with -p/--ssh-port)"
+        )
     if "permission denied" in low or "too many authentication failures" in low:
         return (
             f"host {host}: SSH authentication failed ({detail}); hora run needs password-less SSH: authorize your "
@@ -110,7 +116,10 @@ def _classify(host: str, port: int, stderr: str, code: int | None, limit: float,
     if any(s in low for s in ("timed out", "no route to host", "network is unreachable", "host is down")):
         return f"host {host}: unreachable on port {port} ({detail}); check that the host is up and routable from here"
     if "closed by" in low or "connection reset" in low:
-        return f"host {host}: closed the connection during the SSH handshake ({detail}); is an SSH server listening on port {port}?"
+        return (
+            f"host {host}: closed the connection during the SSH handshake ({detail}); "
+            f"is an SSH server listening on port {port}?"
+        )
     return f"host {host}: '{program} {host} true' failed with exit code {code}: {detail}"
 
 
@@ -124,7 +133,9 @@ def _check(host: str, ssh: SshOptions, result: _Check) -> None:
         result.problem = _classify(host, ssh.port or 22, stderr, None, ssh.connect_timeout, ssh.program)
         return
     except FileNotFoundError:
-        result.problem = f"'{argv[0]}' is not installed on this machine" + ("" if ssh.agent else " (install openssh-client)")
+        result.problem = f"'{argv[0]}' is not installed on this machine" + (
+            "" if ssh.agent else " (install openssh-client)"
+        )
         return
     for line in proc.stdout.splitlines():
         if line.startswith("hora-preflight"):
@@ -139,7 +150,9 @@ def _check(host: str, ssh: SshOptions, result: _Check) -> None:
         return
     if ssh.agent:  # not ssh: its own message says what went wrong
         lines = [x.strip() for x in proc.stderr.splitlines() if x.strip()]
-        result.problem = f"host {host}: " + (lines[-1] if lines else f"'{ssh.program} {host} true' exited with {proc.returncode}")
+        result.problem = f"host {host}: " + (
+            lines[-1] if lines else f"'{ssh.program} {host} true' exited with {proc.returncode}"
+        )
         return
     result.problem = _classify(host, ssh.port or 22, proc.stderr, proc.returncode, ssh.connect_timeout)
 
