@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hora.errors import ConfigError
-from hora.ps.messages import Piece, ShardSource
+from hora.ps.messages import Piece, SavedShard, ShardSource
 
 if TYPE_CHECKING:
     from hora.ps.shard import Shard
@@ -62,15 +62,15 @@ def shard_file(name: str, index: int) -> str:
     return f"{urllib.parse.quote(name, safe='')}.shard{index}.npz"
 
 
-def save_shards(directory: str, server: int, shards: Mapping[tuple[str, int], Shard]) -> list[dict[str, Any]]:
-    """Write every shard of this server; returns ``[{name, shard, file}]``."""
+def save_shards(directory: str, server: int, shards: Mapping[tuple[str, int], Shard]) -> list[SavedShard]:
+    """Write every shard of this server; returns what it wrote where."""
     os.makedirs(directory, exist_ok=True)
     out = []
     for (name, index), shard in sorted(shards.items()):
         state = shard.state()
         fname = shard_file(name, index)
         _atomic_write(os.path.join(directory, fname), lambda f, s=state: np.savez(f, **s))
-        out.append({"name": name, "shard": index, "file": fname, "server": server})
+        out.append(SavedShard(name, index, fname, server))
     return out
 
 

@@ -21,13 +21,17 @@ from hora.ps.consistency import parse_consistency
 from hora.ps.messages import (
     HotRequest,
     Layout,
+    LayoutReply,
     Load,
     Op,
     Poison,
     Register,
+    Reply,
     Save,
+    SaveReply,
     ShardSource,
     Stats,
+    StatsReply,
     VariableLayout,
 )
 from hora.ps.partition import MinSizePartitioner, Partitioner, ShardKey, place, shard_offsets
@@ -210,16 +214,18 @@ class Client:
                 per.setdefault(server, []).append(
                     Register(n, i, value.shape, a.dtype.str, rule, mode, k, value)
                 )
-        mismatch: list[dict[str, Any]] = []
+        mismatch: list[tuple[str, str, tuple[int, ...]]] = []
+
+        def note(reply: Reply) -> None:
+            if isinstance(reply, LayoutReply) and reply.mismatch is not None:
+                mismatch.append((reply.name, reply.mismatch, reply.servers))
+
         try:
-            self._run(
-                {0: layouts}, lambda s: lambda reply: mismatch.append(reply) if "mismatch" in reply else None
-            )
+            self._run({0: layouts}, lambda s: note)
             if mismatch:  # stop worker 0's shards too, so it raises at its next request on the variable
-                bad = mismatch[0]
-                poison = Poison(str(bad["name"]), str(bad["mismatch"]))
-                self._run({s: [poison] for s in bad["servers"]})
-                raise MismatchError(bad["mismatch"])
+                bad, message, servers = mismatch[0]
+                self._run({s: [Poison(bad, message)] for s in servers})
+                raise MismatchError(message)
             self._run(per)
         except BaseException:
             for n in arrays:
@@ -362,7 +368,11 @@ class Client:
         replies: dict[int, dict[str, Any]] = {}
 
         def keep(server: int) -> OnReply:
-            return lambda reply: replies.__setitem__(server, reply["stats"])
+            def put(reply: Reply) -> None:
+                assert isinstance(reply, StatsReply)
+                replies[server] = reply.stats
+
+            return put
 
         self._run({s: [Stats(progress)] for s in range(self.num_servers)}, keep)
         return [replies[s] for s in range(self.num_servers)]
@@ -382,9 +392,10 @@ class Client:
         """Checkpoint every variable: each server writes its shards, then this worker writes the manifest."""
         files: dict[tuple[str, int], str] = {}
 
-        def keep(reply: dict[str, Any]) -> None:
-            for f in reply["files"]:
-                files[(f["name"], f["shard"])] = f["file"]
+        def keep(reply: Reply) -> None:
+            assert isinstance(reply, SaveReply)
+            for f in reply.files:
+                files[(f.name, f.shard)] = f.file
 
         self._run({s: [Save(directory)] for s in range(self.num_servers)}, lambda s: keep)
         variables = {

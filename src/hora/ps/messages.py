@@ -1,4 +1,4 @@
-"""What a worker asks of a parameter server, as types: one record per kind of request.
+"""What a worker asks of a parameter server and what it answers, as types: one record per kind of request and reply.
 
 The hot requests (push, pull, push_pull, push_rows, pull_rows) are :class:`HotRequest`: the worker fills one per
 shard and :class:`~hora.ps.server_link.ServerLink` packs it into the binary header of :mod:`hora.ps.protocol`; the
@@ -7,7 +7,9 @@ request). The control requests (register, layout, poison, shm, stats, save, load
 as the JSON headers of :mod:`hora.ps.protocol` (:meth:`ControlRequest.header`); the server turns each header it
 receives into its record with :func:`parse_control`, which checks every field once (a wrong one raises
 ``ValueError``/``KeyError`` naming it, and the worker gets that as the server's refusal) and refuses unknown
-operations (:class:`ProtocolError`: the connection is dropped).
+operations (:class:`ProtocolError`: the connection is dropped). Each control request names the kind of
+:class:`Reply` it gets (``{"ok": true, ...}``, parsed by the worker); a refusal is the server's JSON error instead
+(:class:`hora.ps.server_link.Refusal`).
 """
 
 from __future__ import annotations
@@ -30,14 +32,20 @@ __all__ = [
     "ControlRequest",
     "HotRequest",
     "Layout",
+    "LayoutReply",
     "Load",
     "Op",
     "Piece",
     "Poison",
     "Register",
+    "Reply",
     "Save",
+    "SaveReply",
+    "SavedShard",
+    "SegmentReply",
     "ShardSource",
     "Stats",
+    "StatsReply",
     "VariableLayout",
     "parse_control",
 ]
@@ -86,10 +94,105 @@ class HotRequest:
     rows: int = 0
 
 
+@dataclass(frozen=True)
+class Reply:
+    """A server's answer that it did a control request: ``{"ok": true}`` and, in subclasses, what it found."""
+
+    def header(self) -> dict[str, Any]:
+        return {"ok": True}
+
+    @classmethod
+    def parse(cls, header: Mapping[str, Any]) -> Reply:
+        return cls()
+
+
+@dataclass(frozen=True)
+class LayoutReply(Reply):
+    """Server 0's answer to :class:`Layout`: ``mismatch`` (and the first layout's ``servers``) when this worker's
+    layout differs from the first one."""
+
+    mismatch: str | None = None
+    name: str = ""
+    servers: tuple[int, ...] = ()
+
+    def header(self) -> dict[str, Any]:
+        if self.mismatch is None:
+            return {"ok": True}
+        return {"ok": True, "mismatch": self.mismatch, "name": self.name, "servers": list(self.servers)}
+
+    @classmethod
+    def parse(cls, header: Mapping[str, Any]) -> LayoutReply:
+        if "mismatch" not in header:
+            return cls()
+        servers = tuple(int(s) for s in header["servers"])
+        return cls(str(header["mismatch"]), str(header["name"]), servers)
+
+
+@dataclass(frozen=True)
+class SegmentReply(Reply):
+    """The answer to :class:`AttachSegment`: whether single copy is granted (:mod:`hora.ps.cma`)."""
+
+    single_copy: bool = False
+
+    def header(self) -> dict[str, Any]:
+        return {"ok": True, "single_copy": self.single_copy}
+
+    @classmethod
+    def parse(cls, header: Mapping[str, Any]) -> SegmentReply:
+        return cls(bool(header.get("single_copy")))
+
+
+@dataclass(frozen=True)
+class StatsReply(Reply):
+    """The server's counters (:meth:`hora.ps.server.ParameterServer.stats`, a JSON object as users get it)."""
+
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def header(self) -> dict[str, Any]:
+        return {"ok": True, "stats": self.stats}
+
+    @classmethod
+    def parse(cls, header: Mapping[str, Any]) -> StatsReply:
+        stats = header["stats"]
+        if not isinstance(stats, dict):
+            raise ValueError(f"stats must be an object, got {stats!r}")
+        return cls(stats)
+
+
+class SavedShard(NamedTuple):
+    """Shard ``shard`` of ``name``, written by ``server`` into ``file`` of the checkpoint directory."""
+
+    name: str
+    shard: int
+    file: str
+    server: int
+
+
+@dataclass(frozen=True)
+class SaveReply(Reply):
+    """The answer to :class:`Save`: the files the server wrote."""
+
+    files: tuple[SavedShard, ...] = ()
+
+    def header(self) -> dict[str, Any]:
+        return {"ok": True, "files": [f._asdict() for f in self.files]}
+
+    @classmethod
+    def parse(cls, header: Mapping[str, Any]) -> SaveReply:
+        return cls(
+            tuple(
+                SavedShard(str(f["name"]), int(f["shard"]), str(f["file"]), int(f["server"]))
+                for f in header["files"]
+            )
+        )
+
+
 class ControlRequest:
-    """A control request: its ``op`` on the wire, its JSON header and the payload that follows the header."""
+    """A control request: its ``op`` on the wire, its JSON header and the payload that follows the header, and the
+    kind of reply it gets."""
 
     op: ClassVar[str]
+    reply: ClassVar[type[Reply]] = Reply
 
     def fields(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -211,6 +314,7 @@ class Layout(ControlRequest):
     """To server 0: this worker's layout of variable ``name``."""
 
     op: ClassVar[str] = "layout"
+    reply: ClassVar[type[Reply]] = LayoutReply
     name: str
     layout: VariableLayout
 
@@ -245,6 +349,7 @@ class AttachSegment(ControlRequest):
     whether this server may read and write that process's memory (single copy, :mod:`hora.ps.cma`)."""
 
     op: ClassVar[str] = "shm"
+    reply: ClassVar[type[Reply]] = SegmentReply
     name: str
     size: int
     pid: int | None = None
@@ -269,6 +374,7 @@ class Stats(ControlRequest):
     """The server's counters; with ``progress``, also every variable's clocks and the pulls waiting now."""
 
     op: ClassVar[str] = "stats"
+    reply: ClassVar[type[Reply]] = StatsReply
     progress: bool = False
 
     def fields(self) -> dict[str, Any]:
@@ -284,6 +390,7 @@ class Save(ControlRequest):
     """Write every shard of the server into ``dir`` (:mod:`hora.ps.checkpoint`)."""
 
     op: ClassVar[str] = "save"
+    reply: ClassVar[type[Reply]] = SaveReply
     dir: str
 
     def fields(self) -> dict[str, Any]:

@@ -28,11 +28,15 @@ from hora.ps.messages import (
     AttachSegment,
     ControlRequest,
     Layout,
+    LayoutReply,
     Load,
     Poison,
     Register,
+    Reply,
     Save,
+    SaveReply,
     Stats,
+    StatsReply,
     VariableLayout,
 )
 from hora.ps.shard import Shard
@@ -208,32 +212,31 @@ class ParameterServer:
             )
         return shard
 
-    def handle(self, link: WorkerLink, request: ControlRequest) -> tuple[dict[str, Any], list[Any]]:
-        """A worker's control request: the reply's header and payload."""
+    def handle(self, link: WorkerLink, request: ControlRequest) -> Reply:
+        """A worker's control request, done: the reply."""
         match request:
             case Register():
-                return self._register(link, request), []
+                return self._register(link, request)
             case Layout():
-                return self._layout(link.rank, request), []
+                return self._layout(link.rank, request)
             case Poison():
-                return self._poison(request), []
+                return self._poison(request)
             case AttachSegment():
-                return link.attach(request), []
+                return link.attach(request)
             case Stats():
-                return {"ok": True, "stats": self.stats(request.progress)}, []
+                return StatsReply(self.stats(request.progress))
             case Save():
-                files = checkpoint.save_shards(request.dir, self.index, self._shards_now())
-                return {"ok": True, "files": files}, []
+                return SaveReply(tuple(checkpoint.save_shards(request.dir, self.index, self._shards_now())))
             case Load():
                 checkpoint.load_shards(request.dir, self._shards_now(), request.sources)
-                return {"ok": True}, []
+                return Reply()
         raise ProtocolError(f"{link.what} asked for {request!r}, which this server does not serve")
 
     def _shards_now(self) -> dict[tuple[str, int], Shard]:
         with self._lock:
             return dict(self._shards)
 
-    def _register(self, link: WorkerLink, request: Register) -> dict[str, Any]:
+    def _register(self, link: WorkerLink, request: Register) -> Reply:
         rank, name, index = link.rank, request.name, request.shard
         value = link.read_payload(request.nbytes, name).view(request.dtype).reshape(request.shape).copy()
         shard = Shard(name, index, value, request.rule, request.consistency, request.staleness, self.workers)
@@ -252,30 +255,30 @@ class ParameterServer:
             existing.check_same(shard.describe(), rank)
         elif self.saver is not None:
             self.saver.registered(shard)
-        return {"ok": True}
+        return Reply()
 
-    def _layout(self, rank: int, request: Layout) -> dict[str, Any]:
+    def _layout(self, rank: int, request: Layout) -> LayoutReply:
         """Server 0 keeps every variable's layout (shape, dtype, rule, consistency, shards and their servers): a
         worker whose layout differs gets the first one's servers back, to stop them serving the variable."""
         name, layout = request.name, request.layout
         with self._lock:
             first = self._layouts.setdefault(name, layout)
         if first == layout:
-            return {"ok": True}
+            return LayoutReply()
         diff = first.differences(layout, "worker 0")
         message = (
             f"register '{name}': worker {rank} registered it with {'; '.join(diff)}; every worker must register the "
             "same variables (shape, dtype, rule, consistency) in the same order with the same partitioner"
         )
-        return {"ok": True, "mismatch": message, "name": name, "servers": sorted(set(first.servers))}
+        return LayoutReply(message, name, tuple(sorted(set(first.servers))))
 
-    def _poison(self, request: Poison) -> dict[str, Any]:
+    def _poison(self, request: Poison) -> Reply:
         """A registration mismatch found elsewhere: every later request on this variable's shards raises it."""
         with self._lock:
             shards = [s for (n, _), s in self._shards.items() if n == request.name]
         for s in shards:
             s.poisoned = request.message
-        return {"ok": True}
+        return Reply()
 
 
 def _per_variable(shards: list[Shard]) -> dict[str, int]:

@@ -34,7 +34,7 @@ from hora._wire import close_socket, recv_exact, recv_into_exact
 from hora.errors import HoraError, PeerLostError, ProtocolError
 from hora.ps import cma
 from hora.ps.cma import ADDRESSES, CMA_FLAG
-from hora.ps.messages import AttachSegment, ControlRequest, HotRequest
+from hora.ps.messages import AttachSegment, ControlRequest, HotRequest, Reply, SegmentReply
 from hora.ps.protocol import (
     MAX_HEADER,
     REPLY,
@@ -62,8 +62,8 @@ SINGLE_COPY_FROM = 1 << 18
 
 #: Why the client is broken (another server was lost), or None: a wait on the doorbell ends when it is not None.
 Lost = Callable[[], "str | None"]
-#: Called with each control request's reply (a JSON object whose ``ok`` is true).
-OnReply = Callable[[dict[str, Any]], None]
+#: Called with each control request's reply (of the request's kind of :class:`~hora.ps.messages.Reply`).
+OnReply = Callable[[Reply], None]
 
 
 @dataclass(frozen=True)
@@ -180,8 +180,14 @@ class ServerLink:
         if reply["nbytes"]:
             raise ProtocolError(f"{self.what} sent an unexpected payload")
         if on_reply is not None:
-            on_reply(reply)
+            on_reply(self._parse(request.reply, reply, request.op))
         return None
+
+    def _parse(self, kind: type[Reply], reply: dict[str, Any], op: str) -> Reply:
+        try:
+            return kind.parse(reply)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ProtocolError(f"{self.what} sent a malformed reply to {op} ({exc!r})") from None
 
     def hot(self, request: HotRequest, lost: Lost) -> Refusal | None:
         """One push/pull/rows request, through shared memory where there is some."""
@@ -254,7 +260,9 @@ class ServerLink:
         if not reply.get("ok"):
             new.close()
             raise Refusal.of(reply).exception(self.what)
-        new.single_copy = bool(reply.get("single_copy"))
+        attached = self._parse(SegmentReply, reply, AttachSegment.op)
+        assert isinstance(attached, SegmentReply)
+        new.single_copy = attached.single_copy
         if segment is not None:
             segment.close()
         self.segment = new

@@ -22,7 +22,7 @@ import numpy as np
 from hora._transport import futex
 from hora.errors import HoraError, MismatchError, PeerLostError, ProtocolError
 from hora.ps.cma import ADDRESSES, CMA_FLAG, RemoteMemory
-from hora.ps.messages import OPS, AttachSegment, Op, parse_control
+from hora.ps.messages import OPS, AttachSegment, Op, SegmentReply, parse_control
 from hora.ps.protocol import (
     MAX_HEADER,
     MAX_NAME,
@@ -86,7 +86,7 @@ class WorkerLink:
             )
         self._announced, self._payload_read = nbytes, False  # on the wire until a handler reads it
         try:
-            reply, payload = self.server.handle(self, parse_control(header, self.what))
+            reply = self.server.handle(self, parse_control(header, self.what))
         except (HoraError, ValueError, KeyError, TypeError) as exc:
             if isinstance(exc, ProtocolError):
                 raise
@@ -95,8 +95,7 @@ class WorkerLink:
                 self.reader.skip(nbytes)
             send_message(self.sock, {"ok": False, "type": type(exc).__name__, "error": str(exc)})
             return
-        self.server.bytes_out += sum(memoryview(p).nbytes for p in payload)
-        send_message(self.sock, reply, payload)
+        send_message(self.sock, reply.header())
 
     def read_payload(self, due: int, name: str) -> np.ndarray:
         """The control request's ``due`` payload bytes (uint8), read from the socket into a fresh array; its header
@@ -111,7 +110,7 @@ class WorkerLink:
             self.reader.into(memoryview(buf))  # type: ignore[arg-type]
         return buf
 
-    def attach(self, request: AttachSegment) -> dict[str, Any]:
+    def attach(self, request: AttachSegment) -> SegmentReply:
         """Map the worker's new segment (instead of its old one); grant single copy if the worker proves it owns
         it (:mod:`hora.ps.cma`)."""
         if self.segment is not None:
@@ -121,7 +120,7 @@ class WorkerLink:
         self.remote = None
         if request.pid is not None and request.token_at is not None:
             self.remote = RemoteMemory.verify(request.pid, request.token_at, self.segment.u8)
-        return {"ok": True, "single_copy": self.remote is not None}
+        return SegmentReply(self.remote is not None)
 
     # -- waiting for the next request ---------------------------------------------------------------------------
     def _next(self) -> dict[str, Any] | None:

@@ -14,14 +14,20 @@ from hora.ps.messages import (
     OPS,
     AttachSegment,
     Layout,
+    LayoutReply,
     Load,
     Op,
     Piece,
     Poison,
     Register,
+    Reply,
     Save,
+    SavedShard,
+    SaveReply,
+    SegmentReply,
     ShardSource,
     Stats,
+    StatsReply,
     VariableLayout,
     parse_control,
 )
@@ -46,6 +52,23 @@ def test_every_control_request_survives_its_json_wire_form(request_):
     wire = json.loads(json.dumps({**request_.header(), "nbytes": 0}))  # what crosses the socket
     assert wire["op"] == request_.op
     assert parse_control(wire, "worker 0") == request_
+
+
+REPLIES = [
+    (Register, Reply()),
+    (Layout, LayoutReply()),
+    (Layout, LayoutReply("register 'w': worker 1 registered it with dtype '<f8'", "w", (0, 1))),
+    (AttachSegment, SegmentReply(single_copy=True)),
+    (Stats, StatsReply({"server": 0, "bytes_in": 12, "staleness": {"w": 1}})),
+    (Save, SaveReply((SavedShard("w", 0, "w.shard0.npz", 1),))),
+]
+
+
+@pytest.mark.parametrize(("kind", "reply"), REPLIES, ids=lambda x: getattr(x, "op", type(x).__name__))
+def test_every_reply_survives_its_json_wire_form_as_its_requests_kind(kind, reply):
+    wire = json.loads(json.dumps(reply.header()))
+    assert wire["ok"] is True
+    assert kind.reply.parse(wire) == reply
 
 
 def test_a_register_carries_its_values_as_the_payload_and_announces_their_length():
