@@ -47,7 +47,8 @@ def test_numpy_digits_trains_on_two_ranks():
     assert result.lines[1]["stdout"] == [], "only rank 0 should print"
 
 
-@pytest.mark.parametrize("np_", [1, 2, 3], ids=lambda n: f"np{n}")
+# np=2 is test_numpy_digits_trains_on_two_ranks: the same command, and it asserts the same accuracy.
+@pytest.mark.parametrize("np_", [1, 3], ids=lambda n: f"np{n}")
 def test_numpy_digits_accuracy_holds_across_sizes(np_):
     # np=3 gives shards of unequal length (480, 479, 479): the ranks must agree on the step count or hang.
     accuracy = _final_accuracy(_run_digits(np_, "--epochs", "5"))

@@ -1,9 +1,14 @@
-"""The PyTorch examples run end to end as real multi-process jobs and do what their docstrings say they do."""
+"""The PyTorch examples run end to end as real multi-process jobs and do what their docstrings say they do.
+
+The digits example runs once per size (1, 2, 4 ranks, ``digits``); the 2-rank run is also the one whose output and
+checkpoint are checked in detail.
+"""
 
 from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,12 +44,35 @@ def _final_accuracy(result: RunResult) -> float:
     return float(matches[0].group(1))
 
 
-def test_pytorch_digits_trains_on_two_ranks(tmp_path):
-    checkpoint = tmp_path / "digits.pt"
-    result = _run(DIGITS, 2, "--seed", "0", "--epochs", "4", "--checkpoint", str(checkpoint))
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> Callable[[int], tuple[RunResult, Path]]:
+    """examples/pytorch_digits.py at ``np_`` ranks (run once, when a test first asks): the run, and the checkpoint
+    the 2-rank run saves. Both tests below read the 2-rank run; each test starts at most two runs, so each stays
+    within the suite's per-test time limit.
+
+    Rank r trains on examples r, r + size, ... of each epoch's shuffle, so with the global batch (batch_size * size
+    = 32) and the scaled learning rate (lr * size = 0.05) held fixed, every size trains the same model up to
+    floating-point rounding. (With a fixed per-rank batch instead, the larger sizes take fewer, larger steps and can
+    end a few test examples apart.)
+    """
+    checkpoint = tmp_path_factory.mktemp("digits") / "digits.pt"
+    runs: dict[int, RunResult] = {}
+
+    def run(np_: int) -> tuple[RunResult, Path]:
+        if np_ not in runs:
+            extra = ("--checkpoint", str(checkpoint)) if np_ == 2 else ()
+            runs[np_] = _run(DIGITS, np_, "--seed", "0", "--epochs", "8", "--batch-size", str(32 // np_),
+                             "--lr", str(0.05 / np_), *extra)
+        return runs[np_], checkpoint
+
+    return run
+
+
+def test_pytorch_digits_trains_on_two_ranks(digits):
+    result, checkpoint = digits(2)
     out = result.lines[0]["stdout"]
     epochs = [EPOCH.match(line) for line in out[:-1]]
-    assert all(epochs) and [int(m.group(1)) for m in epochs] == [1, 2, 3, 4], out
+    assert all(epochs) and [int(m.group(1)) for m in epochs] == list(range(1, 9)), out
     losses = [float(m.group(2)) for m in epochs]
     assert losses[-1] < losses[0] / 4, f"training loss barely fell: {losses}"
     assert float(epochs[0].group(4)) == pytest.approx(0.05)  # --lr 0.025 scaled by size() == 2, after warm-up
@@ -52,21 +80,13 @@ def test_pytorch_digits_trains_on_two_ranks(tmp_path):
     assert result.lines[1]["stdout"] == [], "only rank 0 should print"
 
     state = torch.load(checkpoint)
-    assert state["epoch"] == 4
+    assert state["epoch"] == 8
     assert set(state["model"]) >= {"conv1.weight", "fc2.bias"}
     assert len(state["optimizer"]["state"]) == len(state["model"])  # a momentum buffer per parameter
 
 
-def test_pytorch_digits_accuracy_is_the_same_at_one_two_and_four_ranks():
-    # Rank r trains on examples r, r + size, ... of each epoch's shuffle, so with the global batch (batch_size *
-    # size = 32) and the scaled learning rate (lr * size = 0.05) held fixed, every size trains the same model up
-    # to floating-point rounding: the accuracies must agree. (With a fixed per-rank batch instead, the larger
-    # sizes take fewer, larger steps and can end a few test examples apart.)
-    accuracies = {
-        np_: _final_accuracy(_run(DIGITS, np_, "--seed", "0", "--epochs", "8",
-                                  "--batch-size", str(32 // np_), "--lr", str(0.05 / np_)))
-        for np_ in (1, 2, 4)
-    }
+def test_pytorch_digits_accuracy_is_the_same_at_one_two_and_four_ranks(digits):
+    accuracies = {np_: _final_accuracy(digits(np_)[0]) for np_ in (1, 2, 4)}
     assert min(accuracies.values()) >= 95.0, accuracies
     assert max(accuracies.values()) - min(accuracies.values()) <= 0.5, accuracies
 
