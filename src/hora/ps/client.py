@@ -1,8 +1,8 @@
 """The worker's side: :class:`Client` registers variables, pushes gradients and pulls values from the servers.
 
 A variable is split into shards along axis 0 by a partitioner (:mod:`hora.ps.partition`), its shards placed on
-the servers by bytes, and each operation talks to the servers holding its shards at the same time (one thread per
-server beyond the first). Arrays go on the wire from the caller's memory and come back straight into the result,
+the servers by bytes, and each operation is a list of requests (:mod:`hora.ps.messages`) per server holding its
+shards, run on the servers at the same time (:mod:`hora.ps.server_links`). Arrays go on the wire from the caller's memory and come back straight into the result,
 which is always a fresh array (or the caller's ``out``): nothing returned aliases the client's buffers.
 """
 
