@@ -2,8 +2,9 @@
 
 A variable is split into shards along axis 0 by a partitioner (:mod:`hora.ps.partition`), its shards placed on
 the servers by bytes, and each operation is a list of requests (:mod:`hora.ps.messages`) per server holding its
-shards, run on the servers at the same time (:mod:`hora.ps.server_links`). Arrays go on the wire from the caller's memory and come back straight into the result,
-which is always a fresh array (or the caller's ``out``): nothing returned aliases the client's buffers.
+shards, run on the servers at the same time (:mod:`hora.ps.server_links`). Arrays go on the wire from the caller's
+memory and come back straight into the result, which is always a fresh array (or the caller's ``out``): nothing
+returned aliases the client's buffers.
 """
 
 from __future__ import annotations
