@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hora.errors import ConfigError
+from hora.errors import ConfigError, UnsupportedError
 
 __all__ = [
     "STRATEGIES", "check_mode", "cover_shards", "exchange_rows", "resolve_consistency", "resolve_strategy",
@@ -30,16 +30,26 @@ STRATEGIES = ("allreduce", "parameter_server", "hybrid")
 
 def resolve_strategy(
     strategy: str | None, allowed: tuple[str, ...] = STRATEGIES, staleness: int | None = None,
-    consistency: str | None = None, ps_parameters: Any = None,
+    consistency: str | None = None, ps_parameters: Any = None, what: str = "DistributedOptimizer",
+    instead: str = "",
 ) -> str:  # fmt: skip
-    """``strategy``, or the job's setting (``HORA_STRATEGY``, ``hora run --strategy``) when None; ``ValueError``
-    when the parameter-server arguments given do not fit it."""
+    """``strategy``, or the job's setting (``HORA_STRATEGY``, ``hora run --strategy``) when None. A strategy that is
+    not one of :data:`STRATEGIES` is a ``ValueError``; one that ``what`` does not implement (not in ``allowed``) is
+    an :class:`~hora.errors.UnsupportedError` that says where it came from and ends with ``instead`` (what to use),
+    never a silent allreduce; parameter-server arguments that do not fit the strategy are a ``ValueError``."""
+    source = f"strategy={strategy!r}"
     if strategy is None:
         from hora._runtime.context import current, is_initialized
 
         strategy = current().config.strategy if is_initialized() else "allreduce"
+        source = f"HORA_STRATEGY={strategy} (hora run --strategy {strategy})"
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(repr(s) for s in STRATEGIES)}; got {strategy!r}")
     if strategy not in allowed:
-        raise ValueError(f"strategy must be one of {', '.join(repr(s) for s in allowed)}; got {strategy!r}")
+        raise UnsupportedError(
+            f"{what} does not support {source}: it implements {', '.join(repr(s) for s in allowed)}"
+            + (f"; {instead}" if instead else "")
+        )
     if strategy == "parameter_server" and ps_parameters is not None:
         raise ValueError("ps_parameters picks what the servers hold under strategy='hybrid'; parameter_server holds all")
     if strategy == "allreduce" and (staleness is not None or consistency is not None or ps_parameters is not None):

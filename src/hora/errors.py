@@ -64,8 +64,10 @@ class SpecError(ConfigError):
         super().__init__(f"{source} has {len(problems)} problem{'s' if len(problems) > 1 else ''}:\n{lines}")
 
 
-class UnsupportedError(HoraError, ValueError):
-    """An argument combination hora does not support (e.g. an unsupported dtype or op)."""
+class UnsupportedError(HoraError, ValueError, NotImplementedError):
+    """An argument combination hora does not support (an unsupported dtype, op, strategy, ...). It is a ValueError
+    (Horovod's PyTorch tests expect one for bad arguments) and a NotImplementedError (Horovod's TensorFlow tests
+    expect one for what is not implemented, such as Adasum), so one type answers both (docs/api.md)."""
 
 
 class NotInitializedError(HoraError, ValueError):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hora._strategy import check_mode, cover_shards, resolve_consistency, resolve_strategy, touched_rows
-from hora.errors import ConfigError
+from hora.errors import ConfigError, UnsupportedError
 
 
 class _Client:
@@ -18,9 +18,12 @@ def test_the_argument_wins_and_the_default_is_allreduce_without_init():
     assert resolve_strategy(None) == "allreduce"
     assert resolve_strategy("hybrid") == "hybrid"
     with pytest.raises(
-        ValueError, match="strategy must be one of 'allreduce', 'parameter_server'; got 'hybrid'"
+        UnsupportedError,
+        match="opt does not support strategy='hybrid': it implements 'allreduce', 'parameter_server'; use Y",
     ):
-        resolve_strategy("hybrid", ("allreduce", "parameter_server"))
+        resolve_strategy("hybrid", ("allreduce", "parameter_server"), what="opt", instead="use Y")
+    with pytest.raises(ValueError, match="strategy must be one of 'allreduce', 'parameter_server', 'hybrid'; got 'x'"):
+        resolve_strategy("x")
 
 
 @pytest.mark.parametrize(

@@ -306,8 +306,27 @@ def optimizer_part(me: int, n: int) -> dict[str, Any]:
     close(u["a"], np.full(3, -2 * mean_a, np.float32), "sum of the passes")
     pre = hvd.DistributedOptimizer(optax.sgd(1.0), gradient_predivide_factor=2.0)
     close(pre.update(grads, pre.init(params), params)[0]["a"], np.full(3, -mean_a, np.float32), "predivide")
-    return {"checked": 6, "errors": [_error(lambda: hvd.DistributedOptimizer(optax.sgd(1.0), op=hvd.Sum,
-                                                                               gradient_predivide_factor=2.0))]}
+    # groups: an int splits the leaves (pytree order) into grouped allreduces; lists of params leaves are explicit
+    three = {**params, "c": jnp.zeros(2, jnp.float32)}
+    grads3 = {**grads, "c": jnp.full(2, 2.0 * me, jnp.float32)}
+    for groups in (2, [[three["c"], three["a"]]]):
+        grouped = hvd.DistributedOptimizer(optax.sgd(1.0), groups=groups, name=f"grouped.{type(groups).__name__}")
+        u, _ = jax.jit(grouped.update)(grads3, grouped.init(three), three)
+        close(u["a"], np.full(3, -mean_a, np.float32), f"groups={groups!r} a")
+        close(u["b"], np.full((2, 2), -mean_b, np.float32), f"groups={groups!r} b")
+        close(u["c"], np.full(2, -2 * mean_b, np.float32), f"groups={groups!r} c")
+    stranger = hvd.DistributedOptimizer(optax.sgd(1.0), groups=[[jnp.ones(3)]])
+    return {
+        "checked": 7,
+        "errors": [
+            _error(
+                lambda: hvd.DistributedOptimizer(optax.sgd(1.0), op=hvd.Sum, gradient_predivide_factor=2.0)
+            ),
+            _error(lambda: hvd.DistributedOptimizer(optax.sgd(1.0), op=hvd.Adasum)),
+            _error(lambda: hvd.DistributedOptimizer(optax.sgd(1.0), strategy="parameter_server")),
+            _error(lambda: stranger.init(params)),
+        ],
+    }
 
 
 def train_part(me: int, n: int) -> dict[str, Any]:

@@ -155,7 +155,63 @@ def flavour_fit_worker() -> dict[str, Any]:
         _shard(xt, me, n), _shard(yt, me, n), batch_size=GLOBAL_BATCH // n, epochs=2, shuffle=False, verbose=0,
         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)],
     )  # fmt: skip
-    return {
+    out = {
         "module": type(opt).__module__, "class": type(opt).__name__, "backend": keras.backend.backend(),
         "accuracy": float(model.evaluate(xv, yv, verbose=0)[1]), "weights": _digest(model),
+        "local_variables": _local_variables(keras, hvd, me),
     }  # fmt: skip
+    if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+        out.update(_tf_keras_extras(keras, hvd, me, n))
+    return out
+
+
+def _local_variables(keras: Any, hvd: Any, me: int) -> list[bool]:
+    """BroadcastGlobalVariablesCallback(0, local_variables=...): the local variable keeps each rank's value, the
+    others get rank 0's. Returns [local kept (differs from rank 0's), the rest equal to rank 0's]."""
+    model = _model(keras, seed=500 + me)
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    local = model.layers[0].kernel
+    cb = hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=local)
+    cb.set_model(model)
+    cb.on_train_begin()
+    everyone = hvd.allgather_object([np.asarray(v) for v in model.get_weights()])
+    others = all(np.array_equal(a, b) for a, b in zip(everyone[0][1:], everyone[-1][1:]))
+    return [not np.array_equal(everyone[0][0], everyone[-1][0]), others]
+
+
+def _tf_keras_extras(keras: Any, hvd: Any, me: int, n: int) -> dict[str, Any]:
+    """tf_keras only: backward_passes_per_step=2 sums two calls locally and applies their reduced sum on the second
+    (eagerly and in a tf.function), as Horovod does; a user's subclass of a tf_keras optimizer is wrapped as tf_keras."""
+    import tensorflow as tf
+
+    out: dict[str, Any] = {
+        "aggregated_eager": _aggregated(keras, hvd, me, compiled=False),
+        "aggregated_function": _aggregated(keras, hvd, me, compiled=True),
+    }
+
+    class MySGD(keras.optimizers.SGD):  # type: ignore[misc, name-defined]
+        pass
+
+    v = tf.Variable([0.0])
+    sub = hvd.DistributedOptimizer(MySGD(1.0))
+    sub.apply_gradients([(tf.constant([float(me + 1)]), v)])
+    out["subclass"] = [type(sub).__name__, float(v.numpy()[0])]
+    return out
+
+
+def _aggregated(keras: Any, hvd: Any, me: int, compiled: bool) -> list[list[float]]:
+    """Four apply_gradients calls with backward_passes_per_step=2: [w0, w1, iterations] after each."""
+    import tensorflow as tf
+
+    w = tf.Variable([1.0, 2.0])
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.5), backward_passes_per_step=2)
+
+    def apply(g: Any) -> Any:
+        return opt.apply_gradients([(g, w)])
+
+    step = tf.function(apply) if compiled else apply
+    seen = []
+    for g in ([1.0, 1.0], [2.0, 0.0], [1.0, 0.0], [0.0, 1.0]):
+        step(tf.constant(g) * (me + 1))
+        seen.append([*w.numpy().tolist(), int(opt.iterations.numpy())])
+    return seen

@@ -208,6 +208,20 @@ def errors_worker() -> list[str]:
     _expect(ValueError, lambda: hvd.allreduce(mx.nd.ones((2,)), average=True, op=hvd.Sum), notes, "average and op")
     _expect(UnsupportedError, lambda: hvd.allreduce(mx.nd.ones((2,)), op=hvd.Adasum), notes, "adasum")
     _expect(ValueError, lambda: hvd.broadcast_parameters([mx.nd.ones(1)]), notes, "broadcast_parameters list")
+    dense = mx.gluon.nn.Dense(2, in_units=3)
+    dense.initialize()
+    _expect(
+        UnsupportedError,
+        lambda: hvd.DistributedTrainer(dense.collect_params(), "sgd", strategy="parameter_server"),
+        notes,
+        "trainer strategy",
+    )
+    _expect(
+        UnsupportedError,
+        lambda: hvd.DistributedOptimizer(mx.optimizer.SGD(), strategy="hybrid"),
+        notes,
+        "optimizer strategy",
+    )
     # still working afterwards
     same(hvd.allreduce(mx.nd.ones((2,)), op=hvd.Sum), np.full(2, n, np.float32), "allreduce after the errors")
     return notes

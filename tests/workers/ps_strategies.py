@@ -310,7 +310,24 @@ def _keras_errors() -> dict[str, str]:
         "keras_clipnorm": lambda: ps(keras.optimizers.Adam(clipnorm=1.0)),
         "keras_hybrid_dense_model": lambda: hvd.DistributedOptimizer(
             keras.optimizers.Adagrad(0.1), strategy="hybrid", ps_parameters=dense_only),
+        **_by_the_jobs_setting(),
     })  # fmt: skip
+
+
+def _by_the_jobs_setting() -> dict[str, Any]:
+    """Wrappers that cannot run on servers, with no strategy argument under HORA_STRATEGY=parameter_server: each
+    refuses (UnsupportedError), none silently allreduces."""
+    import optax
+    import tensorflow as tf
+
+    import hora.jax as hvd_jax
+    import hora.tensorflow as hvd_tf
+
+    return {
+        "tape_by_setting": lambda: hvd_tf.DistributedGradientTape(tf.GradientTape()),
+        "tf1_by_setting": lambda: hvd_tf.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1)),
+        "jax_by_setting": lambda: hvd_jax.DistributedOptimizer(optax.sgd(0.1)),
+    }
 
 
 def _attempts(attempts: dict[str, Any]) -> dict[str, str]:

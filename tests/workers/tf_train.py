@@ -170,7 +170,43 @@ def errors_worker() -> list[str]:
     jit = tf.function(lambda: hvd.allreduce(tf.ones([2])), jit_compile=True)
     _expect(ValueError, jit, notes, "jit")
     _expect(ValueError, lambda: hvd.allreduce(tf.ones([2], tf.bool)), notes, "bool average")
+    _optimizer_errors(notes)
     return notes
+
+
+def _optimizer_errors(notes: list[str]) -> None:
+    """Every wrapper refuses Adasum with the same UnsupportedError (a NotImplementedError too, as Horovod's tests
+    expect); a tape refuses strategy='parameter_server'; IndexedSlices refuse scale factors (Horovod's rule)."""
+    import keras
+
+    import hora.keras as hvd_keras
+    from hora.errors import UnsupportedError
+
+    _expect(
+        UnsupportedError,
+        lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Adasum),
+        notes,
+        "tape adasum",
+    )
+    _expect(
+        UnsupportedError,
+        lambda: hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum),
+        notes,
+        "keras adasum",
+    )
+    _expect(
+        UnsupportedError,
+        lambda: hvd.DistributedGradientTape(tf.GradientTape(), strategy="parameter_server"),
+        notes,
+        "tape strategy",
+    )
+    slices = tf.IndexedSlices(tf.ones([1, 3]), tf.constant([0]), tf.constant([4, 3], tf.int64))
+    _expect(
+        NotImplementedError,
+        lambda: hvd.allreduce(slices, op=hvd.Sum, prescale_factor=0.5),
+        notes,
+        "slices scale",
+    )
 
 
 def process_set_worker() -> list[str]:

@@ -179,24 +179,25 @@ def optimizer_state_worker() -> list[str]:
     return notes
 
 
-def sparse_adam_worker() -> list[float]:
+def sparse_adam_worker(sparse_as_dense: bool = False) -> list[float]:
     """nn.Embedding(sparse=True) with SparseAdam under DistributedOptimizer: the optimizer gets a sparse gradient
-    (the allgathered rows of every rank); returns the trained weights."""
+    (the allgathered rows of every rank; with sparse_as_dense the densified allreduce made sparse again, as
+    Horovod's test_sparse_embeddings needs); returns the trained weights."""
     hvd.init()
     me = hvd.rank()
-    weights = _sparse_adam_steps(me, hvd.size())
+    weights = _sparse_adam_steps(me, hvd.size(), sparse_as_dense)
     everyone = hvd.allgather_object(weights)
     assert all(w == everyone[0] for w in everyone), "weights differ across ranks"
     hvd.shutdown()
     return weights
 
 
-def _sparse_adam_steps(me: int | None, n: int) -> list[float]:
+def _sparse_adam_steps(me: int | None, n: int, sparse_as_dense: bool = False) -> list[float]:
     torch.manual_seed(0)
     emb = torch.nn.Embedding(10, 3, sparse=True)
     opt: torch.optim.Optimizer = torch.optim.SparseAdam(emb.parameters(), lr=0.1)
     if me is not None:
-        opt = hvd.DistributedOptimizer(opt, named_parameters=emb.named_parameters())
+        opt = hvd.DistributedOptimizer(opt, named_parameters=emb.named_parameters(), sparse_as_dense=sparse_as_dense)
         hvd.broadcast_optimizer_state(opt, root_rank=0)  # a fresh SparseAdam: one step on sparse zeros
     else:  # what that does, by hand
         emb.weight.grad = torch.zeros_like(emb.weight).to_sparse()

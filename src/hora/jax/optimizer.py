@@ -1,6 +1,10 @@
 """``DistributedOptimizer``: an optax ``GradientTransformation`` that averages the gradients over the ranks before
 the wrapped transformation sees them — the whole gradient pytree in one grouped allreduce (one callback) per step.
 
+``groups=n`` splits the gradient leaves (in pytree order) into n grouped allreduces; ``groups`` as lists of leaves of
+the params pytree (the arrays given to ``init``, matched by identity there) makes explicit groups, a leaf in no group
+being reduced on its own (Horovod's semantics for torch and TensorFlow).
+
 ``backward_passes_per_step=k`` works like ``optax.MultiSteps``: the first k - 1 calls add the gradients to a local
 accumulator and return zero updates; the k-th reduces the accumulated sum across ranks (divided by k with
 ``average_aggregated_gradients=True``), updates, and starts again. The reduction sits in a ``lax.cond`` branch, so
@@ -18,8 +22,16 @@ import optax
 
 from hora._dtypes import ReduceOp
 from hora._frontend import ProcessSet, global_process_set
+from hora._frontend.gradients import describe_gradients
 from hora.jax.compression import Compression
-from hora.jax.reductions import _resolve, grouped_allreduce, set_size
+from hora.jax.reductions import grouped_allreduce
+
+#: why an optax transformation cannot run on parameter servers, and what to use instead
+OPTAX_INSTEAD = (
+    "an optax transformation is a pure function inside your jitted step, with no update rule a server could run "
+    "and no way to fetch the servers' parameters; use strategy='allreduce' (parameter servers: hora.torch or "
+    "hora.keras on the TensorFlow or torch backend)"
+)
 
 __all__ = ["DistributedOptimizer", "DistributedOptimizerState"]
 
@@ -43,6 +55,9 @@ def DistributedOptimizer(
     backward_passes_per_step: int = 1,
     average_aggregated_gradients: bool = False,
     process_set: ProcessSet = global_process_set,
+    groups: Any = None,
+    num_groups: int = 0,
+    strategy: str | None = None,
 ) -> optax.GradientTransformation:
     """Wrap ``optimizer`` so that ``update`` first reduces ``grads`` (a pytree) across ranks (default: average).
 
@@ -53,35 +68,78 @@ def DistributedOptimizer(
         backward_passes_per_step: reduce and update every this many calls (see the module's docstring).
         average_aggregated_gradients: divide the accumulated gradients by ``backward_passes_per_step`` (Horovod's
             default, False, applies their sum).
+        groups: an int (that many grouped allreduces) or lists of leaves of the params pytree (explicit groups);
+            ``num_groups`` is its deprecated spelling.
+        strategy: must be ``allreduce`` (default ``HORA_STRATEGY``): an optax transformation cannot run on parameter
+            servers (UnsupportedError).
     """
-    resolved = _resolve(None, op)
-    if gradient_predivide_factor != 1.0 and resolved is not ReduceOp.AVERAGE:
-        raise ValueError("gradient_predivide_factor needs op=Average (it splits the averaging around the sum)")
-    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
+    reduction = describe_gradients(
+        "hora.jax.DistributedOptimizer",
+        op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        groups=groups,
+        num_groups=num_groups,
+        compression=compression,
+        process_set=process_set,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
+        strategy=strategy,
+        instead=OPTAX_INSTEAD,
+    )
     base = name if name is not None else f"DistributedOptimizer.{next(_instances)}"
-    k = backward_passes_per_step
+    k = reduction.backward_passes_per_step
+    param_leaves: list[Any] = []  # the leaves init saw: explicit groups name some of them
 
     def reduce(grads: Any) -> Any:
         leaves, treedef = jax.tree_util.tree_flatten(grads)
-        op_, pre, post = resolved, 1.0, 1.0
-        if resolved is ReduceOp.AVERAGE and gradient_predivide_factor != 1.0:
-            op_, pre = ReduceOp.SUM, 1.0 / gradient_predivide_factor
-            post = gradient_predivide_factor / set_size(process_set)
-        reduced = grouped_allreduce(
-            leaves, name=f"{base}.grads", compression=compression, op=int(op_), prescale_factor=pre,
-            postscale_factor=post, process_set=process_set,
-        )  # fmt: skip
-        return jax.tree_util.tree_unflatten(treedef, reduced)
+        explicit = reduction.groups is not None and not isinstance(reduction.groups, int)
+        if explicit and len(param_leaves) != len(leaves):
+            raise ValueError(
+                f"hora.jax.DistributedOptimizer: groups as lists of parameters need init(params) with the params "
+                f"pytree first (it has {len(param_leaves)} leaves here, the gradients {len(leaves)})"
+            )
+        out = list(leaves)
+        parts = reduction.partition(list(range(len(leaves))), param_leaves if explicit else None)
+        for g, part in enumerate(parts):
+            reduced = grouped_allreduce(
+                [leaves[i] for i in part],
+                name=f"{base}.grads" if len(parts) == 1 else f"{base}.grads.{g}",
+                compression=reduction.compression,
+                op=int(reduction.op),
+                prescale_factor=reduction.prescale,
+                postscale_factor=reduction.postscale,
+                process_set=reduction.process_set,
+            )
+            for i, r in zip(part, reduced):
+                out[i] = r
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+    def remember(params: Any) -> None:
+        if reduction.groups is None or isinstance(reduction.groups, int):
+            return
+        leaves = jax.tree_util.tree_leaves(params)
+        known = {id(x) for x in leaves}
+        missing = sum(1 for g in reduction.groups for x in g if id(x) not in known)
+        if missing:
+            raise ValueError(
+                f"hora.jax.DistributedOptimizer: {missing} array(s) in groups are not leaves of the params given to "
+                "init (groups must list the very arrays of the params pytree, and init must see them, not tracers)"
+            )
+        param_leaves[:] = leaves
 
     if k == 1:
+
+        def init_one(params: Any) -> Any:
+            remember(params)
+            return optimizer.init(params)
 
         def update_one(updates: Any, state: Any, params: Any = None) -> Any:
             return optimizer.update(reduce(updates), state, params)
 
-        return optax.GradientTransformation(optimizer.init, update_one)
+        return optax.GradientTransformation(init_one, update_one)
 
     def init(params: Any) -> DistributedOptimizerState:
+        remember(params)
         return DistributedOptimizerState(
             jnp.zeros([], jnp.int32), jax.tree_util.tree_map(jnp.zeros_like, params), optimizer.init(params)
         )
@@ -91,7 +149,7 @@ def DistributedOptimizer(
 
         def apply(_: Any) -> Any:
             total = reduce(acc)
-            if average_aggregated_gradients:
+            if reduction.average_aggregated_gradients:
                 total = jax.tree_util.tree_map(lambda t: t / k, total)
             new_updates, inner = optimizer.update(total, state.inner_state, params)
             zeros = jax.tree_util.tree_map(jnp.zeros_like, acc)

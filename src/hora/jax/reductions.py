@@ -144,10 +144,7 @@ def grouped_allreduce(
 
 
 def _resolve(average: bool | None, op: int | None, default: ReduceOp = Average) -> ReduceOp:
-    try:
-        return resolve_op(average, op, default)
-    except UnsupportedError as exc:  # Horovod raises NotImplementedError for Adasum where it is not built
-        raise NotImplementedError(str(exc)) from None
+    return resolve_op(average, op, default)  # Adasum: UnsupportedError, also a NotImplementedError as in Horovod
 
 
 # -- reducescatter -------------------------------------------------------------------------------------------------

@@ -45,25 +45,57 @@ class _Mixin:
 
 class BroadcastGlobalVariablesCallbackMixin(_Mixin):
     """At the start of training, broadcast the model's variables and the optimizer's (built first if it is not
-    yet, so its slots exist) from ``root_rank``: every rank starts from the same state."""
+    yet, so its slots exist) from ``root_rank``: every rank starts from the same state. ``local_variables`` (a
+    variable or a collection of them; Horovod's argument) are the model's variables that stay as each rank has
+    them; more can be added with ``register_local_var``."""
 
-    def __init__(self, root_rank: int, device: str = "") -> None:
+    def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
         super().__init__()
         self.root_rank = root_rank
+        self.device = device
         self.broadcast_done = False
+        self._local_vars: set[int] = set()
+        if local_variables is None:
+            local_variables = []
+        elif _is_variable(local_variables):
+            local_variables = [local_variables]
+        else:
+            local_variables = list(local_variables)
+            bad = [type(v).__name__ for v in local_variables if not _is_variable(v)]
+            if bad:
+                raise ValueError(
+                    f"All local variables must be variables (tf.Variable or keras.Variable); got {', '.join(bad)}"
+                )
+        for var in local_variables:
+            self.register_local_var(var)
+
+    def register_local_var(self, var: Any) -> None:
+        """Leave ``var`` out of the broadcast (each rank keeps its own value)."""
+        self._local_vars.add(id(var))
 
     def on_train_begin(self, logs: Any = None) -> None:
         if self.broadcast_done:
             return
         model = self.model
         opt = getattr(model, "optimizer", None)
-        variables = list(model.variables)
+        variables = [v for v in model.variables if id(v) not in self._local_vars]
         if opt is not None:
             if hasattr(opt, "built") and not opt.built and hasattr(opt, "build"):
                 opt.build(model.trainable_variables)
             variables += [v for v in opt.variables if all(v is not m for m in variables)]
         broadcast_keras_variables(variables, self.root_rank)
         self.broadcast_done = True
+
+
+def _is_variable(v: Any) -> bool:
+    """A Keras 3 variable, or a TensorFlow one (what tf_keras models hold)."""
+    if isinstance(v, keras.Variable):
+        return True
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return False
+    return isinstance(v, tf.Variable)
 
 
 class MetricAverageCallbackMixin(_Mixin):

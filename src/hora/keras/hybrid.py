@@ -75,7 +75,7 @@ def _chosen(ps_parameters: Any) -> tuple[set[int], set[str]]:
 class _HybridMixin:
     """Methods mixed into the wrapped Keras 3 optimizer's class for the hybrid strategy."""
 
-    _hora: Any  # the allreduce settings (hora.keras.optimizer._Settings)
+    _hora: Any  # how the dense part is allreduced (a hora._frontend.gradients.GradientReduction)
     _hora_hybrid: _HybridSettings
     built: bool
 

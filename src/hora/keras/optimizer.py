@@ -6,83 +6,74 @@ config: ``get_config``/``from_config`` round-trip and a saved model reloads with
 ``apply`` (what ``fit`` and ``apply_gradients`` call), before clipping, as Horovod reduces before the wrapped
 optimizer sees the gradients; tf_keras in ``apply_gradients``. With gradient accumulation (Keras 3's
 ``gradient_accumulation_steps``, or ``backward_passes_per_step`` here, which sets it) the reduction moves into the
-update step, so it runs once per accumulated step and never twice.
+update step, so it runs once per accumulated step and never twice. tf_keras has no gradient accumulation of its
+own: ``backward_passes_per_step`` there sums the gradients locally and reduces every k-th step, as Horovod's
+``LocalGradientAggregationHelperEager`` does (:mod:`hora.keras.aggregation`). The reduction itself (op, predivide,
+groups, compression, strategy) is one :class:`~hora._frontend.gradients.GradientReduction`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import keras
 
 from hora._dtypes import ReduceOp
 from hora._frontend import ProcessSet, global_process_set
+from hora._frontend.gradients import GradientReduction, describe_gradients
 
-__all__ = ["DistributedOptimizer", "distributed_class", "reduce_gradients"]
-
-
-@dataclass
-class _Settings:
-    """The reduction a wrapped optimizer does (Horovod's ``DistributedOptimizer`` arguments)."""
-
-    compression: Any
-    sparse_as_dense: bool
-    gradient_predivide_factor: float
-    op: int
-    backward_passes_per_step: int
-    average_aggregated_gradients: bool
-    groups: Any
-    process_set: ProcessSet
-    legacy: bool
+__all__ = ["DistributedOptimizer", "distributed_class", "is_legacy", "reduce_gradients"]
 
 
-def reduce_gradients(settings: Any, grads: list[Any], variables: list[Any] | None) -> list[Any]:
-    """``grads`` averaged (``settings.op``) across ranks in one grouped op, with the backend's own tensors."""
+def reduce_gradients(
+    reduction: GradientReduction, grads: list[Any], variables: list[Any] | None, legacy: bool = False
+) -> list[Any]:
+    """``grads`` reduced across ranks as ``reduction`` says (one grouped op per group), with the backend's own
+    tensors."""
     backend = keras.backend.backend()
-    if backend == "tensorflow" or settings.legacy:
+    if backend == "tensorflow" or legacy:
         from hora.tensorflow.gradients import GradientReducer
 
-        reducer = GradientReducer(
-            settings.op, settings.compression, settings.sparse_as_dense, settings.gradient_predivide_factor,
-            settings.groups, settings.process_set,
-        )  # fmt: skip
-        return reducer.reduce(grads, variables)
+        return GradientReducer(reduction).reduce(grads, variables)
     if backend not in ("torch", "jax"):
         raise NotImplementedError(
             f"hora.keras.DistributedOptimizer does not support the {backend!r} Keras backend yet; use "
             "KERAS_BACKEND=tensorflow, torch or jax"
         )
-    op, pre, post = ReduceOp(settings.op), 1.0, 1.0
-    if op is ReduceOp.AVERAGE and settings.gradient_predivide_factor != 1.0:
-        n = settings.process_set.size() or 1
-        op, pre, post = ReduceOp.SUM, 1.0 / settings.gradient_predivide_factor, settings.gradient_predivide_factor / n
     present = [i for i, g in enumerate(grads) if g is not None]
-    reduced: list[Any]
-    if backend == "torch":
-        import hora.torch as hvd_torch
-
-        reduced = hvd_torch.grouped_allreduce(
-            [grads[i].detach() for i in present], op=int(op), prescale_factor=pre, postscale_factor=post,
-            process_set=settings.process_set,
-        )  # fmt: skip
-    else:  # jax: Keras traces the train step under jax.jit; hora.jax makes the reduction one ordered callback
-        import hora.jax as hvd_jax
-
-        reduced = hvd_jax.grouped_allreduce(
-            [grads[i] for i in present], op=int(op), prescale_factor=pre, postscale_factor=post,
-            process_set=settings.process_set,
-        )  # fmt: skip
+    owners = None if variables is None else [variables[i] for i in present]
     out = list(grads)
-    for i, r in zip(present, reduced):
-        out[i] = r
+    reduced: list[Any]
+    for part in reduction.partition(present, owners):
+        if backend == "torch":
+            import hora.torch as hvd_torch
+
+            reduced = hvd_torch.grouped_allreduce(
+                [grads[i].detach() for i in part],
+                op=int(reduction.op),
+                prescale_factor=reduction.prescale,
+                postscale_factor=reduction.postscale,
+                process_set=reduction.process_set,
+            )
+        else:  # jax: Keras traces the train step under jax.jit; hora.jax makes the reduction one ordered callback
+            import hora.jax as hvd_jax
+
+            reduced = hvd_jax.grouped_allreduce(
+                [grads[i] for i in part],
+                op=int(reduction.op),
+                prescale_factor=reduction.prescale,
+                postscale_factor=reduction.postscale,
+                process_set=reduction.process_set,
+            )
+        for i, r in zip(part, reduced):
+            out[i] = r
     return out
 
 
 class _Keras3Mixin:
     """Methods mixed into the wrapped Keras 3 optimizer's class."""
 
-    _hora: _Settings
+    _hora: GradientReduction
 
     def _hora_accumulating(self) -> bool:
         return bool(getattr(self, "gradient_accumulation_steps", None))
@@ -106,44 +97,45 @@ class _Keras3Mixin:
 class _LegacyMixin:
     """Methods mixed into a tf_keras (Keras 2) optimizer's class."""
 
-    _hora: _Settings
+    _hora: GradientReduction
 
     def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
         pairs = list(grads_and_vars)
-        grads = reduce_gradients(self._hora, [g for g, _ in pairs], [v for _, v in pairs])
-        return super().apply_gradients(list(zip(grads, [v for _, v in pairs])), *args, **kwargs)  # type: ignore[misc]
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        if self._hora.backward_passes_per_step == 1:
+            grads = reduce_gradients(self._hora, grads, variables, legacy=True)
+            return super().apply_gradients(list(zip(grads, variables)), *args, **kwargs)  # type: ignore[misc]
+        from hora.keras.aggregation import LocalAggregation
+
+        agg = self.__dict__.get("_hora_aggregation")
+        if agg is None:
+            agg = LocalAggregation(
+                self._hora.backward_passes_per_step,
+                self._hora.average_aggregated_gradients,
+                self._hora.sparse_as_dense,
+            )
+            self.__dict__["_hora_aggregation"] = agg  # not tracked: Horovod's accumulators are not saved either
+        grads = agg.compute(grads, lambda gs: reduce_gradients(self._hora, gs, variables, legacy=True))
+        base_apply = super().apply_gradients  # type: ignore[misc]
+        return agg.apply(lambda: base_apply(list(zip(grads, variables)), *args, **kwargs), self)
 
 
-def _is_legacy(cls: type) -> bool:
-    return cls.__module__.startswith("tf_keras") or cls.__module__.startswith("keras.optimizers.legacy")
+def is_legacy(cls: type) -> bool:
+    """Whether ``cls`` is a tf_keras (Keras 2) optimizer class: any class in its MRO comes from tf_keras (or Keras
+    2's ``keras.optimizers.legacy``), so a user's subclass of one counts too."""
+    return any(
+        c.__module__.startswith(("tf_keras", "keras.optimizers.legacy", "keras.src.optimizers.legacy"))
+        for c in cls.__mro__
+    )
 
 
-def distributed_class(base: type, settings: _Settings) -> type:
-    """A subclass of ``base`` (same name and module) that reduces gradients with ``settings``."""
-    mixin = _LegacyMixin if settings.legacy else _Keras3Mixin
-    cls = type(base.__name__, (mixin, base), {"_hora": settings})
+def distributed_class(base: type, reduction: GradientReduction, legacy: bool) -> type:
+    """A subclass of ``base`` (same name and module) that reduces gradients as ``reduction`` says."""
+    mixin = _LegacyMixin if legacy else _Keras3Mixin
+    cls = type(base.__name__, (mixin, base), {"_hora": reduction})
     cls.__module__ = base.__module__
     cls.__qualname__ = base.__qualname__
     return cls
-
-
-def make_settings(
-    compression: Any, sparse_as_dense: bool, gradient_predivide_factor: float, op: int,
-    backward_passes_per_step: int, average_aggregated_gradients: bool, groups: Any, process_set: ProcessSet,
-    legacy: bool,
-) -> _Settings:  # fmt: skip
-    if gradient_predivide_factor != 1.0 and op != ReduceOp.AVERAGE:
-        raise ValueError("gradient_predivide_factor needs op=Average (it splits the averaging around the sum)")
-    if op == ReduceOp.ADASUM:
-        raise NotImplementedError("op=Adasum is not supported by hora yet; use Average or Sum")
-    if backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    return _Settings(
-        compression=compression, sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor,
-        op=op, backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, groups=groups, process_set=process_set,
-        legacy=legacy,
-    )  # fmt: skip
 
 
 def DistributedOptimizer(
@@ -174,26 +166,27 @@ def DistributedOptimizer(
     ``SGD``, ``Adagrad``, ``Adam``), with ``staleness=k`` for ``bounded(k)`` or ``consistency`` (``async``,
     ``sync``, ``bounded(k)``; default ``HORA_PS_CONSISTENCY``). ``strategy="hybrid"`` keeps ``ps_parameters`` (the
     model: its ``Embedding`` tables; or layers, variables, paths) on the servers, updated row by row, and
-    allreduces the rest (TensorFlow backend); see docs/ps.md."""
-    from hora._strategy import resolve_strategy
-
-    strategy = resolve_strategy(strategy, staleness=staleness, consistency=consistency, ps_parameters=ps_parameters)
-    if strategy != "allreduce" and _is_legacy(type(optimizer)):
-        raise NotImplementedError(f"strategy={strategy!r} needs a Keras 3 optimizer; tf_keras ones are not supported")
-    if strategy == "parameter_server":
-        from hora.keras.ps_optimizer import make_ps_optimizer
-
-        return make_ps_optimizer(optimizer, name, staleness, consistency)
+    allreduces the rest (TensorFlow backend); see docs/ps.md. tf_keras optimizers support ``allreduce`` only."""
+    base = type(optimizer)
+    legacy = is_legacy(base)
     if compression is None:
         from hora.keras.compression import Compression
 
         compression = Compression.none
-    base = type(optimizer)
-    legacy = _is_legacy(base)
-    settings = make_settings(
-        compression, sparse_as_dense, gradient_predivide_factor, op, backward_passes_per_step,
-        average_aggregated_gradients, groups if groups is not None else num_groups, process_set, legacy,
+    reduction = describe_gradients(
+        "hora.keras.DistributedOptimizer", op=op, gradient_predivide_factor=gradient_predivide_factor,
+        groups=groups, num_groups=num_groups, compression=compression, sparse_as_dense=sparse_as_dense,
+        process_set=process_set, backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, strategy=strategy,
+        strategies=("allreduce",) if legacy else ("allreduce", "parameter_server", "hybrid"),
+        instead="the servers run Keras 3 optimizers' rules: wrap a Keras 3 optimizer (unset TF_USE_LEGACY_KERAS), "
+        "or use strategy='allreduce'",
+        staleness=staleness, consistency=consistency, ps_parameters=ps_parameters,
     )  # fmt: skip
+    if reduction.strategy == "parameter_server":
+        from hora.keras.ps_optimizer import make_ps_optimizer
+
+        return make_ps_optimizer(optimizer, name, staleness, consistency)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
@@ -205,11 +198,9 @@ def DistributedOptimizer(
                 f"gradient_accumulation_steps={steps} disagree; set one of them"
             )
         config["gradient_accumulation_steps"] = backward_passes_per_step
-    elif legacy and backward_passes_per_step > 1:
-        raise NotImplementedError("backward_passes_per_step > 1 is not supported with tf_keras optimizers in hora")
-    if strategy == "hybrid":
+    if reduction.strategy == "hybrid":
         from hora.keras.hybrid import make_hybrid_optimizer
 
-        return make_hybrid_optimizer(optimizer, config, settings, ps_parameters, staleness, consistency)
-    cls: Any = distributed_class(base, settings)
+        return make_hybrid_optimizer(optimizer, config, reduction, ps_parameters, staleness, consistency)
+    cls: Any = distributed_class(base, reduction, legacy)
     return cls.from_config(config)

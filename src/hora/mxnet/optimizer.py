@@ -20,43 +20,58 @@ import mxnet as mx
 from hora import _frontend as _f
 from hora._frontend import ProcessSet, global_process_set
 from hora._frontend.core import GroupHandle, blocking
+from hora._frontend.gradients import GradientReduction, describe_gradients
 from hora.mxnet import bridge
 from hora.mxnet.compression import Compression
 
 __all__ = ["DistributedOptimizer", "DistributedTrainer"]
 
-
-def _split_list(items: list[Any], parts: int) -> list[list[Any]]:
-    """``items`` in ``parts`` consecutive runs of nearly equal length (Horovod's ``split_list``)."""
-    d, r = divmod(len(items), parts)
-    return [items[i * d + min(i, r) : (i + 1) * d + min(i + 1, r)] for i in range(parts)]
-
-
-def _set_size(process_set: ProcessSet, what: str) -> int:
-    size = process_set.size()
-    if size is None:
-        raise ValueError(f"{what}: {process_set!r} has not been added: call hvd.add_process_set(...) on every rank first")
-    return size
+#: why MXNet has no parameter-server strategy, and what to use instead
+MXNET_INSTEAD = (
+    "hora has no server rules for MXNet optimizers (MXNet's own kvstore='dist_async' is its parameter server); "
+    "use strategy='allreduce', or hora.torch / hora.keras for hora's parameter servers"
+)
 
 
-def _sum_into(
-    grads: Sequence[Any], names: Sequence[str], groups: int, predivide: float, process_set: ProcessSet
-) -> None:
-    """Sum ``grads`` over the ranks, in place, all submitted before any is waited for. With ``groups`` > 0 they go
-    as that many grouped allreduces (one per dtype within each), as Horovod's ``num_groups``."""
+def _describe(
+    what: str,
+    compression: Any,
+    gradient_predivide_factor: float,
+    num_groups: int,
+    process_set: ProcessSet,
+    strategy: str | None,
+) -> GradientReduction:
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+        raise ValueError(f"{what}: num_groups must be a non-negative int, got {num_groups!r}")
+    return describe_gradients(
+        what,
+        gradient_predivide_factor=gradient_predivide_factor,
+        groups=num_groups or None,
+        compression=compression,
+        process_set=process_set,
+        strategy=strategy,
+        instead=MXNET_INSTEAD,
+    )
+
+
+def _sum_into(grads: Sequence[Any], names: Sequence[str], reduction: GradientReduction, grouped: bool) -> None:
+    """Sum ``grads`` over the ranks, in place, all submitted before any is waited for, each first multiplied by the
+    reduction's prescale (1 / gradient_predivide_factor). With ``grouped`` and the reduction's groups they go as
+    that many grouped allreduces (one per dtype within each), as Horovod's ``num_groups``."""
     hosts = [bridge.host(g, "DistributedTrainer") for g in grads]
-    prescale = 1.0 / predivide
+    prescale, _post = reduction.summed()
+    process_set = reduction.process_set
 
     def start() -> GroupHandle:
         views = [bridge.write_view(h) for h in hosts]
-        if groups <= 0:
+        if not grouped or reduction.groups is None:
             return GroupHandle([
                 _f.start_allreduce(v, inplace=True, name=n, average=False, prescale_factor=prescale,
                                    process_set=process_set)
                 for v, n in zip(views, names)
             ])  # fmt: skip
         handles = []
-        for idx in _split_list(list(range(len(views))), groups):
+        for idx in reduction.partition(list(range(len(views)))):
             by_dtype: dict[Any, list[int]] = defaultdict(list)
             for i in idx:
                 by_dtype[views[i].dtype].append(i)
@@ -83,10 +98,14 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         gradient_predivide_factor: float = 1.0,
         num_groups: int = 0,
         process_set: ProcessSet = global_process_set,
+        strategy: str | None = None,
     ) -> None:
         # No Optimizer.__init__: every attribute is the wrapped optimizer's (__getattr__), as in Horovod.
+        self._reduction = _describe(
+            "hora.mxnet.DistributedOptimizer", None, gradient_predivide_factor, num_groups, process_set, strategy
+        )
         self._optimizer = optimizer
-        self._optimizer.rescale_grad *= gradient_predivide_factor / _set_size(process_set, "DistributedOptimizer")
+        self._optimizer.rescale_grad *= self._reduction.summed()[1]  # gradient_predivide_factor / size
         self._gradient_predivide_factor = gradient_predivide_factor
         self._num_groups = num_groups
         self._process_set = process_set
@@ -106,10 +125,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         if self._process_set.size() == 1:
             return
         if isinstance(index, (tuple, list)):
-            _sum_into(list(grad), [str(i) for i in index], self._num_groups, self._gradient_predivide_factor,
-                      self._process_set)  # fmt: skip
+            _sum_into(list(grad), [str(i) for i in index], self._reduction, grouped=True)
         else:
-            _sum_into([grad], [str(index)], 0, self._gradient_predivide_factor, self._process_set)
+            _sum_into([grad], [str(index)], self._reduction, grouped=False)
 
     def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
         if self._process_set.included():
@@ -148,7 +166,11 @@ class DistributedTrainer(mx.gluon.Trainer):
         prefix: str | None = None,
         num_groups: int = 0,
         process_set: ProcessSet = global_process_set,
+        strategy: str | None = None,
     ) -> None:
+        self._reduction = _describe(
+            "hora.mxnet.DistributedTrainer", compression, gradient_predivide_factor, num_groups, process_set, strategy
+        )
         self._compression = compression
         self._process_set = process_set
         if isinstance(optimizer, DistributedOptimizer):
@@ -166,7 +188,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         # Trainer.step sets the optimizer's rescale_grad to _scale / batch_size: dividing _scale by the number of
         # ranks makes the summed gradient an average.
-        self._scale *= gradient_predivide_factor / _set_size(process_set, "DistributedTrainer")
+        self._scale *= self._reduction.summed()[1]  # gradient_predivide_factor / size
         self._gradient_predivide_factor = gradient_predivide_factor
         self._prefix = prefix or ""
         self._num_groups = num_groups
@@ -181,7 +203,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                 grads.append(compressed)
                 names.append(self._prefix + str(i))
                 pairs.append((param, compressed, ctx))
-        _sum_into(grads, names, self._num_groups, self._gradient_predivide_factor, self._process_set)
+        _sum_into(grads, names, self._reduction, grouped=True)
         if self._compression is not Compression.none:
             for param, compressed, ctx in pairs:
                 param.list_grad()[0][:] = self._compression.decompress(compressed, ctx)

@@ -9,9 +9,16 @@ import tensorflow as tf
 
 from hora._dtypes import ReduceOp
 from hora._frontend import ProcessSet, global_process_set
+from hora._frontend.gradients import describe_gradients
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.gradients import GradientReducer
-from hora.tensorflow.reductions import set_size
+
+#: why a tape cannot run on parameter servers, and what to use instead
+TAPE_INSTEAD = (
+    "a tape only computes gradients and the update rule is whatever your code applies next, so no server can run "
+    "it; wrap the Keras optimizer instead (hora.keras.DistributedOptimizer(opt, strategy='parameter_server')) and "
+    "apply the tape's local gradients with it, or use strategy='allreduce'"
+)
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
@@ -40,8 +47,8 @@ class _DistributedGradientTape(tf.GradientTape):
         out = list(flat_grads)
         for i, r in zip(shared, reduced):
             out[i] = r
-        if local and self._hora_scale_local and self._hora_reducer.op is ReduceOp.AVERAGE:
-            scale = 1.0 / set_size(self._hora_reducer.process_set)
+        if local and self._hora_scale_local and self._hora_reducer.reduction.op is ReduceOp.AVERAGE:
+            scale = 1.0 / self._hora_reducer.reduction.set_size()
             for i, s in enumerate(flat_sources):
                 if id(s) in local and out[i] is not None:
                     out[i] = out[i] * tf.cast(scale, out[i].dtype)
@@ -60,17 +67,28 @@ def DistributedGradientTape(
     groups: Any = None,
     process_set: ProcessSet = global_process_set,
     scale_local_gradients: bool = True,
+    strategy: str | None = None,
 ) -> tf.GradientTape:
     """Wrap ``gradtape`` so that ``gradient()`` averages (``op``) the gradients over every rank, as one grouped op
     (``groups``/``num_groups``: several). The wrapper shares the tape's recording, so it can wrap a tape after its
-    ``with`` block, as in Horovod's examples."""
+    ``with`` block, as in Horovod's examples. ``strategy`` (default ``HORA_STRATEGY``) must be ``allreduce``: a
+    tape has no update rule a parameter server could run (UnsupportedError saying what to use instead)."""
+    reduction = describe_gradients(
+        "hora.tensorflow.DistributedGradientTape",
+        op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        groups=groups,
+        num_groups=num_groups,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        process_set=process_set,
+        strategy=strategy,
+        instead=TAPE_INSTEAD,
+    )
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     tape: Any = object.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
-    tape._hora_reducer = GradientReducer(
-        op, compression, sparse_as_dense, gradient_predivide_factor, groups if groups is not None else num_groups,
-        process_set,
-    )  # fmt: skip
+    tape._hora_reducer = GradientReducer(reduction)
     tape._hora_local = []
     tape._hora_scale_local = scale_local_gradients
     return tape
@@ -89,12 +107,13 @@ def PartialDistributedGradientTape(
     process_set: ProcessSet = global_process_set,
     local_layers: Any = None,
     scale_local_gradients: bool = True,
+    strategy: str | None = None,
 ) -> tf.GradientTape:
     """:func:`DistributedGradientTape` whose ``local_layers``' variables (and any ``register_local_source``) keep
     their local gradients (scaled by 1/size with ``scale_local_gradients``, as Horovod does)."""
     tape: Any = DistributedGradientTape(
         gradtape, device_dense, device_sparse, compression, sparse_as_dense, op, gradient_predivide_factor,
-        num_groups, groups, process_set, scale_local_gradients,
+        num_groups, groups, process_set, scale_local_gradients, strategy,
     )  # fmt: skip
     layers = [] if local_layers is None else local_layers if isinstance(local_layers, (list, tuple)) else [local_layers]
     for layer in layers:

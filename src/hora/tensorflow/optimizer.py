@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from hora._dtypes import ReduceOp
 from hora._frontend import ProcessSet, global_process_set
+from hora._frontend.gradients import describe_gradients
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.gradients import GradientReducer
 
@@ -137,24 +138,29 @@ def DistributedOptimizer(
     groups: Any = None,
     process_set: ProcessSet = global_process_set,
     scale_local_gradients: bool = True,
+    strategy: str | None = None,
 ) -> Any:
     """Wrap a ``tf.compat.v1.train.Optimizer`` so that its gradients are averaged over every rank before they are
-    applied. For Keras optimizers use ``hora.tensorflow.keras.DistributedOptimizer`` (or ``hora.keras``)."""
+    applied. For Keras optimizers use ``hora.tensorflow.keras.DistributedOptimizer`` (or ``hora.keras``).
+    ``strategy`` (default ``HORA_STRATEGY``) must be ``allreduce``: parameter servers take Keras 3 optimizers."""
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise ValueError(
             f"hora.tensorflow.DistributedOptimizer wraps a tf.compat.v1.train.Optimizer, got "
             f"{type(optimizer).__name__}; for a Keras optimizer use hora.tensorflow.keras.DistributedOptimizer "
             "(Keras 3: hora.keras.DistributedOptimizer)"
         )
-    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
-    reducer = GradientReducer(
-        op, compression, sparse_as_dense, gradient_predivide_factor, groups if groups is not None else num_groups,
-        process_set,
+    reduction = describe_gradients(
+        "hora.tensorflow.DistributedOptimizer", op=op, gradient_predivide_factor=gradient_predivide_factor,
+        groups=groups, num_groups=num_groups, compression=compression, sparse_as_dense=sparse_as_dense,
+        process_set=process_set, backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, strategy=strategy,
+        instead="the servers run Keras 3 optimizers' rules: use hora.keras.DistributedOptimizer(keras_optimizer, "
+        "strategy='parameter_server'), or strategy='allreduce'",
     )  # fmt: skip
+    reducer = GradientReducer(reduction)
     aggregation = (
-        _LocalAggregation(backward_passes_per_step, average_aggregated_gradients)
-        if backward_passes_per_step > 1
+        _LocalAggregation(reduction.backward_passes_per_step, reduction.average_aggregated_gradients)
+        if reduction.backward_passes_per_step > 1
         else None
     )
     return _DistributedOptimizer(optimizer, name, use_locking, reducer, aggregation)

@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from hora._frontend.surface import Adasum, Average, ProcessSet, global_process_set, size
-from hora._strategy import resolve_strategy
+from hora._frontend.gradients import GradientReduction, describe_gradients
+from hora._frontend.surface import Average, ProcessSet, global_process_set, size
+from hora._strategy import STRATEGIES
 from hora.errors import UnsupportedError
 from hora.torch.compression import Compression
 from hora.torch.mpi_ops import (
@@ -31,20 +32,10 @@ from hora.torch.mpi_ops import (
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
-    def __init__(
-        self,
-        params: Any,
-        named_parameters: Any,
-        compression: Any,
-        backward_passes_per_step: int = 1,
-        op: int = Average,
-        gradient_predivide_factor: float = 1.0,
-        groups: Any = None,
-        sparse_as_dense: bool = False,
-        process_set: ProcessSet = global_process_set,
-    ) -> None:
+    def __init__(self, params: Any, named_parameters: Any, reduction: GradientReduction) -> None:
         super(self.__class__, self).__init__(params)  # type: ignore[call-arg]
-        self._compression = compression
+        self._reduction = reduction
+        self._compression = reduction.compression
 
         if named_parameters is not None:
             named_parameters = list(named_parameters)
@@ -75,50 +66,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             )
 
         self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
-        if backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
-        self.backward_passes_per_step = backward_passes_per_step
+        self.backward_passes_per_step = backward_passes_per_step = reduction.backward_passes_per_step
         self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
-        self.op = op
-        self.gradient_predivide_factor = gradient_predivide_factor
-        self.sparse_as_dense = sparse_as_dense
-        self.process_set = process_set
+        self.op = reduction.op
+        self.gradient_predivide_factor = reduction.predivide
+        self.sparse_as_dense = reduction.sparse_as_dense
+        self.process_set = process_set = reduction.process_set
         self._handles: dict[Any, tuple[Any, Any]] = {}
         self._hooks: list[Any] = []
         self._requires_update: set[torch.Tensor] = set()
         self._synchronized = False
         self._should_synchronize = True
 
-        # groups: an int (split the parameters into that many groups) or a list of lists of parameters; each
-        # group is allreduced as one grouped collective once all its gradients are ready
+        # groups: an int (split the parameters into that many groups) or lists of parameters (one not listed is a
+        # group of its own); each group is allreduced as one grouped collective once all its gradients are ready
         self._groups: list[list[torch.Tensor]] | None = None
         self._group_of: dict[torch.Tensor, int] = {}
-        if groups is not None:
+        if reduction.groups is not None:
             params_in_order = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
-            if isinstance(groups, int):
-                if groups <= 0:
-                    raise ValueError("groups must be a positive integer or a list of lists of parameters")
-                k = min(groups, max(len(params_in_order), 1))
-                bounds = [round(i * len(params_in_order) / k) for i in range(k + 1)]
-                self._groups = [params_in_order[bounds[i] : bounds[i + 1]] for i in range(k)]
-            elif isinstance(groups, list) and all(isinstance(g, list) for g in groups):
-                self._groups = [list(g) for g in groups]
-                listed = [id(p) for g in self._groups for p in g]
-                if len(listed) != len(set(listed)):
-                    raise ValueError("a parameter appears in more than one of the groups")
-                ungrouped = [p for p in params_in_order if id(p) not in set(listed)]
-                self._groups += [[p] for p in ungrouped]  # parameters not listed are reduced one by one
-            else:
-                raise ValueError("groups must be a positive integer or a list of lists of parameters")
-            self._groups = [g for g in self._groups if g]
+            self._groups = reduction.partition(params_in_order, params_in_order)
             for gi, g in enumerate(self._groups):
                 for p in g:
                     self._group_of[p] = gi
             self._group_ready: dict[int, set[torch.Tensor]] = {}
 
-        if process_set.process_set_id is None:
-            raise ValueError(f"{process_set!r} has not been added: call hvd.add_process_set(...) on every rank first")
-        if self.process_set.included() and size() > 1:
+        if process_set.included() and size() > 1:
             self._check_same_parameters(named_parameters)
             self._register_hooks()
 
@@ -165,36 +137,41 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._requires_update.add(p)
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
 
-    def _scale_factors(self) -> tuple[float, float]:
-        if self.op == Average:
-            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        return 1.0, 1.0
-
-    def _dense_grad(self, p: torch.Tensor) -> torch.Tensor:
+    def _dense_grad(self, p: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """The gradient to allreduce, and whether ``p.grad`` is sparse (sparse_as_dense: a dense copy is reduced
+        and the result goes back into ``p.grad`` sparse, as Horovod does, so e.g. SparseAdam still gets one)."""
         if p.grad is None:
             # not computed on this rank (e.g. a branch the forward pass skipped), but another rank may have it:
             # every rank must submit the tensor, so this one contributes zeros
             p.grad = p.data.new(p.size()).zero_()
         if p.grad.is_sparse:
-            p.grad = p.grad.to_dense()
-        return p.grad
+            return p.grad.to_dense(), True
+        return p.grad, False
+
+    @staticmethod
+    def _write_grad(p: torch.Tensor, output: torch.Tensor, was_sparse: bool) -> None:
+        grad: Any = p.grad
+        if was_sparse:  # sparse tensors have no set_: Horovod's equivalent
+            grad.zero_().add_(output.to_sparse())
+        else:
+            grad.set_(output)
 
     def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, Any]:
         name = self._parameter_names.get(p)
         if p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense:
             return self._sparse_allreduce_grad_async(p, name), "sparse"
-        tensor = self._dense_grad(p)
+        tensor, was_sparse = self._dense_grad(p)
         compressed, ctx = self._compression.compress(tensor)
-        pre, post = self._scale_factors()
+        r = self._reduction
         handle = allreduce_async_(
             compressed,
             name=name,
-            op=self.op,
-            prescale_factor=pre,
-            postscale_factor=post,
-            process_set=self.process_set,
+            op=r.op,
+            prescale_factor=r.prescale,
+            postscale_factor=r.postscale,
+            process_set=r.process_set,
         )
-        return handle, (compressed, ctx)
+        return handle, (compressed, ctx, was_sparse)
 
     def _sparse_allreduce_grad_async(self, p: torch.Tensor, name: str | None) -> Any:
         """A sparse gradient is allgathered (values and indices) and summed by coalescing, as Horovod does."""
@@ -206,18 +183,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         params = self._groups[gi]
         tensors, ctxs = [], []
         for p in params:
-            c, ctx = self._compression.compress(self._dense_grad(p))
+            dense, was_sparse = self._dense_grad(p)
+            c, ctx = self._compression.compress(dense)
             tensors.append(c)
-            ctxs.append(ctx)
-        pre, post = self._scale_factors()
+            ctxs.append((ctx, was_sparse))
+        r = self._reduction
         name = self._parameter_names.get(params[0])
         handle = grouped_allreduce_async_(
             tensors,
             name=f"group.{name}",
-            op=self.op,
-            prescale_factor=pre,
-            postscale_factor=post,
-            process_set=self.process_set,
+            op=r.op,
+            prescale_factor=r.prescale,
+            postscale_factor=r.postscale,
+            process_set=r.process_set,
         )
         return handle, (tensors, ctxs)
 
@@ -284,18 +262,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if isinstance(key, tuple):
                     outputs = synchronize(handle)
                     _tensors, ctxs = ctx
-                    for p, out, c in zip(key, outputs, ctxs):
+                    for p, out, (c, was_sparse) in zip(key, outputs, ctxs):
                         self._allreduce_delay[p] = self.backward_passes_per_step
-                        p.grad.set_(self._compression.decompress(out, c))
+                        self._write_grad(p, self._compression.decompress(out, c), was_sparse)
                     continue
                 p = key
                 self._allreduce_delay[p] = self.backward_passes_per_step
                 if ctx == "sparse":
                     p.grad = synchronize(handle).coalesce()
                     continue
-                _compressed, cctx = ctx
+                _compressed, cctx, was_sparse = ctx
                 output = synchronize(handle)
-                p.grad.set_(self._compression.decompress(output, cctx))
+                self._write_grad(p, self._compression.decompress(output, cctx), was_sparse)
         finally:
             self._handles.clear()
         self._synchronized = True
@@ -362,42 +340,35 @@ def DistributedOptimizer(
     ``strategy="hybrid"`` keeps ``ps_parameters`` (the model: its ``nn.Embedding(sparse=True)`` weights; or
     modules, parameters, names) on the servers, updated row by row, and allreduces the rest; see docs/ps.md.
     """
-    strategy = resolve_strategy(strategy, staleness=staleness, consistency=consistency, ps_parameters=ps_parameters)
-    if strategy == "parameter_server":
+    reduction = describe_gradients(
+        "hora.torch.DistributedOptimizer",
+        op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        groups=groups,
+        num_groups=num_groups,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        process_set=process_set,
+        backward_passes_per_step=backward_passes_per_step,
+        strategy=strategy,
+        strategies=STRATEGIES,
+        staleness=staleness,
+        consistency=consistency,
+        ps_parameters=ps_parameters,
+    )
+    if reduction.strategy == "parameter_server":
         from hora.torch.ps_optimizer import make_ps_optimizer
 
         return make_ps_optimizer(optimizer, named_parameters, staleness, consistency)
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if op == Adasum:
-        raise UnsupportedError("op=Adasum is not supported by hora yet; use Average or Sum")
-    if num_groups != 0:
-        warnings.warn(
-            "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        if groups is None:
-            groups = num_groups
     members = dict(_DistributedOptimizer.__dict__)
-    if strategy == "hybrid":
+    if reduction.strategy == "hybrid":
         from hora.torch.hybrid import hybrid_members
 
-        if groups is not None:
+        if reduction.groups is not None:
             raise UnsupportedError("groups= is not supported with strategy='hybrid' yet; leave it out")
         if named_parameters is None:
             raise ValueError("strategy='hybrid' needs named_parameters (the servers keep variables by name)")
         named_parameters = list(named_parameters)
         members.update(hybrid_members(optimizer, named_parameters, ps_parameters, staleness, consistency))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), members)
-    return cls(
-        optimizer.param_groups,
-        named_parameters,
-        compression,
-        backward_passes_per_step,
-        op,
-        gradient_predivide_factor,
-        groups,
-        sparse_as_dense,
-        process_set,
-    )
+    return cls(optimizer.param_groups, named_parameters, reduction)

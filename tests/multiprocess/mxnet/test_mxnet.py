@@ -25,6 +25,7 @@ from workers.mxnet_ops import suite_worker
 ERRORS = [
     "shape", "dtype", "root", "reducescatter op", "sparse", "numpy input", "root out of range", "alltoall splits",
     "alltoall float splits", "alltoall uneven", "average and op", "adasum", "broadcast_parameters list",
+    "trainer strategy", "optimizer strategy",
 ]  # fmt: skip
 
 
@@ -42,6 +43,9 @@ def _check_errors(notes: list[str]) -> None:
     assert "NDArray" in notes[5], notes[5]
     assert "MXNetError" in notes[7] and "MXNetError" in notes[9], notes  # Horovod's type for its enqueue errors
     assert "32-bit integer" in notes[8] and "float32" in notes[8], notes[8]
+    for note, what in zip(notes[13:15], ["DistributedTrainer", "DistributedOptimizer"]):
+        assert f": UnsupportedError: hora.mxnet.{what} does not support strategy=" in note, note
+        assert "it implements 'allreduce'; hora has no server rules for MXNet optimizers" in note, note
 
 
 def _same_training(results: list[dict], one: dict) -> None:

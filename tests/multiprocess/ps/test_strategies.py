@@ -58,6 +58,16 @@ def test_keras_fit_on_parameter_servers_by_the_jobs_setting_matches_plain_keras(
     assert errors["keras_hybrid_dense_model"].startswith(
         "ValueError: ps_parameters: dense_only has no keras.layers.Embedding"
     ), errors
+    # adapters without a parameter-server form refuse the job's setting instead of silently allreducing
+    for key, what in [
+        ("tape_by_setting", "hora.tensorflow.DistributedGradientTape"),
+        ("tf1_by_setting", "hora.tensorflow.DistributedOptimizer"),
+        ("jax_by_setting", "hora.jax.DistributedOptimizer"),
+    ]:
+        assert errors[key].startswith(
+            f"UnsupportedError: {what} does not support HORA_STRATEGY=parameter_server (hora run --strategy "
+            "parameter_server): it implements 'allreduce'; "
+        ), errors[key]
 
 
 def test_torch_hybrid_embedding_on_servers_dense_on_allreduce():

@@ -42,7 +42,7 @@ def test_broadcast_optimizer_state_before_any_backward():
     assert run_ranks(optimizer_state_worker, 2, timeout=120) == [want] * 2
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_sparse_gradients_reach_sparse_adam_sparse(np_):
-    got = run_ranks(sparse_adam_worker, np_, timeout=120)
+@pytest.mark.parametrize(("np_", "sparse_as_dense"), [(2, False), (3, False), (2, True)])
+def test_sparse_gradients_reach_sparse_adam_sparse(np_, sparse_as_dense):
+    got = run_ranks(sparse_adam_worker, np_, sparse_as_dense, timeout=120)
     torch.testing.assert_close(torch.tensor(got[0]), torch.tensor(sparse_adam_reference(np_)), rtol=1e-5, atol=1e-6)

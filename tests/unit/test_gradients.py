@@ -1,0 +1,80 @@
+"""hora._frontend.gradients: the one description of a gradient reduction every DistributedOptimizer, Trainer and
+Tape consumes (op, predivide factors, groups, strategy), checked in one place."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from hora._dtypes import ReduceOp
+from hora._frontend.gradients import describe_gradients, split_list
+from hora._frontend.process_set import ProcessSet
+from hora._strategy import STRATEGIES
+from hora.errors import UnsupportedError
+
+
+def test_predivide_is_horovods_average_split_around_the_sum():
+    r = describe_gradients("opt", gradient_predivide_factor=4.0)
+    assert (r.op, r.prescale, r.postscale, r.predivide) == (ReduceOp.AVERAGE, 0.25, 4.0, 4.0)
+    plain = describe_gradients("opt", op=ReduceOp.SUM)
+    assert (plain.op, plain.prescale, plain.postscale) == (ReduceOp.SUM, 1.0, 1.0)
+    with pytest.raises(
+        ValueError, match=r"opt: gradient_predivide_factor=2.0 needs op=Average .* got op=Sum"
+    ):
+        describe_gradients("opt", op=ReduceOp.SUM, gradient_predivide_factor=2.0)
+    with pytest.raises(ValueError, match="gradient_predivide_factor must be > 0"):
+        describe_gradients("opt", gradient_predivide_factor=0.0)
+
+
+def test_adasum_is_one_unsupported_error_that_is_also_a_not_implemented_error():
+    with pytest.raises(UnsupportedError, match="op=Adasum is not supported") as info:
+        describe_gradients("opt", op=ReduceOp.ADASUM)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, NotImplementedError)
+
+
+def test_a_strategy_the_adapter_lacks_is_refused_with_what_to_use_instead():
+    with pytest.raises(UnsupportedError) as info:
+        describe_gradients(
+            "hora.jax.DistributedOptimizer", strategy="parameter_server", instead="use X instead"
+        )
+    assert str(info.value) == (
+        "hora.jax.DistributedOptimizer does not support strategy='parameter_server': it implements 'allreduce'; "
+        "use X instead"
+    )
+    full = describe_gradients("opt", strategy="hybrid", strategies=STRATEGIES, ps_parameters=[1])
+    assert full.strategy == "hybrid"
+    assert describe_gradients("opt").strategy == "allreduce"  # not initialized: no HORA_STRATEGY to read
+    with pytest.raises(ValueError, match="strategy must be one of 'allreduce', 'parameter_server', 'hybrid'"):
+        describe_gradients("opt", strategy="ring")
+
+
+def test_groups_int_split_like_horovods_split_list_and_explicit_groups_by_identity():
+    assert split_list([1, 2, 3, 4, 5], 2) == [[1, 2, 3], [4, 5]]
+    r = describe_gradients("opt", groups=2)
+    assert r.partition(["a", "b", "c", "d", "e"]) == [["a", "b", "c"], ["d", "e"]]
+    assert r.partition(["a"]) == [["a"]] and r.partition([]) == []
+    assert describe_gradients("opt").partition([0, 1, 2]) == [[0, 1, 2]]  # no groups: one grouped op
+    v = [object() for _ in range(4)]
+    explicit = describe_gradients("opt", groups=[[v[2], v[0]], [v[3]]])
+    # listed groups in the order given; a variable in no group is reduced on its own (Horovod)
+    assert explicit.partition([10, 11, 12, 13], v) == [[12, 10], [13], [11]]
+    with pytest.raises(ValueError, match="a variable appears in more than one of the groups"):
+        describe_gradients("opt", groups=[[v[0]], [v[0]]])
+    with pytest.raises(ValueError, match="groups should be a non-negative integer or a list of lists"):
+        describe_gradients("opt", groups=-1)
+
+
+def test_num_groups_is_the_deprecated_spelling_of_groups():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = describe_gradients("opt", num_groups=3)
+    assert r.groups == 3 and caught[0].category is DeprecationWarning
+    assert describe_gradients("opt", groups=0).groups is None
+
+
+def test_other_arguments_are_checked_once():
+    with pytest.raises(ValueError, match="backward_passes_per_step must be an int >= 1, got 0"):
+        describe_gradients("opt", backward_passes_per_step=0)
+    with pytest.raises(ValueError, match=r"ProcessSet\(.*\) has not been added"):
+        describe_gradients("opt", process_set=ProcessSet([0]))
