@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ MARKER = re.compile(r"<!-- example: (.*?) -->")
 
 @dataclass(frozen=True)
 class Example:
-    where: str  # docs/file.md:LINE
+    where: str  # docs/<file>.md:LINE
     lang: str  # "python" or "bash"
     code: str
     how: str  # what the marker said, "" when there is none
@@ -99,3 +100,29 @@ def test_example_runs(ex, tmp_path):
         (cwd / "examples").symlink_to(ROOT / "examples")
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{ex.where} failed ({proc.returncode}):\n{ex.code}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def test_the_core_installs_from_a_copy_of_the_checkout_into_a_fresh_venv(tmp_path):
+    # A new user's first step (README: pip install ... -e '.[...]' in the checkout, then hora run), in a fresh
+    # virtual environment. Without an index, so it needs no network: the core's dependencies (numpy, ml_dtypes) come
+    # from this environment (--system-site-packages); the extras' lines are checked in tests/unit/test_install_lines.py.
+    checkout = tmp_path / "hora"
+    shutil.copytree(ROOT / "src", checkout / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md", "constraints.txt"):
+        shutil.copy(ROOT / name, checkout / name)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    pip = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-index", "--no-build-isolation", "-c", "constraints.txt",
+         "-e", "."],
+        cwd=checkout, capture_output=True, text=True, timeout=300,
+    )
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = "import hora, hora.numpy as hvd; hvd.init(); print(hora.__file__, hvd.allreduce(1.0, op=hvd.Sum))"
+    run = subprocess.run([str(venv / "bin" / "hora"), "run", "-np", "2", str(python), "-c", code],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    where = checkout / "src" / "hora" / "__init__.py"
+    assert sorted(run.stdout.splitlines()) == [f"[{r}]<stdout>: {where} 2.0" for r in (0, 1)], run.stdout
