@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from hora.config import Config
 from hora.config.settings import settings_with_flags
@@ -51,3 +52,41 @@ def test_the_hora_run_synopsis_lists_every_flag():
     synopsis = text[text.index("```\nhora run -np N") : text.index("COMMAND ...")]
     for _, flag, _ in settings_with_flags():
         assert flag.name.removeprefix("--") in synopsis, f"{flag.name} is missing from the synopsis in docs/launchers.md"
+
+
+def _horovod_names() -> tuple[set[str], set[str]]:
+    """(the HOROVOD_* variables hora reads as aliases of its settings, those hora run writes for every rank)."""
+    settings = {n for f in dataclasses.fields(Config) for n in f.metadata["env"] if n.startswith("HOROVOD_")}
+    settings |= {v.name for v in VARIABLES if v.name.startswith("HOROVOD_")}
+    written = {n for v in WORKER_VARIABLES for n in v.names if n.startswith("HOROVOD_")}
+    return settings, written
+
+
+def test_the_readme_lists_exactly_the_horovod_variables_hora_reads():
+    text = (DOCS.parent / "README.md").read_text()
+    section = text[text.index("## Horovod variables") :]
+    section = section[: section.index("\n## ")]
+    honoured, other = section.split("Horovod's other variables are not read")
+    read, written = _horovod_names()
+    listed = set(re.findall(r"`(HOROVOD_\w+)`", honoured))
+    assert listed == read | written, f"missing: {sorted(read | written - listed)}; not read: {sorted(listed - read - written)}"
+    assert not set(re.findall(r"`(HOROVOD_\w+)`", other)) & (read | written)
+
+
+def test_no_doc_names_a_horovod_variable_hora_ignores_as_if_it_worked():
+    read, written = _horovod_names()
+    for md in [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for n, line in enumerate(md.read_text().splitlines(), 1):
+            if "not read" in line:
+                continue
+            unknown = set(re.findall(r"HOROVOD_[A-Z0-9_]+", line)) - read - written
+            assert not unknown, f"{md.name}:{n} names {sorted(unknown)}, which hora does not read: {line}"
+
+
+def test_each_settings_row_names_all_its_variables():
+    text = (DOCS / "configuration.md").read_text()
+    for f in dataclasses.fields(Config):
+        row = next((line for line in text.splitlines() if line.startswith(f"| `{f.name}` |")), "")
+        assert row, f"{f.name} has no row in docs/configuration.md"
+        for name in f.metadata["env"]:
+            assert f"`{name}`" in row, f"{name} is missing from {f.name}'s row in docs/configuration.md"

@@ -1,4 +1,4 @@
-"""Rank functions for the multi-host tests (tests/test_ssh_launch.py): importable by name on every "host"."""
+"""Rank functions for the multi-host tests (tests/multiprocess/runner/test_ssh.py): importable by name on every "host"."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ def hora_run(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
 
 def show_config(*flags: str, env: dict[str, str] | None = None, overrides: tuple[str, ...] = (), np: int = 1,
                 **kw: Any) -> list[dict[str, Any]]:
-    """Run tests/scripts/show_config.py under ``hora run`` and return each rank's engine settings."""
+    """Run tests/support/scripts/show_config.py under ``hora run`` and return each rank's engine settings."""
     proc = hora_run("-np", str(np), *flags, sys.executable, str(SHOW_CONFIG), *overrides, env=env, **kw)
     assert proc.returncode == 0, proc.stderr
     out = {}
