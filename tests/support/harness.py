@@ -62,6 +62,7 @@ class Launch:
     parts: Sequence[Part]
     settings: Mapping[str, Any] = field(default_factory=dict)
     timeout: float = 240.0  # below the suite's per-test limit (pyproject's timeout), so a hang dumps every rank
+    hosts: str = ""  # fake hosts ("a:2,b:2", support/fakehosts.py) instead of hora.runner.run on this host
 
 
 class Launches:
@@ -87,8 +88,15 @@ class Launches:
             pytest.fail(f"the launch that runs {name!r} failed in an earlier test:\n{self._failures[key]}", pytrace=False)
         if key not in self._results:
             try:
-                per_rank = run_ranks(parts_worker, launch.np, list(launch.parts), timeout=launch.timeout,
-                                     **launch.settings)
+                if launch.hosts:
+                    from support.fakehosts import run_on_hosts
+
+                    per_rank = run_on_hosts(parts_worker, launch.hosts, list(launch.parts), timeout=launch.timeout,
+                                            **launch.settings)
+                else:
+                    per_rank = run_ranks(parts_worker, launch.np, list(launch.parts), timeout=launch.timeout,
+                                         **launch.settings)
+                assert len(per_rank) == launch.np, per_rank
             except pytest.fail.Exception as exc:
                 self._failures[key] = str(exc)
                 raise

@@ -16,6 +16,8 @@ import pytest
 
 import workers.collectives as cw
 from support.fakehosts import run_failing_on_hosts, run_on_hosts
+from support.harness import Launch, Launches
+from support.parts import Part
 from workers.hierarchical import (
     compare_worker,
     killed_peer_worker,
@@ -76,23 +78,33 @@ def test_hierarchical_with_default_chunks_on_interleaved_hosts():
         _same(hier[r], flat[r], f"rank {r}")
 
 
-@pytest.mark.parametrize(
-    "worker", [cw.allreduce_worker, cw.allgather_worker, cw.broadcast_worker, cw.alltoall_worker,
-               cw.reducescatter_worker, cw.async_order_worker, cw.object_worker],
-    ids=lambda f: f.__name__,
-)
-def test_collective_suite_on_two_hosts_of_two(worker):
+SUITE = [cw.allreduce_worker, cw.allgather_worker, cw.broadcast_worker, cw.alltoall_worker, cw.reducescatter_worker,
+         cw.async_order_worker, cw.object_worker]
+
+
+@pytest.fixture(scope="module")
+def two_hosts_of_two() -> Launches:
+    """One launch on 2 hosts x 2 ranks for the single-host suite's workers (small chunks), join and process sets
+    (default chunks): each part on a fresh group (support/parts.py)."""
+    parts = [Part(f.__name__, f, settings=SMALL) for f in SUITE]
+    parts += [Part("join", cw.join_worker, (int(cw.hvd.Average),)), Part("process_set", process_set_worker)]
+    return Launches(Launch(4, parts, hosts="a:2,b:2", timeout=240))
+
+
+@pytest.mark.parametrize("worker", SUITE, ids=lambda f: f.__name__)
+def test_collective_suite_on_two_hosts_of_two(two_hosts_of_two, worker):
     """The single-host suite's self-checking workers, hierarchical across 2 hosts x 2 ranks."""
-    assert all(run_on_hosts(worker, "a:2,b:2", **SMALL))
+    assert all(two_hosts_of_two(worker.__name__))
 
 
 @pytest.mark.parametrize("spec", ["a:2,b:2", "a:3,b:1"])
-def test_join_contributes_zeros_across_hosts(spec):
-    assert run_on_hosts(cw.join_worker, spec, int(cw.hvd.Average)) == [3] * 4
+def test_join_contributes_zeros_across_hosts(two_hosts_of_two, spec):
+    results = two_hosts_of_two("join") if spec == "a:2,b:2" else run_on_hosts(cw.join_worker, spec, int(cw.hvd.Average))
+    assert results == [3] * 4
 
 
-def test_process_set_across_hosts():
-    assert all(run_on_hosts(process_set_worker, "a:2,b:2"))
+def test_process_set_across_hosts(two_hosts_of_two):
+    assert all(two_hosts_of_two("process_set"))
 
 
 def test_hora_run_flags_reach_the_workers():
