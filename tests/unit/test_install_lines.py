@@ -168,3 +168,15 @@ def test_an_extra_with_a_cpu_build_pulls_no_other_build():
                 if dep not in seen:
                     seen.add(dep)
                     todo.append(dep)
+
+
+def test_no_message_in_the_sources_says_to_install_hora_from_an_index():
+    # the errors for a missing extra (PyYAML, boto3, Ray, PySpark, scikit-learn) are a new user's first contact too
+    index = re.compile(r"pip install\s+['\"]?hora\b")
+    found = [
+        f"{p.relative_to(REPO)}:{n}"
+        for p in sorted(paths.SRC.rglob("*.py"))
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if index.search(line)
+    ]
+    assert not found, f"say pip install -c constraints.txt -e '.[extra]' in hora's checkout instead: {found}"

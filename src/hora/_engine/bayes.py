@@ -1,9 +1,9 @@
 """Bayesian optimisation for autotune: a Gaussian process over the points tried so far, and the next point to try
 chosen by expected improvement.
 
-The Gaussian process comes from scikit-learn, an optional extra (``pip install 'hora[autotune]'``); it is imported
-only when a search is built, so ``import hora`` stays numpy-only. Points live in the unit cube: each continuous
-dimension scaled to [0, 1], each on/off dimension 0 or 1.
+The Gaussian process comes from scikit-learn, an optional extra (``pip install -c constraints.txt -e '.[autotune]'``
+in hora's checkout); it is imported only when a search is built, so ``import hora`` stays numpy-only. Points live in
+the unit cube: each continuous dimension scaled to [0, 1], each on/off dimension 0 or 1.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def require_gaussian_process() -> None:
     if not found:
         raise ConfigError(
             "HORA_AUTOTUNE=1 (hora run --autotune) needs scikit-learn for its Gaussian process, and it is not "
-            "installed; install it with pip install 'hora[autotune]' (or scikit-learn>=1.3), or turn autotune off"
+            "installed; install it with pip install -c constraints.txt -e '.[autotune]' in hora's checkout (or "
+            "scikit-learn>=1.3), or turn autotune off"
         )
 
 

@@ -122,7 +122,8 @@ class EngineSettings:
         help=(
             "Tune the fusion threshold, cycle time, response cache on/off and (across hosts) hierarchical "
             "allreduce/allgather during the first steps by Bayesian optimisation of bytes/s; rank 0 decides and "
-            "every rank switches at the same engine cycle. Needs scikit-learn (pip install 'hora[autotune]')."
+            "every rank switches at the same engine cycle. Needs scikit-learn (pip install -c constraints.txt -e "
+            "'.[autotune]' in hora's checkout)."
         ),
         flag=Flag("--autotune", "tune the engine settings during the first steps", action="store_true"),
     )

@@ -100,7 +100,9 @@ def make_client(endpoint_url: str | None = None) -> Any:
         import boto3
         from botocore.config import Config as BotoConfig
     except ImportError:
-        raise ConfigError("s3:// channels and artifacts need boto3: pip install 'hora[jobs]'") from None
+        raise ConfigError(
+            "s3:// channels and artifacts need boto3: pip install -c constraints.txt -e '.[jobs]' in hora's checkout"
+        ) from None
     endpoint = resolve_endpoint_url(endpoint_url)
     config = BotoConfig(
         connect_timeout=10,

@@ -131,7 +131,9 @@ def load_spec(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None 
     try:
         import yaml
     except ImportError:
-        raise ConfigError("reading a YAML job spec needs PyYAML: pip install 'hora[jobs]'") from None
+        raise ConfigError(
+            "reading a YAML job spec needs PyYAML: pip install -c constraints.txt -e '.[jobs]' in hora's checkout"
+        ) from None
     p = Path(path)
     try:
         text = p.read_text()

@@ -210,7 +210,9 @@ def plot_metrics(store: JobStore, name: str, path: str) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ConfigError("--plot needs matplotlib: pip install 'hora[jobs-plot]'") from None
+        raise ConfigError(
+            "--plot needs matplotlib: pip install -c constraints.txt -e '.[jobs-plot]' in hora's checkout"
+        ) from None
     record = store.get(name)
     rows = store.metrics(name)
     if not rows:

@@ -1,5 +1,6 @@
 """hora on Ray: :class:`RayExecutor` runs a function on hora ranks that are Ray actors (Horovod's
-``horovod.ray.RayExecutor`` calls). Needs the ``ray`` extra (``pip install 'hora[ray]'``). See docs/engines.md.
+``horovod.ray.RayExecutor`` calls). Needs the ``ray`` extra (``pip install -c constraints.txt -e '.[ray]'`` in hora's
+checkout). See docs/engines.md.
 """
 
 from __future__ import annotations

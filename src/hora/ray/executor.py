@@ -325,7 +325,9 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ImportError("hora.ray needs Ray: pip install 'hora[ray]' (Ray 2.60)") from None
+        raise ImportError(
+            "hora.ray needs Ray: pip install -c constraints.txt -e '.[ray]' in hora's checkout (Ray 2.60)"
+        ) from None
     return ray
 
 

@@ -35,7 +35,10 @@ def _context() -> Any:
     try:
         from pyspark import SparkContext
     except ImportError:
-        raise ImportError("hora.spark needs PySpark: pip install 'hora[spark]' (PySpark 4.3, Java 17)") from None
+        raise ImportError(
+            "hora.spark needs PySpark: pip install -c constraints.txt -e '.[spark]' in hora's checkout (PySpark 4.3, "
+            "Java 17)"
+        ) from None
     sc = SparkContext._active_spark_context
     if sc is None:
         raise ConfigError(
