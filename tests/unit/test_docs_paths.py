@@ -103,10 +103,11 @@ def test_the_path_check_finds_a_dead_path(tmp_path, monkeypatch):
     # the check itself can fail: a docstring naming a test that does not exist is reported
     fake = tmp_path / "tests" / "test_fake.py"
     fake.parent.mkdir()
-    fake.write_text('"""See tests/' + "no_such_test.py and hora/" + 'no_such_module.py."""\n')
+    missing = ["/".join(("tests", "no_such_test.py")), "/".join(("hora", "no_such_module.py"))]  # not paths here
+    fake.write_text(f'"""See {missing[0]} and {missing[1]}."""\n')
     monkeypatch.setattr(f"{__name__}._checked_files", lambda: [fake])
     monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
-    assert [d.split(": ", 1)[1] for d in dead_paths()] == ["tests/no_such_test.py", "hora/no_such_module.py"]
+    assert [d.split(": ", 1)[1] for d in dead_paths()] == missing
 
 
 def _strings_in_tests() -> str:
