@@ -1,4 +1,8 @@
-"""The engine on real ranks: tensor fusion, the response cache, join, the stall inspector and the timeline."""
+"""The engine on real ranks: tensor fusion, the response cache, join, the stall inspector and the timeline.
+
+The tests of fusion, the cache and join share one launch per number of ranks (``launches``): each worker runs
+on a fresh group with its own settings (support/parts.py), and each test asserts on its worker's results.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ import re
 
 import pytest
 
-from support.harness import run_ranks
+from support.harness import Launch, Launches, run_ranks
+from support.parts import Part
 from workers.engine import (
     barrier_worker,
     cached_join_worker,
@@ -30,37 +35,65 @@ ENGINES = {
 }
 
 
+RANDOM = [(2, "shm"), (3, "shm"), (3, "tcp")]
+REPEATED = [(2, "shm"), (3, "shm"), (4, "shm"), (3, "tcp")]
+JOIN_ENGINES = ["default", "no-cache", "tiny"]
+SHAPE_ENGINES = ["default", "tiny"]
+
+
+def _parts(np_: int) -> list[Part]:
+    """Every test of fusion, the cache and join on ``np_`` ranks, each with its settings (support/parts.py)."""
+    parts = [Part(f"random {engine} {transport}", random_fusion_worker, (6, 12, 11),
+                  {"transport": transport, **ENGINES[engine]})
+             for n, transport in RANDOM if n == np_ for engine in ENGINES]
+    parts += [Part(f"repeated {transport}", repeated_small_worker, (6,), {"transport": transport})
+              for n, transport in REPEATED if n == np_]
+    if np_ == 3:
+        parts.append(Part("repeated no-cache", repeated_small_worker, (4,), {"cache_capacity": 0}))
+        parts += [Part(f"scaled {t}", scaled_fusion_worker, (), {"transport": t}) for t in ("shm", "tcp")]
+        parts += [Part(f"join {e}", cached_join_worker, (5,), ENGINES[e]) for e in JOIN_ENGINES]
+        parts += [Part(f"shapes {e}", changing_shape_worker, (), ENGINES[e]) for e in SHAPE_ENGINES]
+    return [Part(f"np{np_} {p.name}", p.fn, p.args, p.settings) for p in parts]
+
+
+@pytest.fixture(scope="module")
+def launches() -> Launches:
+    """One launch per number of ranks for the tests of fusion, the cache and join (the stall and timeline tests
+    below keep launches of their own)."""
+    return Launches(*(Launch(n, _parts(n)) for n in (2, 3, 4)))
+
+
 @pytest.mark.parametrize("engine", list(ENGINES))
-@pytest.mark.parametrize(("np_", "transport"), [(2, "shm"), (3, "shm"), (3, "tcp")])
-def test_random_tensor_sets_in_random_orders(engine, np_, transport):
-    results = run_ranks(random_fusion_worker, np_, 6, 12, 11, transport=transport, **ENGINES[engine])
+@pytest.mark.parametrize(("np_", "transport"), RANDOM)
+def test_random_tensor_sets_in_random_orders(launches, engine, np_, transport):
+    results = launches(f"np{np_} random {engine} {transport}")
     assert results == [72] * np_
 
 
-@pytest.mark.parametrize(("np_", "transport"), [(2, "shm"), (3, "shm"), (4, "shm"), (3, "tcp")])
-def test_repeated_small_allreduces_every_op_and_dtype(np_, transport):
-    assert run_ranks(repeated_small_worker, np_, 6, transport=transport) == [54] * np_
+@pytest.mark.parametrize(("np_", "transport"), REPEATED)
+def test_repeated_small_allreduces_every_op_and_dtype(launches, np_, transport):
+    assert launches(f"np{np_} repeated {transport}") == [54] * np_
 
 
-def test_repeated_small_allreduces_without_cache():
-    assert run_ranks(repeated_small_worker, 3, 4, cache_capacity=0) == [36] * 3
+def test_repeated_small_allreduces_without_cache(launches):
+    assert launches("np3 repeated no-cache") == [36] * 3
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_fused_average_and_scale_factors(transport):
-    results = run_ranks(scaled_fusion_worker, 3, transport=transport)
+def test_fused_average_and_scale_factors(launches, transport):
+    results = launches(f"np3 scaled {transport}")
     assert results == [[2.0, 6.0, 2.0]] * 3
 
 
-@pytest.mark.parametrize("engine", ["default", "no-cache", "tiny"])
-def test_join_with_cached_tensors(engine):
-    results = run_ranks(cached_join_worker, 3, 5, **ENGINES[engine])
+@pytest.mark.parametrize("engine", JOIN_ENGINES)
+def test_join_with_cached_tensors(launches, engine):
+    results = launches(f"np3 join {engine}")
     assert results == [[3.0, 3.0, 3.0, 2.0, 1.0], [3.0, 3.0, 3.0, 2.0], [3.0, 3.0, 3.0]]
 
 
-@pytest.mark.parametrize("engine", ["default", "tiny"])
-def test_changing_shapes_renegotiate(engine):
-    results = run_ranks(changing_shape_worker, 3, **ENGINES[engine])
+@pytest.mark.parametrize("engine", SHAPE_ENGINES)
+def test_changing_shapes_renegotiate(launches, engine):
+    results = launches(f"np3 shapes {engine}")
     assert results == [[(3,), (3,), (5,), (5,), (1,), (0,), (3,)]] * 3
 
 
