@@ -69,7 +69,8 @@ def test_the_readme_lists_exactly_the_horovod_variables_hora_reads():
     honoured, other = section.split("Horovod's other variables are not read")
     read, written = _horovod_names()
     listed = set(re.findall(r"`(HOROVOD_\w+)`", honoured))
-    assert listed == read | written, f"missing: {sorted(read | written - listed)}; not read: {sorted(listed - read - written)}"
+    missing, unknown = sorted(read | written - listed), sorted(listed - read - written)
+    assert listed == read | written, f"missing: {missing}; listed but not read or written: {unknown}"
     assert not set(re.findall(r"`(HOROVOD_\w+)`", other)) & (read | written)
 
 

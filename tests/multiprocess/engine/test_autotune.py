@@ -58,4 +58,5 @@ def test_a_job_that_ends_while_tuning_shuts_down_cleanly():
 def test_autotune_without_scikit_learn_fails_init_on_every_rank():
     results = run_ranks(no_sklearn_worker, 2, autotune=True)
     for r in results:
-        assert "needs scikit-learn" in r and "pip install -c constraints.txt -e '.[autotune]' in hora's checkout" in r, r
+        assert "needs scikit-learn" in r, r
+        assert "pip install -c constraints.txt -e '.[autotune]' in hora's checkout" in r, r

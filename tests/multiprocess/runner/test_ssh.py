@@ -1,4 +1,5 @@
-"""``hora run`` across hosts over SSH, on network-namespace hosts with their own sshd (fixture: tests/support/netns_hosts.py).
+"""``hora run`` across hosts over SSH, on network-namespace hosts with their own sshd (fixture:
+tests/support/netns_hosts.py).
 
 Every job here really runs its remote ranks through ``ssh`` -> ``sshd`` in another network namespace -> the hora
 agent; the failure tests check the message, that the launcher ends in bounded time (each job has a hard limit and

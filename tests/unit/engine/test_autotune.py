@@ -152,5 +152,6 @@ def test_expected_improvement_prefers_higher_mean_and_more_doubt():
 
 def test_without_scikit_learn_autotune_fails_clearly(monkeypatch):
     monkeypatch.setitem(sys.modules, "sklearn", None)
-    with pytest.raises(ConfigError, match=r"needs scikit-learn .* pip install -c constraints.txt -e '\.\[autotune\]' in hora's checkout"):
+    hint = r"pip install -c constraints.txt -e '\.\[autotune\]' in hora's checkout"
+    with pytest.raises(ConfigError, match=r"needs scikit-learn .* " + hint):
         require_gaussian_process()
