@@ -166,9 +166,6 @@ GAPS = {
     ("hora.tensorflow", "handle_average_backwards_compatibility"): _TF_HELPER,
     ("hora.tensorflow", "refs_to_vars"): _TF_HELPER,
     ("hora.tensorflow", "vars_to_refs"): _TF_HELPER,
-    ("hora.keras", "PartialDistributedOptimizer"): (
-        "needs local (not reduced) variables in hora.keras.DistributedOptimizer, which it does not have yet"
-    ),
 }
 #: Each adapter's own names (beyond hora._frontend.surface's), pinned.
 OWN_NAMES = {
@@ -199,8 +196,9 @@ OWN_NAMES = {
         "local_size_op", "process_set_included_op", "rank_op", "reducescatter", "shard", "size_op", "util",
     ],
     "hora.keras": [
-        "Compression", "DistributedOptimizer", "allgather", "allgather_object", "allreduce", "broadcast",
-        "broadcast_global_variables", "broadcast_object", "callbacks", "load_model", "reducescatter",
+        "Compression", "DistributedOptimizer", "PartialDistributedOptimizer", "allgather", "allgather_object",
+        "allreduce", "broadcast", "broadcast_global_variables", "broadcast_object", "callbacks", "load_model",
+        "reducescatter",
     ],
     "hora.tensorflow.keras": [
         "Compression", "DistributedOptimizer", "allgather", "allgather_object", "allreduce", "broadcast",

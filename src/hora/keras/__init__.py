@@ -18,11 +18,12 @@ from hora.keras.functions import (
     load_model,
     reducescatter,
 )
-from hora.keras.optimizer import DistributedOptimizer
+from hora.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 
 __all__ = [
     "Compression",
     "DistributedOptimizer",
+    "PartialDistributedOptimizer",
     "allgather",
     "allgather_object",
     "allreduce",

@@ -22,7 +22,13 @@ from hora._dtypes import ReduceOp
 from hora._frontend import ProcessSet, global_process_set
 from hora._frontend.gradients import GradientReduction, describe_gradients
 
-__all__ = ["DistributedOptimizer", "distributed_class", "is_legacy", "reduce_gradients"]
+__all__ = [
+    "DistributedOptimizer",
+    "PartialDistributedOptimizer",
+    "distributed_class",
+    "is_legacy",
+    "reduce_gradients",
+]
 
 
 def reduce_gradients(
@@ -70,10 +76,48 @@ def reduce_gradients(
     return out
 
 
-class _Keras3Mixin:
-    """Methods mixed into the wrapped Keras 3 optimizer's class."""
+def _divided(grad: Any, size: int) -> Any:
+    if type(grad).__name__ == "IndexedSlices":  # tf.IndexedSlices: scale the values, as Horovod does
+        import tensorflow as tf
+
+        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+    return grad / size
+
+
+class _LocalVariables:
+    """``register_local_var``, shared by both mixins: the registered variables' gradients are not reduced; with
+    ``scale_local_gradients`` they are divided by the process set's size (whatever ``op``), as Horovod's
+    ``_DistributedOptimizer._allreduce`` does (see its pull 3695)."""
 
     _hora: GradientReduction
+    _hora_scale_local: bool
+
+    def register_local_var(self, var: Any) -> None:
+        """Registers a variable as worker local: its gradients are not reduced across ranks (Horovod's name)."""
+        # in __dict__, past Keras' and TensorFlow's attribute tracking: not optimizer state, and not saved
+        self.__dict__.setdefault("_hora_local", {})[id(var)] = var
+
+    def _hora_reduce(self, grads: list[Any], variables: list[Any] | None, legacy: bool = False) -> list[Any]:
+        local = self.__dict__.get("_hora_local")
+        if not local or variables is None:
+            return reduce_gradients(self._hora, grads, variables, legacy)
+        shared = [i for i, v in enumerate(variables) if id(v) not in local]
+        reduced = reduce_gradients(
+            self._hora, [grads[i] for i in shared], [variables[i] for i in shared], legacy
+        )
+        out = list(grads)
+        for i, r in zip(shared, reduced):
+            out[i] = r
+        if self._hora_scale_local:
+            size = self._hora.set_size()
+            out = [
+                g if g is None or id(v) not in local else _divided(g, size) for g, v in zip(out, variables)
+            ]
+        return out
+
+
+class _Keras3Mixin(_LocalVariables):
+    """Methods mixed into the wrapped Keras 3 optimizer's class."""
 
     def _hora_accumulating(self) -> bool:
         return bool(getattr(self, "gradient_accumulation_steps", None))
@@ -81,29 +125,31 @@ class _Keras3Mixin:
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         grads = list(grads)
         if not self._hora_accumulating():
-            variables = None if trainable_variables is None else list(trainable_variables)
-            grads = reduce_gradients(self._hora, grads, variables)
+            variables: list[Any] | None
+            if trainable_variables is not None:
+                variables = list(trainable_variables)
+            else:  # Keras' own rule: the gradients match the variables the optimizer was built with
+                variables = getattr(self, "_trainable_variables", None)
+            grads = self._hora_reduce(grads, variables)
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
 
     def _backend_update_step(self, grads: Any, trainable_variables: Any, learning_rate: Any) -> Any:
         if self._hora_accumulating():  # the accumulated (averaged) gradients, once per update step
-            grads = reduce_gradients(self._hora, list(grads), list(trainable_variables))
+            grads = self._hora_reduce(list(grads), list(trainable_variables))
             if not self._hora.average_aggregated_gradients:  # Horovod's default: the sum of the passes
                 steps = self.gradient_accumulation_steps  # type: ignore[attr-defined]
                 grads = [g if g is None else g * steps for g in grads]
         return super()._backend_update_step(grads, trainable_variables, learning_rate)  # type: ignore[misc]
 
 
-class _LegacyMixin:
+class _LegacyMixin(_LocalVariables):
     """Methods mixed into a tf_keras (Keras 2) optimizer's class."""
-
-    _hora: GradientReduction
 
     def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
         pairs = list(grads_and_vars)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         if self._hora.backward_passes_per_step == 1:
-            grads = reduce_gradients(self._hora, grads, variables, legacy=True)
+            grads = self._hora_reduce(grads, variables, legacy=True)
             return super().apply_gradients(list(zip(grads, variables)), *args, **kwargs)  # type: ignore[misc]
         from hora.keras.aggregation import LocalAggregation
 
@@ -114,8 +160,9 @@ class _LegacyMixin:
                 self._hora.average_aggregated_gradients,
                 self._hora.sparse_as_dense,
             )
-            self.__dict__["_hora_aggregation"] = agg  # not tracked: Horovod's accumulators are not saved either
-        grads = agg.compute(grads, lambda gs: reduce_gradients(self._hora, gs, variables, legacy=True))
+            # not tracked: Horovod's accumulators are not saved either
+            self.__dict__["_hora_aggregation"] = agg
+        grads = agg.compute(grads, lambda gs: self._hora_reduce(gs, variables, legacy=True))
         base_apply = super().apply_gradients  # type: ignore[misc]
         return agg.apply(lambda: base_apply(list(zip(grads, variables)), *args, **kwargs), self)
 
@@ -129,10 +176,14 @@ def is_legacy(cls: type) -> bool:
     )
 
 
-def distributed_class(base: type, reduction: GradientReduction, legacy: bool) -> type:
-    """A subclass of ``base`` (same name and module) that reduces gradients as ``reduction`` says."""
+def distributed_class(
+    base: type, reduction: GradientReduction, legacy: bool, scale_local_gradients: bool = True
+) -> type:
+    """A subclass of ``base`` (same name and module) that reduces gradients as ``reduction`` says, but for the
+    variables given to ``register_local_var`` (divided by the set's size with ``scale_local_gradients``)."""
     mixin = _LegacyMixin if legacy else _Keras3Mixin
-    cls = type(base.__name__, (mixin, base), {"_hora": reduction})
+    attributes = {"_hora": reduction, "_hora_scale_local": bool(scale_local_gradients)}
+    cls = type(base.__name__, (mixin, base), attributes)
     cls.__module__ = base.__module__
     cls.__qualname__ = base.__qualname__
     return cls
@@ -166,7 +217,10 @@ def DistributedOptimizer(
     ``SGD``, ``Adagrad``, ``Adam``), with ``staleness=k`` for ``bounded(k)`` or ``consistency`` (``async``,
     ``sync``, ``bounded(k)``; default ``HORA_PS_CONSISTENCY``). ``strategy="hybrid"`` keeps ``ps_parameters`` (the
     model: its ``Embedding`` tables; or layers, variables, paths) on the servers, updated row by row, and
-    allreduces the rest (TensorFlow backend); see docs/ps.md. tf_keras optimizers support ``allreduce`` only."""
+    allreduces the rest (TensorFlow backend); see docs/ps.md. tf_keras optimizers support ``allreduce`` only.
+
+    As in Horovod, the optimizer's ``register_local_var(var)`` keeps ``var``'s gradients local (not reduced;
+    divided by the process set's size with ``scale_local_gradients``): see :func:`PartialDistributedOptimizer`."""
     base = type(optimizer)
     legacy = is_legacy(base)
     if compression is None:
@@ -202,5 +256,85 @@ def DistributedOptimizer(
         from hora.keras.hybrid import make_hybrid_optimizer
 
         return make_hybrid_optimizer(optimizer, config, reduction, ps_parameters, staleness, consistency)
-    cls: Any = distributed_class(base, reduction, legacy)
+    cls: Any = distributed_class(base, reduction, legacy, scale_local_gradients)
     return cls.from_config(config)
+
+
+#: why local layers cannot run on parameter servers, and what to use instead
+PARTIAL_INSTEAD = (
+    "local layers keep each rank's own gradients, and a parameter server holds one copy of every variable; use "
+    "hora.keras.DistributedOptimizer(opt, strategy=...) without local layers, or strategy='allreduce' (unset "
+    "HORA_STRATEGY)"
+)
+
+
+def PartialDistributedOptimizer(
+    optimizer: Any,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = None,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: int = ReduceOp.AVERAGE,
+    groups: Any = None,
+    process_set: ProcessSet = global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+) -> Any:
+    """:func:`DistributedOptimizer` whose ``local_layers`` (a Keras layer or a collection of them) keep their
+    trainable weights' gradients local to each rank: not reduced, and divided by the process set's size with
+    ``scale_local_gradients`` (whatever ``op``), as Horovod 0.28.1's does. Without local layers it is
+    :func:`DistributedOptimizer`. Allreduce only: ``HORA_STRATEGY=parameter_server`` or ``hybrid`` is an
+    UnsupportedError."""
+    what = "hora.keras.PartialDistributedOptimizer"
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ValueError(
+            f"{what}: op currently only supports Average and Sum; got op={op!r}. Use hvd.Average or hvd.Sum"
+        )
+    legacy = is_legacy(type(optimizer))
+    if legacy:
+        import tensorflow as tf
+
+        layer_class: type = tf.keras.layers.Layer  # tf_keras here (TF_USE_LEGACY_KERAS=1)
+        layer_name = "tf.keras.layers.Layer (tf_keras)"
+    else:
+        layer_class, layer_name = keras.layers.Layer, "keras.layers.Layer"
+    if local_layers is None:
+        layers: list[Any] = []
+    elif isinstance(local_layers, layer_class):
+        layers = [local_layers]
+    else:
+        layers = list(local_layers) if isinstance(local_layers, (list, tuple, set)) else [local_layers]
+        wrong = [type(layer).__name__ for layer in layers if not isinstance(layer, layer_class)]
+        if wrong:
+            raise ValueError(
+                f"{what}: all local layers must be of {layer_name} type; got "
+                f"{', '.join(wrong)}. Pass the model's layers themselves (e.g. local_layers=[model.layers[0]])"
+            )
+    describe_gradients(
+        what,
+        op=op,
+        strategy=None,
+        strategies=("allreduce",),
+        instead=PARTIAL_INSTEAD,
+        process_set=process_set,
+    )
+    opt = DistributedOptimizer(
+        optimizer,
+        name=name,
+        device_dense=device_dense,
+        device_sparse=device_sparse,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        op=op,
+        groups=groups,
+        process_set=process_set,
+        scale_local_gradients=scale_local_gradients,
+        strategy="allreduce",
+    )
+    for layer in layers:
+        for var in layer.trainable_weights:
+            opt.register_local_var(var)
+    return opt
