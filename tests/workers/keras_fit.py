@@ -162,6 +162,9 @@ def flavour_fit_worker() -> dict[str, Any]:
     }  # fmt: skip
     if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
         out.update(_tf_keras_extras(keras, hvd, me, n))
+    from workers.keras_partial import partial_worker
+
+    out["partial"] = partial_worker()
     return out
 
 

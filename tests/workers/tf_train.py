@@ -305,7 +305,7 @@ def sync_batch_norm_worker() -> float:
 def suite_worker(modes: list[str], parts: list[str]) -> dict[str, Any]:
     """One TensorFlow start for several checks (TensorFlow and Keras cost seconds to import in every rank): the op
     checks in ``modes``, then each of ``parts`` ("gradients" in ``modes``, "errors", "process_sets", "fit",
-    "fit_callbacks"); returns each part's result by name."""
+    "fit_callbacks", "partial"); returns each part's result by name."""
     from workers.keras_fit import fit_worker
     from workers.tf_ops import ops_worker
 
@@ -321,6 +321,10 @@ def suite_worker(modes: list[str], parts: list[str]) -> dict[str, Any]:
             out[part] = data_worker()
         elif part == "syncbn":
             out[part] = sync_batch_norm_worker()
+        elif part == "partial":
+            from workers.keras_partial import partial_worker
+
+            out[part] = partial_worker()
         else:
             out[part] = fit_worker(with_callbacks=part == "fit_callbacks")
     return out

@@ -52,6 +52,24 @@ def _same_training(fits: list[dict], one: dict) -> None:
     assert abs(fits[0]["accuracy"] - one["accuracy"]) <= 0.005, (fits[0], one)
 
 
+def _check_partial(results: list[dict]) -> None:
+    """PartialDistributedOptimizer / register_local_var (workers/keras_partial.py): per variant, the local kernel
+    follows each rank's own gradients (so it differs across ranks) and the shared one the reduced gradients
+    (bitwise equal across ranks), both as computed by hand."""
+    parts = [r["partial"] for r in results]
+    for variant in ("scaled", "sum", "unscaled", "accumulated"):
+        got = [p[variant] for p in parts]
+        for local, shared, want_local, want_shared in got:
+            np.testing.assert_allclose(local, want_local, rtol=1e-5, atol=1e-6, err_msg=variant)
+            np.testing.assert_allclose(shared, want_shared, rtol=1e-5, atol=1e-6, err_msg=variant)
+        assert all(g[1] == got[0][1] for g in got), f"{variant}: the shared kernel differs across ranks"
+        assert got[0][0] != got[1][0], f"{variant}: the local kernel is the same on every rank"
+    for p in parts:
+        assert len(p["errors"]) == 2, p["errors"]
+        assert "all local layers must be of" in p["errors"][0] and "got object" in p["errors"][0], p["errors"]
+        assert "op currently only supports Average and Sum" in p["errors"][1], p["errors"]
+
+
 @pytest.fixture(scope="module")
 def one_rank():
     return run_ranks(suite_worker, 1, ["eager"], ["data", "fit"], timeout=300)[0]
@@ -64,7 +82,9 @@ def test_one_rank(one_rank):
 
 
 def test_two_ranks_every_mode_gradients_errors_fit_and_callbacks(one_rank):
-    results = run_ranks(suite_worker, 2, MODES, ["gradients", "errors", "syncbn", "fit_callbacks"], timeout=400)
+    results = run_ranks(
+        suite_worker, 2, MODES, ["gradients", "errors", "syncbn", "fit_callbacks", "partial"], timeout=400
+    )
     assert results[0]["ops"] >= OPS_PER_MODE * 3 and len({r["ops"] for r in results}) == 1, results
     assert [r["gradients"] for r in results] == [3 * 12 + 1 + 2] * 2, results  # + TF1 aggregation, 2 modes
     for r in results:
@@ -81,6 +101,7 @@ def test_two_ranks_every_mode_gradients_errors_fit_and_callbacks(one_rank):
     assert cbs[0]["val_logged"] == cbs[1]["val_logged"], "metrics were not averaged over the ranks"
     assert cbs[0]["wrote"] and not cbs[1]["wrote"], "only rank 0 writes the best checkpoint"
     assert cbs[0]["accumulated"] == cbs[1]["accumulated"], "backward_passes_per_step: weights differ across ranks"
+    _check_partial(results)
 
 
 def test_three_ranks_gradients_and_process_sets():
@@ -113,6 +134,7 @@ def test_fit_with_tf_keras_and_with_the_torch_backend(env, module, backend):
     assert len({r["weights"] for r in results}) == 1, "weights differ across ranks"
     assert results[0]["accuracy"] > 0.6, results[0]
     assert all(r["local_variables"] == [True, True] for r in results), [r["local_variables"] for r in results]
+    _check_partial(results)
     if backend == "tensorflow":  # tf_keras: local aggregation over 2 passes; a subclass of a tf_keras optimizer
         n = 2
         mean = sum(r + 1 for r in range(n)) / n  # rank r's gradients are (r + 1) * g
