@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 
@@ -55,21 +54,4 @@ def test_numpy_digits_accuracy_holds_across_sizes(np_):
     assert accuracy >= 0.9
 
 
-JAX_DIGITS = REPO / "examples" / "jax_digits.py"
-
-
-@pytest.mark.skipif(
-    any(importlib.util.find_spec(m) is None for m in ("jax", "optax")), reason="jax or optax is not installed"
-)  # checked without importing JAX here: only the ranks do (it sets variables in the importing process)
-def test_jax_digits_trains_on_two_ranks():
-    command = [sys.executable, str(JAX_DIGITS), "--epochs", "4", "--seed", "0"]
-    result = run_command(command, np=2, capture=True, timeout=180, cwd=str(REPO))
-    out = result.lines.get(0, {}).get("stdout", [])
-    assert result.exit_code == 0, f"{result.report()}\n" + "\n".join(out + result.lines.get(0, {}).get("stderr", [])[-40:])
-    epochs = [m for line in out if (m := re.match(r"^epoch +(\d+)  train loss (\d+\.\d+)  test accuracy (\d\.\d+)$", line))]
-    assert [int(m.group(1)) for m in epochs] == [1, 2, 3, 4], out
-    losses = [float(m.group(2)) for m in epochs]
-    assert losses[-1] < losses[0] / 2, f"training loss barely fell: {losses}"
-    assert _final_accuracy(result) >= 0.9
-    assert "replicas identical on 2 ranks: yes" in out, out
-    assert result.lines[1]["stdout"] == [], "only rank 0 should print"
+# examples/jax_digits.py on two ranks: tests/multiprocess/jax/test_jax.py (beside the 1-rank run it must match).
