@@ -12,7 +12,8 @@ import pytest
 
 from hora._runtime.auth import Role, new_secret
 from hora._runtime.connections import PeerListener, connect_peers
-from support.harness import run_failing, run_ranks, stderr_of
+from support.harness import Launch, Launches, run_failing, run_ranks, stderr_of
+from support.parts import Part
 from workers.failures import (
     asleep_worker,
     attack_worker,
@@ -36,10 +37,17 @@ MISMATCHES = {
 }
 
 
+@pytest.fixture(scope="module")
+def mismatches() -> Launches:
+    """Every kind of mismatch on 3 ranks, one launch per transport; each kind on a fresh group (support/parts.py)."""
+    return Launches(*(Launch(3, [Part(f"{t} {kind}", mismatch_worker, (kind,)) for kind in MISMATCHES],
+                             {"transport": t}) for t in ("shm", "tcp")))
+
+
 @pytest.mark.parametrize("kind", list(MISMATCHES))
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_mismatch_raises_the_same_clear_error_on_every_rank(kind, transport):
-    results = run_ranks(mismatch_worker, 3, kind, transport=transport)
+def test_mismatch_raises_the_same_clear_error_on_every_rank(mismatches, kind, transport):
+    results = mismatches(f"{transport} {kind}")
     for name, message, elapsed in results:
         assert name == "MismatchError"
         assert message.startswith(MISMATCHES[kind]), message
