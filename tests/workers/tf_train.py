@@ -67,7 +67,25 @@ def _gradient_checks(me: int, n: int) -> list[Check]:
     partial.register_local_source(v2)
     p1, p2 = partial.gradient(loss, [v1, v2])
     checks.append(("partial tape shared", p1, np.full(2, (n + 1) / 2, f32)))
-    checks.append(("partial tape local (scaled by 1/size)", p2, np.full((2, 2), 2.0 * me / n, f32)))
+    p2_local = np.full((2, 2), 2.0 * me / n, f32)
+    checks.append(("partial tape local (scaled by 1/size)", p2, p2_local))
+    summing = hvd.PartialDistributedGradientTape(tape, op=hvd.Sum)
+    summing.register_local_source(v2)
+    q1, q2 = summing.gradient(loss, [v1, v2])
+    checks.append(("partial tape shared under Sum", q1, np.full(2, n * (n + 1) / 2, f32)))
+    checks.append(("partial tape local under Sum (1/size whatever the op, as Horovod)", q2, p2_local))
+    # a local sparse gradient stays sparse (Horovod divides its values only)
+    table = tf.constant(np.full((4, 2), me + 1.0, f32))
+    with tf.GradientTape() as sparse_tape:
+        sparse_tape.watch(table)
+        picked = tf.reduce_sum(tf.gather(table, [1, 3]))
+    local_sparse = hvd.PartialDistributedGradientTape(sparse_tape)
+    local_sparse.register_local_source(table)
+    (gs,) = local_sparse.gradient(picked, [table])
+    stays_sparse = tf.constant(isinstance(gs, tf.IndexedSlices))
+    checks.append(("partial tape local sparse stays IndexedSlices", stays_sparse, np.array(True)))
+    picked_rows = np.array([[0, 0], [1, 1], [0, 0], [1, 1]], f32) / n
+    checks.append(("partial tape local sparse values", tf.convert_to_tensor(gs), picked_rows))
     s1, _ = hvd.DistributedGradientTape(tape, op=hvd.Sum, num_groups=2).gradient(loss, [v1, v2])
     checks.append(("tape Sum in two groups", s1, np.full(2, n * (n + 1) / 2, f32)))
     d1, _ = hvd.DistributedGradientTape(tape, gradient_predivide_factor=2.0).gradient(loss, [v1, v2])
@@ -206,6 +224,12 @@ def _optimizer_errors(notes: list[str]) -> None:
         lambda: hvd.allreduce(slices, op=hvd.Sum, prescale_factor=0.5),
         notes,
         "slices scale",
+    )
+    _expect(
+        ValueError,
+        lambda: hvd.PartialDistributedGradientTape(tf.GradientTape(), local_layers=[tf.Variable(1.0)]),
+        notes,
+        "partial tape layers",
     )
 
 

@@ -47,12 +47,21 @@ class _DistributedGradientTape(tf.GradientTape):
         out = list(flat_grads)
         for i, r in zip(shared, reduced):
             out[i] = r
-        if local and self._hora_scale_local and self._hora_reducer.reduction.op is ReduceOp.AVERAGE:
-            scale = 1.0 / self._hora_reducer.reduction.set_size()
+        if local and self._hora_scale_local:
+            # Horovod divides local gradients by the set's size whatever the op (its pull/3695), and keeps a sparse
+            # one sparse (only its values are divided).
+            size = self._hora_reducer.reduction.set_size()
             for i, s in enumerate(flat_sources):
                 if id(s) in local and out[i] is not None:
-                    out[i] = out[i] * tf.cast(scale, out[i].dtype)
+                    out[i] = _divided(out[i], size)
         return tf.nest.pack_sequence_as(grads, out)
+
+
+def _divided(grad: Any, size: int) -> Any:
+    """``grad / size``; an ``IndexedSlices`` stays one (its values divided)."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(size, grad.values.dtype), grad.indices, grad.dense_shape)
+    return grad / tf.cast(size, grad.dtype)
 
 
 def DistributedGradientTape(
@@ -115,7 +124,24 @@ def PartialDistributedGradientTape(
         gradtape, device_dense, device_sparse, compression, sparse_as_dense, op, gradient_predivide_factor,
         num_groups, groups, process_set, scale_local_gradients, strategy,
     )  # fmt: skip
-    layers = [] if local_layers is None else local_layers if isinstance(local_layers, (list, tuple)) else [local_layers]
-    for layer in layers:
+    for layer in _local_layers(local_layers):
         tape.register_local_sources(layer.trainable_weights)
     return tape
+
+
+def _local_layers(local_layers: Any) -> list[Any]:
+    """``local_layers`` as a list of layers: None is none, one layer is a list of it; anything that is not a
+    ``tf.keras.layers.Layer`` is Horovod's ValueError."""
+    layer_type = tf.keras.layers.Layer
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, layer_type):
+        return [local_layers]
+    layers = list(local_layers)
+    wrong = [type(layer).__name__ for layer in layers if not isinstance(layer, layer_type)]
+    if wrong:
+        raise ValueError(
+            f"All local layers must be of tf.keras.layers.Layer type; got {', '.join(wrong)} "
+            f"(pass the layer objects of your model, e.g. local_layers=[model.layers[0]])"
+        )
+    return layers
