@@ -51,9 +51,15 @@ def resolve_strategy(
             + (f"; {instead}" if instead else "")
         )
     if strategy == "parameter_server" and ps_parameters is not None:
-        raise ValueError("ps_parameters picks what the servers hold under strategy='hybrid'; parameter_server holds all")
-    if strategy == "allreduce" and (staleness is not None or consistency is not None or ps_parameters is not None):
-        raise ValueError("staleness, consistency and ps_parameters apply to strategy='parameter_server' or 'hybrid' only")
+        raise ValueError(
+            "ps_parameters picks what the servers hold under strategy='hybrid'; parameter_server holds all"
+        )
+    if strategy == "allreduce" and (
+        staleness is not None or consistency is not None or ps_parameters is not None
+    ):
+        raise ValueError(
+            "staleness, consistency and ps_parameters apply to strategy='parameter_server' or 'hybrid' only"
+        )
     return strategy
 
 

@@ -1,5 +1,6 @@
 """The architecture rule (docs/architecture.md), read from the code's own imports: packages import only from lower
-layers, no private name crosses a package boundary, only hora.config reads the environment, no module is long."""
+layers, no private name crosses a package boundary, only hora.config reads the environment, no module and no line is
+long."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ LAYERS = [
     ["hora.cli", "hora.__main__"],
 ]
 MAX_LINES = 500
+#: No line longer than this (ruff formats to 110; a longer line is a squeeze or a string to split).
+MAX_LINE_LENGTH = 120
 #: Subpackages that are packages of their own in a higher layer (a façade over a package that uses their parent).
 NESTED = ["hora.tensorflow.keras"]
 
@@ -211,6 +214,16 @@ def test_only_the_config_package_reads_the_environment():
 def test_no_module_is_longer_than_the_limit():
     long = {str(p.relative_to(SRC)): n for p in MODULES.values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_no_line_is_longer_than_the_limit():
+    long = [
+        f"{p.relative_to(SRC)}:{i}"
+        for p in MODULES.values()
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if len(line) > MAX_LINE_LENGTH
+    ]
+    assert long == []
 
 
 def test_the_rule_catches_what_it_should():

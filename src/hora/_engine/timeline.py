@@ -6,10 +6,11 @@ chrome://tracing; see docs/timeline.md.
 
 Format: a JSON array of trace events. Every tensor name gets its own track, a "process" whose pid is a small
 integer handed out in order of first use (1, 2, ...) and named by ``process_name`` / ``process_sort_index``
-metadata events, with Horovod's name for the tensor (:func:`track_label`); pid 0 is left for the global ``CYCLE_START`` markers. Timestamps are microseconds since the
-timeline started (``time.perf_counter_ns``). Per tensor, events nest like Horovod's: a ``NEGOTIATE_<KIND>`` phase
-with one zero-length tick per rank as it becomes ready, then the operation itself (``ALLREDUCE``, ...) with the
-activities inside it (``QUEUE``, ``MEMCPY_IN_FUSION_BUFFER``, ``SHM_ALLREDUCE``, ...), at most one at a time.
+metadata events, with Horovod's name for the tensor (:func:`track_label`); pid 0 is left for the global
+``CYCLE_START`` markers. Timestamps are microseconds since the timeline started (``time.perf_counter_ns``). Per
+tensor, events nest like Horovod's: a ``NEGOTIATE_<KIND>`` phase with one zero-length tick per rank as it becomes
+ready, then the operation itself (``ALLREDUCE``, ...) with the activities inside it (``QUEUE``,
+``MEMCPY_IN_FUSION_BUFFER``, ``SHM_ALLREDUCE``, ...), at most one at a time.
 The emitters keep the nesting valid whatever order they are called in: ``start``/``negotiate_start`` close what
 is still open for that tensor, ``end`` closes an open activity first, and an ``*_end`` with nothing to close is
 ignored. A timeline never raises into the engine once it is open: a failing write is logged once and the
@@ -32,8 +33,8 @@ is NOT at ``path``, together with the batch before it that this file missed, and
 ``path`` stays reachable through a hard link (``path + ".hora-swap2"`` for a moment, then ``path +
 ".hora-swap"``) and becomes the next target. Each event is written twice; the cost per write is O(batch), not
 O(file). ``close()`` removes the helper; a SIGKILL may leave it behind, cut short when the kill landed in a write to
-it (it is scratch: never read, safe to delete). Events emitted after the last write are lost on SIGKILL: at most ~100 ms of them. The page cache
-survives the process; a power loss or kernel crash is not covered (nothing is fsync'ed).
+it (it is scratch: never read, safe to delete). Events emitted after the last write are lost on SIGKILL: at most
+~100 ms of them. The page cache survives the process; a power loss or kernel crash is not covered (nothing is fsync'ed).
 
 Where the helper cannot be made (the directory is not writable, or the file system has no hard links) the
 timeline logs a warning and appends to ``path`` in place: then a SIGKILL landing inside a write that crosses a

@@ -129,7 +129,9 @@ def run_op(
         outs = [np.asarray(o) for o in fn(*[np.asarray(a) for a in arrays])]
         for o, s in zip(outs, specs):
             if o.shape != s.shape or o.dtype != s.dtype:  # a bug, not user input: say so plainly
-                raise RuntimeError(f"hora.jax {what}: result {o.dtype}{list(o.shape)} != declared {s.dtype}{list(s.shape)}")
+                raise RuntimeError(
+                    f"hora.jax {what}: result {o.dtype}{list(o.shape)} != declared {s.dtype}{list(s.shape)}"
+                )
         return outs
 
     # vmap of a function already traced (jax.vmap(jax.jit(f))) batches the callback after hora saw its inputs:

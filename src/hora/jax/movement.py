@@ -64,7 +64,9 @@ def _grouped_allgather(xs: list[Any], name: str | None, process_set: ProcessSet)
     if not is_tracing(xs):
         for x in xs:
             check_dtype(x.dtype, "allgather")
-        return run_op(lambda *a: blocking(lambda: _f.grouped_allgather_async(a, name, process_set)), xs, [], "allgather")
+        return run_op(
+            lambda *a: blocking(lambda: _f.grouped_allgather_async(a, name, process_set)), xs, [], "allgather"
+        )
     inexact = [differentiable(x) for x in xs]
     shapes = [x.shape for x in xs]
 
@@ -91,7 +93,9 @@ def _grouped_allgather(xs: list[Any], name: str | None, process_set: ProcessSet)
     return list(gather(*xs))
 
 
-def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet = global_process_set) -> jax.Array:
+def allgather(
+    tensor: Any, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> jax.Array:
     """Concatenate every rank's ``tensor`` along dimension 0 (eagerly its length may differ per rank; inside a
     trace it must not). Differentiable: each rank gets its rows of the summed gradient."""
     return _grouped_allgather(_as_arrays([tensor]), name, process_set)[0]
@@ -105,7 +109,9 @@ def grouped_allgather(
 
 
 # -- broadcast -----------------------------------------------------------------------------------------------------
-def raw_broadcast(xs: Sequence[Any], root_rank: int, name: str | None, process_set: ProcessSet) -> list[jax.Array]:
+def raw_broadcast(
+    xs: Sequence[Any], root_rank: int, name: str | None, process_set: ProcessSet
+) -> list[jax.Array]:
     for x in xs:
         check_dtype(x.dtype, "broadcast")
     root_index(process_set, root_rank)  # a root outside the set fails here, before anything is sent
@@ -165,7 +171,9 @@ def broadcast(
 
 
 # -- alltoall ------------------------------------------------------------------------------------------------------
-def _raw_alltoall(x: Any, splits: Any, name: str | None, process_set: ProcessSet) -> tuple[jax.Array, jax.Array]:
+def _raw_alltoall(
+    x: Any, splits: Any, name: str | None, process_set: ProcessSet
+) -> tuple[jax.Array, jax.Array]:
     check_dtype(x.dtype, "alltoall")
     if x.ndim == 0:
         raise ValueError("alltoall needs an array with at least one dimension")

@@ -53,7 +53,9 @@ def reducescatter(
     return _f.reducescatter(_np(value), op, name, process_set=process_set)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = global_process_set) -> Any:
+def broadcast_object(
+    obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = global_process_set
+) -> Any:
     return _f.broadcast_object(obj, root_rank, name, process_set)
 
 
@@ -65,7 +67,9 @@ def broadcast_global_variables(root_rank: int, model: Any = None) -> None:
     """Broadcast ``model``'s variables (and its optimizer's) from ``root_rank`` now. Keras 3 has no global
     variable collection, so the model is required."""
     if model is None:
-        raise ValueError("hora.keras.broadcast_global_variables needs model=: Keras 3 has no global variables")
+        raise ValueError(
+            "hora.keras.broadcast_global_variables needs model=: Keras 3 has no global variables"
+        )
     variables = list(model.variables)
     opt = getattr(model, "optimizer", None)
     if opt is not None:

@@ -22,14 +22,24 @@ from mxnet.base import _LIB, check_call
 from hora.errors import UnsupportedError
 
 __all__ = [
-    "MX_BFLOAT16", "copy_back", "empty_like", "host", "numpy_dtype", "on_cpu", "read_view", "to_device_of", "write_view",
-]  # fmt: skip
+    "MX_BFLOAT16",
+    "copy_back",
+    "empty_like",
+    "host",
+    "numpy_dtype",
+    "on_cpu",
+    "read_view",
+    "to_device_of",
+    "write_view",
+]
 
 #: MXNet's bfloat16 is a structured dtype over uint16 (``mxnet.ndarray.ndarray.bfloat16``).
 MX_BFLOAT16 = np.dtype([("bfloat16", np.uint16)])
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 #: Every dtype MXNet 1.9's NDArrays have (bfloat16 aside); hora carries them all.
-_SUPPORTED = [np.dtype(t) for t in (np.uint8, np.int8, np.int32, np.int64, np.float16, np.float32, np.float64, np.bool_)]
+_SUPPORTED = [
+    np.dtype(t) for t in (np.uint8, np.int8, np.int32, np.int64, np.float16, np.float32, np.float64, np.bool_)
+]
 _CPU = ("cpu", "cpu_pinned", "cpu_shared")
 _CPU_TYPES = (1, 3, 5)  # mx.Context.devstr2type of the above
 
@@ -67,7 +77,12 @@ class _Memory:
 
     def __init__(self, nd: Any, pointer: int, shape: tuple[int, ...], typestr: str) -> None:
         self.nd = nd
-        self.__array_interface__ = {"data": (pointer, False), "shape": shape, "typestr": typestr, "version": 3}
+        self.__array_interface__ = {
+            "data": (pointer, False),
+            "shape": shape,
+            "typestr": typestr,
+            "version": 3,
+        }
 
 
 def _view(nd: Any) -> np.ndarray:
@@ -98,7 +113,9 @@ def empty_like(nd: Any, shape: tuple[int, ...] | None = None, dtype: Any = None)
     """A new CPU NDArray (of ``nd``'s kind: ``mx.nd`` or ``mx.np``; on ``nd``'s CPU context), for an output."""
     ctx = nd.context
     ctx = ctx if ctx.device_type in _CPU else mx.cpu()
-    out = mx.nd.empty(nd.shape if shape is None else shape, ctx=ctx, dtype=nd.dtype if dtype is None else dtype)
+    out = mx.nd.empty(
+        nd.shape if shape is None else shape, ctx=ctx, dtype=nd.dtype if dtype is None else dtype
+    )
     return out.as_np_ndarray() if isinstance(nd, mx.np.ndarray) else out
 
 

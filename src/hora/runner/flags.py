@@ -100,8 +100,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "-H", "--hosts", help="host:slots list, e.g. h1:4,h2:4; other hosts are reached over SSH (docs/multihost.md)"
     )
     parser.add_argument("--hostfile", metavar="FILE", help="hosts, one 'host slots=N' line each (instead of -H)")
-    parser.add_argument("-p", "--ssh-port", type=int, metavar="PORT", help="SSH port of the remote hosts (default: ssh's)")
-    parser.add_argument("-i", "--ssh-identity-file", metavar="FILE", help="private key for SSH to the remote hosts")
+    parser.add_argument(
+        "-p", "--ssh-port", type=int, metavar="PORT", help="SSH port of the remote hosts (default: ssh's)"
+    )
+    parser.add_argument(
+        "-i", "--ssh-identity-file", metavar="FILE", help="private key for SSH to the remote hosts"
+    )
     parser.add_argument(
         "--ssh-option", action="append", default=[], metavar="OPT",
         help="extra ssh -o option, e.g. UserKnownHostsFile=/path (repeatable)",
@@ -111,7 +115,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="network interface whose address the rendezvous and the ranks bind (default: the route to the hosts)",
     )  # fmt: skip
     parser.add_argument(
-        "--output-filename", metavar="DIR", help="also write each rank's output to DIR/rank.<r>/{stdout,stderr}"
+        "--output-filename",
+        metavar="DIR",
+        help="also write each rank's output to DIR/rank.<r>/{stdout,stderr}",
     )
     _add_setting_flags(parser, "run", parser)
     engine = parser.add_argument_group(
@@ -133,14 +139,21 @@ def _port(text: str) -> int:
     try:
         port = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535; 0 picks a free port)") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a port number (0-65535; 0 picks a free port)"
+        ) from None
     if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a port number: ports are 0-65535 (0 picks a free port)")
+        raise argparse.ArgumentTypeError(
+            f"{port} is not a port number: ports are 0-65535 (0 picks a free port)"
+        )
     return port
 
 
 def run_epilog() -> str:
-    return "Example: hora run -np 4 python train.py --epochs 3\n\nSettings (environment variables):\n" + describe_settings()
+    return (
+        "Example: hora run -np 4 python train.py --epochs 3\n\nSettings (environment variables):\n"
+        + describe_settings()
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -26,7 +26,8 @@ def PipeModeDataset(
     fmt = formats.get(record_format.lower())
     if fmt is None:
         raise NotImplementedError(
-            f"PipeModeDataset record_format={record_format!r} is not supported by hora; use 'TFRecord', 'RecordIO' or 'TextLine'"
+            f"PipeModeDataset record_format={record_format!r} is not supported by hora; "
+            "use 'TFRecord', 'RecordIO' or 'TextLine'"
         )
     source = PipeDataset(channel, record_format=fmt, encoding=None)
 

@@ -23,7 +23,9 @@ class GradientReducer:
         self.reduction = reduction
         self.compression = reduction.compression if reduction.compression is not None else Compression.none
 
-    def reduce(self, grads: Sequence[Any], variables: Sequence[Any] | None = None, name: str | None = None) -> list[Any]:
+    def reduce(
+        self, grads: Sequence[Any], variables: Sequence[Any] | None = None, name: str | None = None
+    ) -> list[Any]:
         """The reduced gradients, in order (None stays None)."""
         r = self.reduction
         grads = list(grads)

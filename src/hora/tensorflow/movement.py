@@ -52,7 +52,9 @@ def _grouped_allgather(tensors: list[tf.Tensor], name: str | None, process_set: 
             summed = grouped_allreduce([tf.convert_to_tensor(d) for d in dys], op=ReduceOp.SUM, process_set=process_set)
             firsts = tf.stack([tf.shape(x, out_type=tf.int64)[0] if x.shape.rank else tf.constant(1, tf.int64)
                                for x in xs])  # fmt: skip
-            dims = tf.reshape(_raw_grouped_allgather([tf.reshape(firsts, [1, -1])], None, process_set)[0], [-1, len(xs)])
+            dims = tf.reshape(
+                _raw_grouped_allgather([tf.reshape(firsts, [1, -1])], None, process_set)[0], [-1, len(xs)]
+            )
             offsets = tf.reduce_sum(dims[: _rank_in(process_set)], axis=0)
             out = []
             for i, (x, g) in enumerate(zip(xs, summed)):
@@ -85,7 +87,9 @@ def grouped_allgather(
 
 
 # -- broadcast -----------------------------------------------------------------------------------------------------
-def _raw_broadcast(tensors: list[tf.Tensor], root_rank: int, name: str | None, process_set: ProcessSet) -> list[tf.Tensor]:
+def _raw_broadcast(
+    tensors: list[tf.Tensor], root_rank: int, name: str | None, process_set: ProcessSet
+) -> list[tf.Tensor]:
     for t in tensors:
         check_dtype(t.dtype, "broadcast")
     root_index(process_set, root_rank)  # a root outside the set fails here, at build time
@@ -93,7 +97,11 @@ def _raw_broadcast(tensors: list[tf.Tensor], root_rank: int, name: str | None, p
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
         outs = [aligned_empty(a.shape, a.dtype) for a in arrays]
-        names = [base] if len(arrays) == 1 else [None if base is None else f"{base}.{i}" for i in range(len(arrays))]
+        names = (
+            [base]
+            if len(arrays) == 1
+            else [None if base is None else f"{base}.{i}" for i in range(len(arrays))]
+        )
 
         def start() -> _f.GroupHandle:
             return _f.GroupHandle([
@@ -107,7 +115,9 @@ def _raw_broadcast(tensors: list[tf.Tensor], root_rank: int, name: str | None, p
     return run_op(fn, tensors, [t.dtype for t in tensors], "HoraBroadcast", [t.shape for t in tensors])
 
 
-def _grouped_broadcast(tensors: list[tf.Tensor], root_rank: int, name: str | None, process_set: ProcessSet) -> list[tf.Tensor]:
+def _grouped_broadcast(
+    tensors: list[tf.Tensor], root_rank: int, name: str | None, process_set: ProcessSet
+) -> list[tf.Tensor]:
     from hora.tensorflow.reductions import grouped_allreduce
 
     @tf.custom_gradient
@@ -115,7 +125,9 @@ def _grouped_broadcast(tensors: list[tf.Tensor], root_rank: int, name: str | Non
         ys = _raw_broadcast(list(xs), root_rank, name, process_set)
 
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            summed = grouped_allreduce([tf.convert_to_tensor(d) for d in dys], op=ReduceOp.SUM, process_set=process_set)
+            summed = grouped_allreduce(
+                [tf.convert_to_tensor(d) for d in dys], op=ReduceOp.SUM, process_set=process_set
+            )
             if _rank_in(process_set) != root_index(process_set, root_rank):
                 summed = [g * 0 for g in summed]
             return summed

@@ -168,12 +168,18 @@ def _raw_grouped_reducescatter(
     for t in tensors:
         _check(t.dtype, op, prescale, postscale, "reducescatter")
         if t.shape.rank == 0:
-            raise ValueError("reducescatter: a 0-d tensor (scalar) cannot be scattered; it needs at least one dimension")
+            raise ValueError(
+                "reducescatter: a 0-d tensor (scalar) cannot be scattered; it needs at least one dimension"
+            )
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
         # The engine allocates each result for this call alone (no engine buffer is shared with it).
         if len(arrays) == 1:
-            return [blocking(lambda: _f.reducescatter_async(arrays[0], int(op), name, prescale, postscale, process_set))]
+            return [
+                blocking(
+                    lambda: _f.reducescatter_async(arrays[0], int(op), name, prescale, postscale, process_set)
+                )
+            ]
         return blocking(
             lambda: _f.grouped_reducescatter_async(arrays, int(op), name, prescale, postscale, process_set)
         )
@@ -221,7 +227,9 @@ def reducescatter(
     Differentiable (the gradient is the allgather of the output's gradient)."""
     resolved = resolve_op(None, op)
     compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
-    (out,) = _grouped_reducescatter([compressed], resolved, prescale_factor, postscale_factor, name, process_set)
+    (out,) = _grouped_reducescatter(
+        [compressed], resolved, prescale_factor, postscale_factor, name, process_set
+    )
     return compression.decompress(out, ctx)
 
 
@@ -238,7 +246,7 @@ def grouped_reducescatter(
     """:func:`reducescatter` of every tensor of the list as one op."""
     resolved = resolve_op(None, op)
     pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
-    outs = _grouped_reducescatter([c for c, _ in pairs], resolved, prescale_factor, postscale_factor, name, process_set)
+    outs = _grouped_reducescatter(
+        [c for c, _ in pairs], resolved, prescale_factor, postscale_factor, name, process_set
+    )
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
-
-

@@ -119,7 +119,8 @@ class _HybridMixin(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.requires_grad and id(p) not in held:
                     self._requires_update.add(p)  # type: ignore[attr-defined]
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))  # type: ignore[attr-defined]
+                    hook = self._make_hook(p)  # type: ignore[attr-defined]
+                    self._hooks.append(p.register_post_accumulate_grad_hook(hook))  # type: ignore[attr-defined]
 
     def _hora_union(self, name: str, ids: np.ndarray) -> np.ndarray:
         from hora._frontend.surface import size
