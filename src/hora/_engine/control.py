@@ -23,8 +23,11 @@ __all__ = ["ControlLinks", "leaving_message"]
 
 
 class ControlLinks:
-    """Rank 0 holds a socket to every worker; a worker holds one to rank 0. Receives time out after
-    ``timeout`` seconds; a peer that closes its connection is reported as having died or left."""
+    """Rank 0 holds a socket to every worker; a worker holds one to rank 0. Rank 0's receives time out after
+    ``timeout`` seconds, a worker's after twice that: when one worker is stuck, the coordinator is the one to time
+    out on it and its abort names that rank to every other worker, instead of each of them timing out on the
+    coordinator at the same moment and naming rank 0 (which was only waiting). A peer that closes its connection is
+    reported as having died or left."""
 
     def __init__(
         self,
@@ -36,11 +39,11 @@ class ControlLinks:
     ) -> None:
         self.rank = rank
         self._socks = dict(sockets)
-        self._timeout = timeout
+        self._timeout = timeout if rank == 0 else 2 * timeout
         self._max = max_frame_bytes
         self._describe = describe
         for sock in self._socks.values():
-            sock.settimeout(timeout)
+            sock.settimeout(self._timeout)
 
     @property
     def peers(self) -> list[int]:

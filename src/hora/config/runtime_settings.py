@@ -35,7 +35,9 @@ class RuntimeSettings:
         "HORA_OP_TIMEOUT_SECONDS",
         "HOROVOD_GLOO_TIMEOUT_SECONDS",
         help="Seconds a rank waits without progress (no bytes from or to a peer) inside an already negotiated "
-        "collective before raising; a slow transfer that keeps moving never times out.",
+        "collective before raising; a slow transfer that keeps moving never times out. In negotiation a worker waits "
+        "up to twice that for rank 0's reply, so that rank 0 (which waits this long for each rank) names a stuck rank "
+        "to all.",
     )
     thread_defaults: bool = setting(
         True,
