@@ -16,6 +16,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from support.slow_tier import listed  # noqa: E402  (needs the path above)
+
+_SLOW = set(listed())
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests of tests/slow_tests.txt ``slow`` (.ci/run runs them in a second pass)."""
+    for item in items:
+        if item.nodeid in _SLOW:
+            item.add_marker(pytest.mark.slow)
+
 
 def _children(pid: int) -> set[int]:
     out = set()
