@@ -20,19 +20,28 @@ import numpy as np
 from hora.errors import ConfigError, UnsupportedError
 
 __all__ = [
-    "STRATEGIES", "check_mode", "cover_shards", "exchange_rows", "resolve_consistency", "resolve_strategy",
+    "STRATEGIES",
+    "check_mode",
+    "cover_shards",
+    "exchange_rows",
+    "resolve_consistency",
+    "resolve_strategy",
     "touched_rows",
-]  # fmt: skip
+]
 
 #: strategy name -> what it does (for messages).
 STRATEGIES = ("allreduce", "parameter_server", "hybrid")
 
 
 def resolve_strategy(
-    strategy: str | None, allowed: tuple[str, ...] = STRATEGIES, staleness: int | None = None,
-    consistency: str | None = None, ps_parameters: Any = None, what: str = "DistributedOptimizer",
+    strategy: str | None,
+    allowed: tuple[str, ...] = STRATEGIES,
+    staleness: int | None = None,
+    consistency: str | None = None,
+    ps_parameters: Any = None,
+    what: str = "DistributedOptimizer",
     instead: str = "",
-) -> str:  # fmt: skip
+) -> str:
     """``strategy``, or the job's setting (``HORA_STRATEGY``, ``hora run --strategy``) when None. A strategy that is
     not one of :data:`STRATEGIES` is a ``ValueError``; one that ``what`` does not implement (not in ``allowed``) is
     an :class:`~hora.errors.UnsupportedError` that says where it came from and ends with ``instead`` (what to use),
@@ -54,9 +63,7 @@ def resolve_strategy(
         raise ValueError(
             "ps_parameters picks what the servers hold under strategy='hybrid'; parameter_server holds all"
         )
-    if strategy == "allreduce" and (
-        staleness is not None or consistency is not None or ps_parameters is not None
-    ):
+    if strategy == "allreduce" and (staleness is not None or consistency is not None or ps_parameters is not None):
         raise ValueError(
             "staleness, consistency and ps_parameters apply to strategy='parameter_server' or 'hybrid' only"
         )
@@ -68,9 +75,7 @@ def resolve_consistency(client: Any, staleness: int | None, consistency: str | N
     else ``bounded(staleness)`` when ``staleness`` is given, else the client's default (``HORA_PS_CONSISTENCY``)."""
     from hora.ps.client import parse_consistency
 
-    if staleness is not None and (
-        isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0
-    ):
+    if staleness is not None and (isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0):
         raise ConfigError(f"staleness must be a non-negative int (the k of bounded(k)), got {staleness!r}")
     if consistency is None:
         if staleness is not None:
@@ -106,8 +111,9 @@ def touched_rows(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.nd
     return uniq, summed
 
 
-def cover_shards(placement: list[tuple[int, int, int]], ids: np.ndarray, rows: np.ndarray,
-                 union: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def cover_shards(
+    placement: list[tuple[int, int, int]], ids: np.ndarray, rows: np.ndarray, union: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Under ``sync`` a server applies a step once every worker pushed to the shard, so a worker that touched none
     of a shard's rows that another worker touched pushes a zero gradient for one of those rows: it adds nothing to
     the step's sum (the row is updated anyway), and shards nobody touched see no push from anyone."""
@@ -123,9 +129,13 @@ def cover_shards(placement: list[tuple[int, int, int]], ids: np.ndarray, rows: n
 
 
 def exchange_rows(
-    client: Any, name: str, mode: str, ids: np.ndarray, rows: np.ndarray,
+    client: Any,
+    name: str,
+    mode: str,
+    ids: np.ndarray,
+    rows: np.ndarray,
     union_of: Callable[[np.ndarray], np.ndarray],
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+) -> tuple[np.ndarray, np.ndarray]:
     """Push this worker's rows of ``name`` (unique sorted ``ids``), pull every worker's touched rows; returns
     (union of ids, their values from the servers). ``union_of(ids)``: the sorted unique ids of every worker."""
     if mode == "sync":  # the union first: it says which shards need a (zero) push from this worker

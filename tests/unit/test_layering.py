@@ -28,7 +28,7 @@ LAYERS = [
     ["hora.cli", "hora.__main__"],
 ]
 MAX_LINES = 500
-#: No line longer than this (ruff formats to 110; a longer line is a squeeze or a string to split).
+#: No line longer than this (ruff formats to this length too; a longer line is a squeeze or a string to split).
 MAX_LINE_LENGTH = 120
 #: Subpackages that are packages of their own in a higher layer (a façade over a package that uses their parent).
 NESTED = ["hora.tensorflow.keras"]

@@ -83,9 +83,15 @@ def allreduce_async(
 ) -> Handle:
     """Start reducing ``tensor`` across all ranks (default op: Average). Returns a handle for :func:`synchronize`."""
     return start_allreduce(
-        tensor, inplace=False, average=average, name=name, op=op, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, process_set=process_set,
-    )  # fmt: skip
+        tensor,
+        inplace=False,
+        average=average,
+        name=name,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
 
 
 def allreduce_async_(
@@ -99,9 +105,15 @@ def allreduce_async_(
 ) -> Handle:
     """In-place :func:`allreduce_async`: the result is written into ``tensor``."""
     return start_allreduce(
-        tensor, inplace=True, average=average, name=name, op=op, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, process_set=process_set,
-    )  # fmt: skip
+        tensor,
+        inplace=True,
+        average=average,
+        name=name,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
 
 
 def allreduce(
@@ -114,9 +126,7 @@ def allreduce(
     process_set: ProcessSet | None = global_process_set,
 ) -> np.ndarray:
     """Reduce ``tensor`` across all ranks and return the result (a new array)."""
-    return blocking(
-        lambda: allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
-    )
+    return blocking(lambda: allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
 def allreduce_(
@@ -129,9 +139,7 @@ def allreduce_(
     process_set: ProcessSet | None = global_process_set,
 ) -> np.ndarray:
     """Reduce ``tensor`` in place across all ranks; returns ``tensor``."""
-    return blocking(
-        lambda: allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
-    )
+    return blocking(lambda: allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
 # -- grouped allreduce ---------------------------------------------------------------------------------------------
@@ -160,9 +168,7 @@ def start_grouped_allreduce(
         # of the tensors (the engine cost per tensor is then a list item, not a request). Its name is the first
         # tensor's, so a rank that had to split the group (mixed dtypes) still meets it by name and gets a clear
         # mismatch instead of a stall.
-        req = reduce_request(
-            Kind.ALLREDUCE, group, arrs[0], f"{base}.0", resolved, prescale_factor, postscale_factor
-        )
+        req = reduce_request(Kind.ALLREDUCE, group, arrs[0], f"{base}.0", resolved, prescale_factor, postscale_factor)
         sizes = tuple(a.size for a in arrs)
         req = dataclasses.replace(req, shape=(sum(sizes),), splits=sizes)
         pieces = Pieces([a.reshape(-1) for a in arrs], [o.reshape(-1) for o in results], results)
@@ -188,9 +194,15 @@ def grouped_allreduce_async(
 ) -> GroupHandle:
     """Start reducing a list of tensors as one group (submitted together, negotiated together)."""
     return start_grouped_allreduce(
-        tensors, inplace=False, average=average, name=name, op=op, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, process_set=process_set,
-    )  # fmt: skip
+        tensors,
+        inplace=False,
+        average=average,
+        name=name,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
 
 
 def grouped_allreduce_async_(
@@ -204,9 +216,15 @@ def grouped_allreduce_async_(
 ) -> GroupHandle:
     """In-place :func:`grouped_allreduce_async`."""
     return start_grouped_allreduce(
-        tensors, inplace=True, average=average, name=name, op=op, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, process_set=process_set,
-    )  # fmt: skip
+        tensors,
+        inplace=True,
+        average=average,
+        name=name,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
 
 
 def grouped_allreduce(
@@ -273,9 +291,7 @@ def reducescatter(
     postscale_factor: float = 1.0,
     process_set: ProcessSet | None = global_process_set,
 ) -> np.ndarray:
-    return blocking(
-        lambda: reducescatter_async(tensor, op, name, prescale_factor, postscale_factor, process_set)
-    )
+    return blocking(lambda: reducescatter_async(tensor, op, name, prescale_factor, postscale_factor, process_set))
 
 
 def grouped_reducescatter_async(

@@ -51,8 +51,9 @@ def _add(ctx: Context, ranks: Sequence[int]) -> tuple[int, list[int]]:
         groups: dict[str, list[int]] = {}
         for r, other in enumerate(everyone):
             groups.setdefault(str(other), []).append(r)
-        got = "; ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, rs))} passed {m}"
-                        for m, rs in groups.items())  # fmt: skip
+        got = "; ".join(
+            f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, rs))} passed {m}" for m, rs in groups.items()
+        )
         raise ValueError(f"add_process_set must be called by every rank with the same ranks; got {got}")
     if members == list(range(ctx.size)) or members in ctx.set_ranks.values():
         raise ValueError(f"a process set of ranks {members} already exists; add_process_set takes a new set of ranks")

@@ -121,10 +121,12 @@ def raw_broadcast(
         outs = [aligned_empty(a.shape, a.dtype) for a in arrays]  # JAX adopts these without a copy
 
         def start() -> _f.GroupHandle:
-            return _f.GroupHandle([
-                _f.start_broadcast(a, root_rank, inplace=False, out=o, name=nm, process_set=process_set)
-                for a, o, nm in zip(arrays, outs, names)
-            ])  # fmt: skip
+            return _f.GroupHandle(
+                [
+                    _f.start_broadcast(a, root_rank, inplace=False, out=o, name=nm, process_set=process_set)
+                    for a, o, nm in zip(arrays, outs, names)
+                ]
+            )
 
         blocking(start)
         return outs
@@ -132,9 +134,7 @@ def raw_broadcast(
     return run_op(fn, xs, [spec(x.shape, x.dtype) for x in xs], "broadcast", adopt=True)
 
 
-def grouped_broadcast(
-    xs: list[Any], root_rank: int, name: str | None, process_set: ProcessSet
-) -> list[jax.Array]:
+def grouped_broadcast(xs: list[Any], root_rank: int, name: str | None, process_set: ProcessSet) -> list[jax.Array]:
     """Broadcast a list as one callback; differentiable (the root receives the summed gradient)."""
     if not xs:
         return []
@@ -171,9 +171,7 @@ def broadcast(
 
 
 # -- alltoall ------------------------------------------------------------------------------------------------------
-def _raw_alltoall(
-    x: Any, splits: Any, name: str | None, process_set: ProcessSet
-) -> tuple[jax.Array, jax.Array]:
+def _raw_alltoall(x: Any, splits: Any, name: str | None, process_set: ProcessSet) -> tuple[jax.Array, jax.Array]:
     check_dtype(x.dtype, "alltoall")
     if x.ndim == 0:
         raise ValueError("alltoall needs an array with at least one dimension")

@@ -63,8 +63,9 @@ def raw_allreduce(
 ) -> list[jax.Array]:
     """The reduced arrays, one callback (or one eager call) for the whole list; not differentiable."""
     _check(xs, op, pre, post, "allreduce")
-    args: dict[str, Any] = dict(op=int(op), name=name, prescale_factor=pre, postscale_factor=post,
-                                process_set=process_set)  # fmt: skip
+    args: dict[str, Any] = dict(
+        op=int(op), name=name, prescale_factor=pre, postscale_factor=post, process_set=process_set
+    )
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
         outs = [aligned_empty(a.shape, a.dtype) for a in arrays]  # JAX adopts these without a copy
@@ -121,9 +122,9 @@ def allreduce(
 ) -> jax.Array:
     """Reduce ``tensor`` over the ranks (default op Average) and return the result, a new array. Works eagerly and
     inside ``jax.jit``; differentiable (the gradient is reduced the same way)."""
-    return grouped_allreduce(
-        [tensor], average, name, compression, op, prescale_factor, postscale_factor, process_set
-    )[0]
+    return grouped_allreduce([tensor], average, name, compression, op, prescale_factor, postscale_factor, process_set)[
+        0
+    ]
 
 
 def grouped_allreduce(

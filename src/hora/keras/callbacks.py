@@ -210,9 +210,13 @@ class BestModelCheckpointMixin(_Mixin):
     """``ModelCheckpoint(save_best_only=True)`` written by rank 0 only (every rank holds the same weights)."""
 
     def __init__(
-        self, filepath: str, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
+        self,
+        filepath: str,
+        monitor: str = "val_loss",
+        verbose: int = 0,
+        mode: str = "auto",
         save_freq: Any = "epoch",
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(  # type: ignore[call-arg]
             filepath, monitor=monitor, verbose=verbose, save_best_only=True, mode=mode, save_freq=save_freq
         )

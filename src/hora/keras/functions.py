@@ -31,10 +31,15 @@ def _np(value: Any) -> np.ndarray:
 
 
 def allreduce(
-    value: Any, name: str | None = None, average: bool | None = None, prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0, op: int | None = None, compression: Any = None,
+    value: Any,
+    name: str | None = None,
+    average: bool | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    op: int | None = None,
+    compression: Any = None,
     process_set: Any = global_process_set,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """``value`` reduced over every rank (default op Average)."""
     return _f.allreduce(_np(value), average, name, op, prescale_factor, postscale_factor, process_set)
 
@@ -67,9 +72,7 @@ def broadcast_global_variables(root_rank: int, model: Any = None) -> None:
     """Broadcast ``model``'s variables (and its optimizer's) from ``root_rank`` now. Keras 3 has no global
     variable collection, so the model is required."""
     if model is None:
-        raise ValueError(
-            "hora.keras.broadcast_global_variables needs model=: Keras 3 has no global variables"
-        )
+        raise ValueError("hora.keras.broadcast_global_variables needs model=: Keras 3 has no global variables")
     variables = list(model.variables)
     opt = getattr(model, "optimizer", None)
     if opt is not None:

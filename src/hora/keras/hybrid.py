@@ -132,9 +132,12 @@ class _HybridMixin:
         else:
             ids_t, values_t = tf.constant([-1], tf.int64), tf.convert_to_tensor(grad)
         union, pulled = run_op(
-            call, [ids_t, values_t], [tf.int64, variable.dtype], "hora_keras_hybrid_rows",
+            call,
+            [ids_t, values_t],
+            [tf.int64, variable.dtype],
+            "hora_keras_hybrid_rows",
             shapes=[[None], [None, *row_shape]],
-        )  # fmt: skip
+        )
         self.assign(variable, tf.IndexedSlices(pulled, union))  # type: ignore[attr-defined]
 
 
@@ -143,17 +146,13 @@ def _register(settings: _HybridSettings, variables: list[Any]) -> None:
     picked = [v for v in variables if id(v) in settings.chosen or v.path in settings.paths]
     unknown = settings.paths - {v.path for v in variables}
     if unknown:
-        raise ValueError(
-            f"ps_parameters names {sorted(unknown)}, which the optimizer's variables do not include"
-        )
+        raise ValueError(f"ps_parameters names {sorted(unknown)}, which the optimizer's variables do not include")
     for v in picked:
         if id(v) in settings.names:
             continue
         a = np.array(keras.ops.convert_to_numpy(v.value))
         if a.dtype not in (np.float32, np.float64) or a.ndim < 1:
-            raise UnsupportedError(
-                f"variable '{v.path}' ({a.dtype}, shape {a.shape}) cannot live on the servers"
-            )
+            raise UnsupportedError(f"variable '{v.path}' ({a.dtype}, shape {a.shape}) cannot live on the servers")
         name = f"keras/{v.path}"
         client.register(name, a, rule=settings.rule, consistency=settings.mode)
         settings.names[id(v)] = name
@@ -161,9 +160,13 @@ def _register(settings: _HybridSettings, variables: list[Any]) -> None:
 
 
 def make_hybrid_optimizer(
-    optimizer: Any, config: dict[str, Any], settings: Any, ps_parameters: Any, staleness: int | None,
+    optimizer: Any,
+    config: dict[str, Any],
+    settings: Any,
+    ps_parameters: Any,
+    staleness: int | None,
     consistency: str | None,
-) -> Any:  # fmt: skip
+) -> Any:
     """The hybrid form of the Keras 3 ``optimizer`` (``settings``: its allreduce settings)."""
     from hora._strategy import resolve_consistency
     from hora.keras.ps_optimizer import keras_rule

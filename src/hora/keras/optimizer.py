@@ -228,15 +228,24 @@ def DistributedOptimizer(
 
         compression = Compression.none
     reduction = describe_gradients(
-        "hora.keras.DistributedOptimizer", op=op, gradient_predivide_factor=gradient_predivide_factor,
-        groups=groups, num_groups=num_groups, compression=compression, sparse_as_dense=sparse_as_dense,
-        process_set=process_set, backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, strategy=strategy,
+        "hora.keras.DistributedOptimizer",
+        op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        groups=groups,
+        num_groups=num_groups,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        process_set=process_set,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
+        strategy=strategy,
         strategies=("allreduce",) if legacy else ("allreduce", "parameter_server", "hybrid"),
         instead="the servers run Keras 3 optimizers' rules: wrap a Keras 3 optimizer (unset TF_USE_LEGACY_KERAS), "
         "or use strategy='allreduce'",
-        staleness=staleness, consistency=consistency, ps_parameters=ps_parameters,
-    )  # fmt: skip
+        staleness=staleness,
+        consistency=consistency,
+        ps_parameters=ps_parameters,
+    )
     if reduction.strategy == "parameter_server":
         from hora.keras.ps_optimizer import make_ps_optimizer
 

@@ -48,8 +48,15 @@ def keras_rule(optimizer: Any) -> dict[str, Any]:
             f"{name} has a learning-rate schedule ({lr!r}); the servers' rule takes a constant learning rate: pass a "
             "number (the servers keep it for the whole run)"
         )
-    for key in ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor",
-                "gradient_accumulation_steps", "use_ema"):  # fmt: skip
+    for key in (
+        "weight_decay",
+        "clipnorm",
+        "clipvalue",
+        "global_clipnorm",
+        "loss_scale_factor",
+        "gradient_accumulation_steps",
+        "use_ema",
+    ):
         if cfg.get(key):
             raise UnsupportedError(
                 f"{name}({key}={cfg[key]!r}) has no parameter-server rule; leave {key} unset with "
@@ -66,13 +73,22 @@ def keras_rule(optimizer: Any) -> dict[str, Any]:
             }
         return {"rule": "sgd", "lr": float(lr)}
     if isinstance(optimizer, o.Adagrad):
-        return {"rule": "adagrad", "lr": float(lr), "initial_accumulator": float(cfg["initial_accumulator_value"]),
-                "epsilon": float(cfg["epsilon"])}  # fmt: skip
+        return {
+            "rule": "adagrad",
+            "lr": float(lr),
+            "initial_accumulator": float(cfg["initial_accumulator_value"]),
+            "epsilon": float(cfg["epsilon"]),
+        }
     if isinstance(optimizer, o.Adam) and not isinstance(optimizer, o.AdamW):
         if cfg.get("amsgrad"):
             raise UnsupportedError("Adam(amsgrad=True) has no parameter-server rule; use amsgrad=False")
-        return {"rule": "adam", "lr": float(lr), "beta1": float(cfg["beta_1"]), "beta2": float(cfg["beta_2"]),
-                "epsilon": float(cfg["epsilon"])}  # fmt: skip
+        return {
+            "rule": "adam",
+            "lr": float(lr),
+            "beta1": float(cfg["beta_1"]),
+            "beta2": float(cfg["beta_2"]),
+            "epsilon": float(cfg["epsilon"]),
+        }
     raise UnsupportedError(
         f"strategy='parameter_server' runs the update on the servers, which know {_SUPPORTED}; {name} is not one "
         "of them. Use one of those, or strategy='allreduce'"
@@ -105,8 +121,10 @@ class _PSMixin:
         settings = self._hora_ps
         missing = [v.path for v in variables if id(v) not in settings.names]
         if missing:
-            raise ValueError(f"hora.keras DistributedOptimizer (parameter_server): variables {missing[:5]} were not "
-                             "in the list the optimizer was built with")  # fmt: skip
+            raise ValueError(
+                f"hora.keras DistributedOptimizer (parameter_server): variables {missing[:5]} were not "
+                "in the list the optimizer was built with"
+            )
         names = [settings.names[id(v)] for v in variables]
         values = _exchange(settings.client, names, grads, variables)
         for v, value in zip(variables, values):
@@ -139,9 +157,7 @@ def _register(settings: _PSSettings, variables: list[Any]) -> None:
             raise UnsupportedError(f"variable '{v.path}' has a constraint; the servers apply no constraints")
         a = np.array(keras.ops.convert_to_numpy(v.value))
         if a.dtype not in (np.float32, np.float64):
-            raise UnsupportedError(
-                f"variable '{v.path}' is {a.dtype}; the parameter servers hold float32/float64"
-            )
+            raise UnsupportedError(f"variable '{v.path}' is {a.dtype}; the parameter servers hold float32/float64")
         arrays[f"keras/{v.path}"] = (v, a)
     for name, (v, a) in arrays.items():
         client.register(name, a, rule=settings.rule, consistency=settings.consistency)
@@ -176,10 +192,7 @@ def _exchange(client: Any, names: list[str], grads: list[Any], variables: list[A
             dense.append(tf.convert_to_tensor(g))  # IndexedSlices (embeddings) are pushed dense
         return run_op(call, dense, [v.dtype for v in variables], "hora_keras_ps_apply", shapes=shapes)
     if backend == "torch":
-        arrays = [
-            np.zeros(s, d) if g is None else g.detach().cpu().numpy()
-            for g, s, d in zip(grads, shapes, dtypes)
-        ]
+        arrays = [np.zeros(s, d) if g is None else g.detach().cpu().numpy() for g, s, d in zip(grads, shapes, dtypes)]
         return call(*arrays)
     raise UnsupportedError(
         f"strategy='parameter_server' is not supported on the {backend!r} Keras backend (its train step is a pure "
@@ -193,9 +206,7 @@ def _aligned(shape: tuple[int, ...], dt: np.dtype[Any]) -> np.ndarray:
     return aligned_empty(shape, dt)
 
 
-def make_ps_optimizer(
-    optimizer: Any, name: str | None, staleness: int | None, consistency: str | None
-) -> Any:
+def make_ps_optimizer(optimizer: Any, name: str | None, staleness: int | None, consistency: str | None) -> Any:
     """The parameter-server form of the Keras 3 ``optimizer``: same class name, module and config."""
     from hora._strategy import resolve_consistency
     from hora.ps.discovery import shared_client

@@ -68,10 +68,17 @@ def allreduce(
     out = bridge.empty_like(host)
     blocking(
         lambda: _f.start_allreduce(
-            bridge.read_view(host), inplace=False, out=bridge.write_view(out), average=average, name=name, op=op,
-            prescale_factor=prescale_factor, postscale_factor=postscale_factor, process_set=process_set,
+            bridge.read_view(host),
+            inplace=False,
+            out=bridge.write_view(out),
+            average=average,
+            name=name,
+            op=op,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+            process_set=process_set,
         )
-    )  # fmt: skip
+    )
     return out if host is tensor else out.copyto(tensor.context)
 
 
@@ -89,10 +96,16 @@ def allreduce_(
     host = bridge.host(tensor, "allreduce_")
     blocking(
         lambda: _f.start_allreduce(
-            bridge.write_view(host), inplace=True, average=average, name=name, op=op,
-            prescale_factor=prescale_factor, postscale_factor=postscale_factor, process_set=process_set,
+            bridge.write_view(host),
+            inplace=True,
+            average=average,
+            name=name,
+            op=op,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+            process_set=process_set,
         )
-    )  # fmt: skip
+    )
     return bridge.copy_back(tensor, host)
 
 
@@ -113,11 +126,17 @@ def grouped_allreduce(
     outs = [bridge.empty_like(h) for h in hosts]
     blocking(
         lambda: _f.start_grouped_allreduce(
-            [bridge.read_view(h) for h in hosts], inplace=False, outs=[bridge.write_view(o) for o in outs],
-            average=average, name=name, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+            [bridge.read_view(h) for h in hosts],
+            inplace=False,
+            outs=[bridge.write_view(o) for o in outs],
+            average=average,
+            name=name,
+            op=op,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
             process_set=process_set,
         )
-    )  # fmt: skip
+    )
     return [o if h is t else o.copyto(t.context) for t, h, o in zip(tensors, hosts, outs)]
 
 
@@ -138,10 +157,16 @@ def grouped_allreduce_(
     hosts = [bridge.host(t, "grouped_allreduce_") for t in tensors]
     blocking(
         lambda: _f.start_grouped_allreduce(
-            [bridge.write_view(h) for h in hosts], inplace=True, average=average, name=name, op=op,
-            prescale_factor=prescale_factor, postscale_factor=postscale_factor, process_set=process_set,
+            [bridge.write_view(h) for h in hosts],
+            inplace=True,
+            average=average,
+            name=name,
+            op=op,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+            process_set=process_set,
         )
-    )  # fmt: skip
+    )
     return [bridge.copy_back(t, h) for t, h in zip(tensors, hosts)]
 
 
@@ -160,9 +185,7 @@ def grouped_allgather(
 ) -> list[Any]:
     """``allgather`` of every NDArray of the list, negotiated together."""
     hosts = [bridge.host(t, "grouped_allgather") for t in tensors]
-    results = blocking(
-        lambda: _f.grouped_allgather_async([bridge.read_view(h) for h in hosts], name, process_set)
-    )
+    results = blocking(lambda: _f.grouped_allgather_async([bridge.read_view(h) for h in hosts], name, process_set))
     return [_nd_of(t, r) for t, r in zip(tensors, results)]
 
 
@@ -179,10 +202,14 @@ def broadcast(
     out = bridge.empty_like(host)
     blocking(
         lambda: _f.start_broadcast(
-            bridge.read_view(host), root_rank, inplace=False, out=bridge.write_view(out), name=name,
+            bridge.read_view(host),
+            root_rank,
+            inplace=False,
+            out=bridge.write_view(out),
+            name=name,
             process_set=process_set,
         )
-    )  # fmt: skip
+    )
     return out if host is tensor else out.copyto(tensor.context)
 
 
@@ -196,9 +223,7 @@ def broadcast_(
     """In-place broadcast: ``tensor`` holds ``root_rank``'s values when this returns (and is returned)."""
     host = bridge.host(tensor, "broadcast_")
     blocking(
-        lambda: _f.start_broadcast(
-            bridge.write_view(host), root_rank, inplace=True, name=name, process_set=process_set
-        )
+        lambda: _f.start_broadcast(bridge.write_view(host), root_rank, inplace=True, name=name, process_set=process_set)
     )
     return bridge.copy_back(tensor, host)
 
@@ -257,9 +282,7 @@ def reducescatter(
     _scatter_op(op, "reducescatter")
     host = bridge.host(tensor, "reducescatter")
     result = blocking(
-        lambda: _f.reducescatter_async(
-            bridge.read_view(host), op, name, prescale_factor, postscale_factor, process_set
-        )
+        lambda: _f.reducescatter_async(bridge.read_view(host), op, name, prescale_factor, postscale_factor, process_set)
     )
     return _nd_of(tensor, result)
 

@@ -65,11 +65,14 @@ def _sum_into(grads: Sequence[Any], names: Sequence[str], reduction: GradientRed
     def start() -> GroupHandle:
         views = [bridge.write_view(h) for h in hosts]
         if not grouped or reduction.groups is None:
-            return GroupHandle([
-                _f.start_allreduce(v, inplace=True, name=n, average=False, prescale_factor=prescale,
-                                   process_set=process_set)
-                for v, n in zip(views, names)
-            ])  # fmt: skip
+            return GroupHandle(
+                [
+                    _f.start_allreduce(
+                        v, inplace=True, name=n, average=False, prescale_factor=prescale, process_set=process_set
+                    )
+                    for v, n in zip(views, names)
+                ]
+            )
         handles = []
         for idx in reduction.partition(list(range(len(views)))):
             by_dtype: dict[Any, list[int]] = defaultdict(list)
@@ -77,9 +80,13 @@ def _sum_into(grads: Sequence[Any], names: Sequence[str], reduction: GradientRed
                 by_dtype[views[i].dtype].append(i)
             for members in by_dtype.values():
                 g = _f.start_grouped_allreduce(
-                    [views[i] for i in members], inplace=True, name=f"{names[members[0]]}:{names[members[-1]]}",
-                    average=False, prescale_factor=prescale, process_set=process_set,
-                )  # fmt: skip
+                    [views[i] for i in members],
+                    inplace=True,
+                    name=f"{names[members[0]]}:{names[members[-1]]}",
+                    average=False,
+                    prescale_factor=prescale,
+                    process_set=process_set,
+                )
                 handles.extend(g.handles)
         return GroupHandle(handles)
 

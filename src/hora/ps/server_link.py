@@ -161,10 +161,7 @@ class ServerLink:
         """Send ``requests`` in order, each after the previous one's reply; the first refusal ends the run and is
         returned (the connection is fine). The caller holds :attr:`lock`."""
         for request in requests:
-            if isinstance(request, HotRequest):
-                refusal = self.hot(request, lost)
-            else:
-                refusal = self.control(request, on_reply)
+            refusal = self.hot(request, lost) if isinstance(request, HotRequest) else self.control(request, on_reply)
             if refusal is not None:
                 return refusal
         return None

@@ -93,9 +93,12 @@ def _add_setting_flags(parser: argparse.ArgumentParser, group_name: str, target:
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Every argument of ``hora run``: the launcher's options, the setting flags and the command."""
     parser.add_argument(
-        "-np", "--num-proc", dest="np", type=int,
+        "-np",
+        "--num-proc",
+        dest="np",
+        type=int,
         help="number of ranks (default: the slots of -H, or of the Slurm allocation hora run is in)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "-H", "--hosts", help="host:slots list, e.g. h1:4,h2:4; other hosts are reached over SSH (docs/multihost.md)"
     )
@@ -103,17 +106,19 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-p", "--ssh-port", type=int, metavar="PORT", help="SSH port of the remote hosts (default: ssh's)"
     )
+    parser.add_argument("-i", "--ssh-identity-file", metavar="FILE", help="private key for SSH to the remote hosts")
     parser.add_argument(
-        "-i", "--ssh-identity-file", metavar="FILE", help="private key for SSH to the remote hosts"
+        "--ssh-option",
+        action="append",
+        default=[],
+        metavar="OPT",
+        help="extra ssh -o option, e.g. UserKnownHostsFile=/path (repeatable)",
     )
     parser.add_argument(
-        "--ssh-option", action="append", default=[], metavar="OPT",
-        help="extra ssh -o option, e.g. UserKnownHostsFile=/path (repeatable)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--network-interface", metavar="NIC",
+        "--network-interface",
+        metavar="NIC",
         help="network interface whose address the rendezvous and the ranks bind (default: the route to the hosts)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--output-filename",
         metavar="DIR",
@@ -127,9 +132,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_setting_flags(parser, "engine", engine)
     parser.add_argument(
-        "--rendezvous-port", type=_port, default=0, metavar="PORT",
+        "--rendezvous-port",
+        type=_port,
+        default=0,
+        metavar="PORT",
         help="port of the launcher's rendezvous store (default: a free port; see docs/multihost.md for firewalls)",
-    )  # fmt: skip
+    )
     parser.add_argument("--verbose", action="store_true", help="print what the launcher does")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
 
@@ -139,13 +147,9 @@ def _port(text: str) -> int:
     try:
         port = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a port number (0-65535; 0 picks a free port)"
-        ) from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535; 0 picks a free port)") from None
     if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(
-            f"{port} is not a port number: ports are 0-65535 (0 picks a free port)"
-        )
+        raise argparse.ArgumentTypeError(f"{port} is not a port number: ports are 0-65535 (0 picks a free port)")
     return port
 
 

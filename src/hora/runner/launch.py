@@ -305,9 +305,17 @@ def _start_local(spec: LaunchSpec, slot: RankSlot, env: dict[str, str], job: Job
 
 
 def _start_remote(
-    spec: LaunchSpec, name: str, plan: _Plan, ps_hosts: list[str], rdv: tuple[str, int], secret: bytes,
-    job_id: str, master: tuple[str, int], forwarded: dict[str, str], job: JobProcesses,
-) -> RemoteHost:  # fmt: skip
+    spec: LaunchSpec,
+    name: str,
+    plan: _Plan,
+    ps_hosts: list[str],
+    rdv: tuple[str, int],
+    secret: bytes,
+    job_id: str,
+    master: tuple[str, int],
+    forwarded: dict[str, str],
+    job: JobProcesses,
+) -> RemoteHost:
     """Start the agent of remote host ``name`` over SSH; it starts the host's ranks and parameter servers."""
     paths = [_hora_path(), *forwarded.get("PYTHONPATH", "").split(os.pathsep)]
     agent_path = os.pathsep.join(dict.fromkeys(p for p in paths if p))
@@ -363,9 +371,16 @@ def _server_hosts(spec: LaunchSpec, hosts: list[str], base_env: Mapping[str, str
 
 
 def _parameter_servers(
-    spec: LaunchSpec, plan: _Plan, ps_hosts: list[str], base_env: Mapping[str, str], rdv: tuple[str, int],
-    secret: bytes, job_id: str, master: tuple[str, int], job: JobProcesses,
-) -> PsServers | None:  # fmt: skip
+    spec: LaunchSpec,
+    plan: _Plan,
+    ps_hosts: list[str],
+    base_env: Mapping[str, str],
+    rdv: tuple[str, int],
+    secret: bytes,
+    job_id: str,
+    master: tuple[str, int],
+    job: JobProcesses,
+) -> PsServers | None:
     """The job's parameter servers on this machine, not started yet (the remote hosts' agents start theirs); None
     when the job has none. Each gets the environment of its host's first rank, so it binds its host's address."""
     if not ps_hosts:

@@ -14,9 +14,12 @@ __all__ = ["PipeModeDataset", "shard"]
 
 
 def PipeModeDataset(
-    channel: str, record_format: str = "TFRecord", state_dir: Any = None, pipe_dir: Any = None,
+    channel: str,
+    record_format: str = "TFRecord",
+    state_dir: Any = None,
+    pipe_dir: Any = None,
     benchmark: bool = False,
-) -> tf.data.Dataset:  # fmt: skip
+) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of the records of Pipe-mode ``channel``, one epoch's FIFO per iteration of the
     dataset (repeat it for more epochs: each iteration opens the next FIFO). ``record_format``: ``"TFRecord"``
     (each record's bytes), ``"RecordIO"`` (each record's bytes, MXNet's framing, as SageMaker's) or ``"TextLine"``

@@ -64,9 +64,12 @@ class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
 
 
 def broadcast_object(
-    obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
+    obj: Any,
+    root_rank: int = 0,
+    session: Any = None,
+    name: str | None = None,
     process_set: ProcessSet = global_process_set,
-) -> Any:  # fmt: skip
+) -> Any:
     """Send a picklable object from ``root_rank`` to every rank; returns it everywhere (runs now, in Python)."""
     return _f.broadcast_object(obj, root_rank, name, process_set)
 

@@ -121,9 +121,19 @@ def PartialDistributedGradientTape(
     """:func:`DistributedGradientTape` whose ``local_layers``' variables (and any ``register_local_source``) keep
     their local gradients (scaled by 1/size with ``scale_local_gradients``, as Horovod does)."""
     tape: Any = DistributedGradientTape(
-        gradtape, device_dense, device_sparse, compression, sparse_as_dense, op, gradient_predivide_factor,
-        num_groups, groups, process_set, scale_local_gradients, strategy,
-    )  # fmt: skip
+        gradtape,
+        device_dense,
+        device_sparse,
+        compression,
+        sparse_as_dense,
+        op,
+        gradient_predivide_factor,
+        num_groups,
+        groups,
+        process_set,
+        scale_local_gradients,
+        strategy,
+    )
     for layer in _local_layers(local_layers):
         tape.register_local_sources(layer.trainable_weights)
     return tape

@@ -38,10 +38,14 @@ class GradientReducer:
         out = list(grads)
         for k, part in enumerate(r.partition(present, owners)):
             reduced = grouped_allreduce(
-                [grads[i] for i in part], compression=self.compression, op=int(r.op), prescale_factor=r.prescale,
-                postscale_factor=r.postscale, process_set=r.process_set,
+                [grads[i] for i in part],
+                compression=self.compression,
+                op=int(r.op),
+                prescale_factor=r.prescale,
+                postscale_factor=r.postscale,
+                process_set=r.process_set,
                 name=None if name is None else f"{name}.{k}",
-            )  # fmt: skip
+            )
             for i, red in zip(part, reduced):
                 out[i] = red
         return out

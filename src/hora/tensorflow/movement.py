@@ -50,8 +50,9 @@ def _grouped_allgather(tensors: list[tf.Tensor], name: str | None, process_set: 
 
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
             summed = grouped_allreduce([tf.convert_to_tensor(d) for d in dys], op=ReduceOp.SUM, process_set=process_set)
-            firsts = tf.stack([tf.shape(x, out_type=tf.int64)[0] if x.shape.rank else tf.constant(1, tf.int64)
-                               for x in xs])  # fmt: skip
+            firsts = tf.stack(
+                [tf.shape(x, out_type=tf.int64)[0] if x.shape.rank else tf.constant(1, tf.int64) for x in xs]
+            )
             dims = tf.reshape(
                 _raw_grouped_allgather([tf.reshape(firsts, [1, -1])], None, process_set)[0], [-1, len(xs)]
             )
@@ -71,17 +72,21 @@ def _grouped_allgather(tensors: list[tf.Tensor], name: str | None, process_set: 
 
 
 def allgather(
-    tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
+    tensor: Any,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
     process_set: ProcessSet = global_process_set,
-) -> tf.Tensor:  # fmt: skip
+) -> tf.Tensor:
     """Concatenate every rank's ``tensor`` along dimension 0 (its length may differ per rank). Differentiable."""
     return _grouped_allgather([tf.convert_to_tensor(tensor)], name, process_set)[0]
 
 
 def grouped_allgather(
-    tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False,
+    tensors: Sequence[Any],
+    name: str | None = None,
+    ignore_name_scope: bool = False,
     process_set: ProcessSet = global_process_set,
-) -> list[tf.Tensor]:  # fmt: skip
+) -> list[tf.Tensor]:
     """:func:`allgather` of every tensor of the list as one op."""
     return _grouped_allgather([tf.convert_to_tensor(t) for t in tensors], name, process_set)
 
@@ -97,17 +102,15 @@ def _raw_broadcast(
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
         outs = [aligned_empty(a.shape, a.dtype) for a in arrays]
-        names = (
-            [base]
-            if len(arrays) == 1
-            else [None if base is None else f"{base}.{i}" for i in range(len(arrays))]
-        )
+        names = [base] if len(arrays) == 1 else [None if base is None else f"{base}.{i}" for i in range(len(arrays))]
 
         def start() -> _f.GroupHandle:
-            return _f.GroupHandle([
-                _f.start_broadcast(a, root_rank, inplace=False, out=o, process_set=process_set, name=nm)
-                for a, o, nm in zip(arrays, outs, names)
-            ])  # fmt: skip
+            return _f.GroupHandle(
+                [
+                    _f.start_broadcast(a, root_rank, inplace=False, out=o, process_set=process_set, name=nm)
+                    for a, o, nm in zip(arrays, outs, names)
+                ]
+            )
 
         blocking(start)
         return outs
@@ -125,9 +128,7 @@ def _grouped_broadcast(
         ys = _raw_broadcast(list(xs), root_rank, name, process_set)
 
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            summed = grouped_allreduce(
-                [tf.convert_to_tensor(d) for d in dys], op=ReduceOp.SUM, process_set=process_set
-            )
+            summed = grouped_allreduce([tf.convert_to_tensor(d) for d in dys], op=ReduceOp.SUM, process_set=process_set)
             if _rank_in(process_set) != root_index(process_set, root_rank):
                 summed = [g * 0 for g in summed]
             return summed
@@ -141,9 +142,12 @@ def _grouped_broadcast(
 
 
 def broadcast(
-    tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
+    tensor: Any,
+    root_rank: int,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
     process_set: ProcessSet = global_process_set,
-) -> tf.Tensor:  # fmt: skip
+) -> tf.Tensor:
     """``root_rank``'s ``tensor`` on every rank. Differentiable (the root receives the summed gradient)."""
     return _grouped_broadcast([tf.convert_to_tensor(tensor)], root_rank, name, process_set)[0]
 
@@ -172,9 +176,7 @@ def _raw_alltoall(
         raise ValueError("alltoall needs a tensor with at least one dimension")
 
     def fn(arr: np.ndarray, *split: np.ndarray) -> list[np.ndarray]:
-        out, received = blocking(
-            lambda: _f.alltoall_async(arr, split[0] if split else None, name, process_set)
-        )
+        out, received = blocking(lambda: _f.alltoall_async(arr, split[0] if split else None, name, process_set))
         return [out, np.asarray(received, np.int32)]
 
     inputs = [tensor] if splits is None else [tensor, tf.cast(splits, tf.int32)]
@@ -184,9 +186,12 @@ def _raw_alltoall(
 
 
 def alltoall(
-    tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,
+    tensor: Any,
+    splits: Any = None,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
     process_set: ProcessSet = global_process_set,
-) -> tuple[tf.Tensor, tf.Tensor]:  # fmt: skip
+) -> tuple[tf.Tensor, tf.Tensor]:
     """Send ``splits[r]`` rows of ``tensor`` to rank r (equal parts without ``splits``). Returns the received
     rows and how many came from each rank (Horovod's ``(output, received_splits)``). Differentiable."""
     x = tf.convert_to_tensor(tensor)

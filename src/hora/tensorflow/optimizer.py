@@ -31,9 +31,14 @@ class _LocalAggregation:
 
     def _local(self, name: str, like: Any, dtype: Any) -> Any:
         return tf.compat.v1.get_variable(
-            name, shape=like.shape, dtype=dtype, initializer=tf.compat.v1.zeros_initializer(), trainable=False,
-            collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES], use_resource=True,
-        )  # fmt: skip
+            name,
+            shape=like.shape,
+            dtype=dtype,
+            initializer=tf.compat.v1.zeros_initializer(),
+            trainable=False,
+            collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
+            use_resource=True,
+        )
 
     def compute(self, grads: list[Any], variables: list[Any], reduce: Any) -> list[Any]:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
@@ -41,9 +46,14 @@ class _LocalAggregation:
         with tf.compat.v1.variable_scope("hora_aggregation", reuse=tf.compat.v1.AUTO_REUSE):
             if self.counter is None:
                 self.counter = tf.compat.v1.get_variable(
-                    "counter", shape=(), dtype=tf.int32, initializer=tf.compat.v1.zeros_initializer(),
-                    trainable=False, collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES], use_resource=True,
-                )  # fmt: skip
+                    "counter",
+                    shape=(),
+                    dtype=tf.int32,
+                    initializer=tf.compat.v1.zeros_initializer(),
+                    trainable=False,
+                    collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
+                    use_resource=True,
+                )
             sums = []
             for i in present:
                 key = variables[i].name.replace(":", "_")
@@ -84,9 +94,13 @@ class _LocalAggregation:
 
 class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
     def __init__(
-        self, optimizer: Any, name: str | None, use_locking: bool, reducer: GradientReducer,
+        self,
+        optimizer: Any,
+        name: str | None,
+        use_locking: bool,
+        reducer: GradientReducer,
         aggregation: _LocalAggregation | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._optimizer = optimizer
         self._reducer = reducer
         self._aggregation = aggregation
@@ -150,13 +164,20 @@ def DistributedOptimizer(
             "(Keras 3: hora.keras.DistributedOptimizer)"
         )
     reduction = describe_gradients(
-        "hora.tensorflow.DistributedOptimizer", op=op, gradient_predivide_factor=gradient_predivide_factor,
-        groups=groups, num_groups=num_groups, compression=compression, sparse_as_dense=sparse_as_dense,
-        process_set=process_set, backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, strategy=strategy,
+        "hora.tensorflow.DistributedOptimizer",
+        op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        groups=groups,
+        num_groups=num_groups,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        process_set=process_set,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
+        strategy=strategy,
         instead="the servers run Keras 3 optimizers' rules: use hora.keras.DistributedOptimizer(keras_optimizer, "
         "strategy='parameter_server'), or strategy='allreduce'",
-    )  # fmt: skip
+    )
     reducer = GradientReducer(reduction)
     aggregation = (
         _LocalAggregation(reduction.backward_passes_per_step, reduction.average_aggregated_gradients)

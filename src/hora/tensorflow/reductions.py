@@ -45,16 +45,21 @@ def _check(dtype: tf.DType, op: ReduceOp, prescale: float, postscale: float, wha
 
 
 def _raw_grouped_allreduce(
-    tensors: list[tf.Tensor], op: ReduceOp, prescale: float, postscale: float, name: str | None,
+    tensors: list[tf.Tensor],
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+    name: str | None,
     process_set: ProcessSet,
-) -> list[tf.Tensor]:  # fmt: skip
+) -> list[tf.Tensor]:
     for t in tensors:
         _check(t.dtype, op, prescale, postscale, "allreduce")
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
         outs = [aligned_empty(a.shape, a.dtype) for a in arrays]
-        args: dict[str, Any] = dict(op=int(op), name=name, prescale_factor=prescale, postscale_factor=postscale,
-                    process_set=process_set)  # fmt: skip
+        args: dict[str, Any] = dict(
+            op=int(op), name=name, prescale_factor=prescale, postscale_factor=postscale, process_set=process_set
+        )
         if len(arrays) == 1:  # a single tensor keeps its name as given (a group's members get ".i" appended)
             blocking(lambda: _f.start_allreduce(arrays[0], inplace=False, out=outs[0], **args))
         else:
@@ -65,9 +70,13 @@ def _raw_grouped_allreduce(
 
 
 def _grouped_allreduce(
-    tensors: list[tf.Tensor], op: ReduceOp, prescale: float, postscale: float, name: str | None,
+    tensors: list[tf.Tensor],
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+    name: str | None,
     process_set: ProcessSet,
-) -> list[tf.Tensor]:  # fmt: skip
+) -> list[tf.Tensor]:
     """Dense allreduce of a list as one op, differentiable (the gradient is reduced the same way)."""
 
     @tf.custom_gradient
@@ -146,9 +155,7 @@ def grouped_allreduce(
     tensors = list(tensors)
     dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     pairs = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense_at]
-    reduced = _grouped_allreduce(
-        [c for c, _ in pairs], resolved, prescale_factor, postscale_factor, name, process_set
-    )
+    reduced = _grouped_allreduce([c for c, _ in pairs], resolved, prescale_factor, postscale_factor, name, process_set)
     out: list[Any] = list(tensors)
     for i, r, (_, ctx) in zip(dense_at, reduced, pairs):
         out[i] = compression.decompress(r, ctx)
@@ -162,9 +169,13 @@ def grouped_allreduce(
 
 # -- reducescatter -------------------------------------------------------------------------------------------------
 def _raw_grouped_reducescatter(
-    tensors: list[tf.Tensor], op: ReduceOp, prescale: float, postscale: float, name: str | None,
+    tensors: list[tf.Tensor],
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+    name: str | None,
     process_set: ProcessSet,
-) -> list[tf.Tensor]:  # fmt: skip
+) -> list[tf.Tensor]:
     for t in tensors:
         _check(t.dtype, op, prescale, postscale, "reducescatter")
         if t.shape.rank == 0:
@@ -176,22 +187,22 @@ def _raw_grouped_reducescatter(
         # The engine allocates each result for this call alone (no engine buffer is shared with it).
         if len(arrays) == 1:
             return [
-                blocking(
-                    lambda: _f.reducescatter_async(arrays[0], int(op), name, prescale, postscale, process_set)
-                )
+                blocking(lambda: _f.reducescatter_async(arrays[0], int(op), name, prescale, postscale, process_set))
             ]
-        return blocking(
-            lambda: _f.grouped_reducescatter_async(arrays, int(op), name, prescale, postscale, process_set)
-        )
+        return blocking(lambda: _f.grouped_reducescatter_async(arrays, int(op), name, prescale, postscale, process_set))
 
     shapes = [tf.TensorShape([None]).concatenate(t.shape[1:]) for t in tensors]
     return run_op(fn, tensors, [t.dtype for t in tensors], "HoraReducescatter", shapes)
 
 
 def _grouped_reducescatter(
-    tensors: list[tf.Tensor], op: ReduceOp, prescale: float, postscale: float, name: str | None,
+    tensors: list[tf.Tensor],
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+    name: str | None,
     process_set: ProcessSet,
-) -> list[tf.Tensor]:  # fmt: skip
+) -> list[tf.Tensor]:
     from hora.tensorflow.movement import grouped_allgather
 
     @tf.custom_gradient
@@ -227,9 +238,7 @@ def reducescatter(
     Differentiable (the gradient is the allgather of the output's gradient)."""
     resolved = resolve_op(None, op)
     compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
-    (out,) = _grouped_reducescatter(
-        [compressed], resolved, prescale_factor, postscale_factor, name, process_set
-    )
+    (out,) = _grouped_reducescatter([compressed], resolved, prescale_factor, postscale_factor, name, process_set)
     return compression.decompress(out, ctx)
 
 
@@ -246,7 +255,5 @@ def grouped_reducescatter(
     """:func:`reducescatter` of every tensor of the list as one op."""
     resolved = resolve_op(None, op)
     pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
-    outs = _grouped_reducescatter(
-        [c for c, _ in pairs], resolved, prescale_factor, postscale_factor, name, process_set
-    )
+    outs = _grouped_reducescatter([c for c, _ in pairs], resolved, prescale_factor, postscale_factor, name, process_set)
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]

@@ -29,8 +29,9 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), tf.float32)
             total, squares, n = grouped_allreduce(
                 [tf.reduce_sum(x, axes), tf.reduce_sum(tf.square(x), axes), tf.reshape(count, [1])],
-                op=ReduceOp.SUM, process_set=self.process_set,
-            )  # fmt: skip
+                op=ReduceOp.SUM,
+                process_set=self.process_set,
+            )
             mean = total / n
             variance = tf.maximum(squares / n - tf.square(mean), 0.0)
             return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype)
@@ -40,8 +41,9 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         kept = x * weights
         total, squares, n = grouped_allreduce(
             [tf.reduce_sum(kept, axes), tf.reduce_sum(kept * x, axes), tf.reduce_sum(weights, axes)],
-            op=ReduceOp.SUM, process_set=self.process_set,
-        )  # fmt: skip
+            op=ReduceOp.SUM,
+            process_set=self.process_set,
+        )
         denominator = n + keras.backend.epsilon()
         mean = total / denominator
         # sum over kept entries of (x - mean)^2 = squares - 2 mean total + n mean^2

@@ -71,8 +71,14 @@ def _allreduce_async(
 ) -> int:
     what = "allreduce_" if output is None else "allreduce"
     host, arr = host_view(tensor, what)
-    args: dict[str, Any] = dict(average=average, name=name, op=op, prescale_factor=prescale_factor,
-                postscale_factor=postscale_factor, process_set=process_set)  # fmt: skip
+    args: dict[str, Any] = dict(
+        average=average,
+        name=name,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
     if output is None:  # in place: the result goes into ``tensor`` (straight into it when it is host memory)
         handle = _f.start_allreduce(arr, inplace=True, **args)
         return register(handle, finish_into(tensor, host))
@@ -121,8 +127,14 @@ def _grouped_allreduce_async(
     what = "grouped_allreduce_" if inplace else "grouped_allreduce"
     hosts = [host_view(t, what) for t in tensors]
     arrs = [a for _, a in hosts]
-    args: dict[str, Any] = dict(average=average, name=name, op=op, prescale_factor=prescale_factor,
-                postscale_factor=postscale_factor, process_set=process_set)  # fmt: skip
+    args: dict[str, Any] = dict(
+        average=average,
+        name=name,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+    )
     if inplace:
         handle = _f.start_grouped_allreduce(arrs, inplace=True, **args)
 
@@ -149,9 +161,7 @@ def grouped_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start reducing a list of tensors as one group (negotiated and fused together)."""
-    return _grouped_allreduce_async(
-        tensors, False, average, name, op, prescale_factor, postscale_factor, process_set
-    )
+    return _grouped_allreduce_async(tensors, False, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allreduce_async_(
@@ -163,18 +173,14 @@ def grouped_allreduce_async_(
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> int:
-    return _grouped_allreduce_async(
-        tensors, True, average, name, op, prescale_factor, postscale_factor, process_set
-    )
+    return _grouped_allreduce_async(tensors, True, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def _to_torch(tensor: torch.Tensor) -> Callable[[np.ndarray], torch.Tensor]:
     return lambda arr: on_device_of(tensor, tensor_of(arr))
 
 
-def allgather_async(
-    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
-) -> int:
+def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set) -> int:
     """Start concatenating every rank's ``tensor`` along dimension 0 (its length may differ per rank)."""
     _, arr = host_view(tensor, "allgather")
     return register(_f.allgather_async(arr, name, process_set), _to_torch(tensor))

@@ -75,9 +75,11 @@ def select_ps_parameters(
                 )
             chosen.add(by_id[id(item)])
         elif isinstance(item, torch.nn.Module):
-            layers = [item] if isinstance(item, _EMBEDDINGS) else [
-                m for m in item.modules() if isinstance(m, _EMBEDDINGS) and m.sparse
-            ]  # fmt: skip
+            layers = (
+                [item]
+                if isinstance(item, _EMBEDDINGS)
+                else [m for m in item.modules() if isinstance(m, _EMBEDDINGS) and m.sparse]
+            )
             if not layers:
                 raise ValueError(
                     f"ps_parameters: the {type(item).__name__} has no nn.Embedding/EmbeddingBag with sparse=True; "
@@ -85,9 +87,7 @@ def select_ps_parameters(
                 )
             for m in layers:
                 if id(m.weight) not in by_id:
-                    raise ValueError(
-                        f"ps_parameters: the weight of {m} is not one of the optimizer's named parameters"
-                    )
+                    raise ValueError(f"ps_parameters: the weight of {m} is not one of the optimizer's named parameters")
                 chosen.add(by_id[id(m.weight)])
         else:
             raise ValueError(f"ps_parameters must hold names, tensors or modules, got {type(item).__name__}")
@@ -135,9 +135,7 @@ class _HybridMixin(torch.optim.Optimizer):
         h = self._hora_hybrid
         for name, p in h.params:
             ids, rows = _rows_of(p)
-            union, values = exchange_rows(
-                h.client, name, h.mode, ids, rows, functools.partial(self._hora_union, name)
-            )
+            union, values = exchange_rows(h.client, name, h.mode, ids, rows, functools.partial(self._hora_union, name))
             if len(union):
                 with torch.no_grad():
                     p.index_copy_(0, torch.from_numpy(union), torch.from_numpy(values))
@@ -165,9 +163,12 @@ class _HybridMixin(torch.optim.Optimizer):
 
 
 def hybrid_members(
-    optimizer: torch.optim.Optimizer, named: list[tuple[str, torch.Tensor]], ps_parameters: Any,
-    staleness: int | None, consistency: str | None,
-) -> dict[str, Any]:  # fmt: skip
+    optimizer: torch.optim.Optimizer,
+    named: list[tuple[str, torch.Tensor]],
+    ps_parameters: Any,
+    staleness: int | None,
+    consistency: str | None,
+) -> dict[str, Any]:
     """The class members that make an allreduce ``DistributedOptimizer`` class hybrid; registers the server-held
     parameters (worker 0's values) and pulls them into every worker's tensors."""
     from hora._strategy import resolve_consistency
@@ -189,18 +190,14 @@ def hybrid_members(
     mode = check_mode(resolve_consistency(client, staleness, consistency))
     for n, p in chosen:
         if not p.is_contiguous():
-            raise UnsupportedError(
-                f"parameter '{n}' is not contiguous; the servers' rows are copied into it in place"
-            )
+            raise UnsupportedError(f"parameter '{n}' is not contiguous; the servers' rows are copied into it in place")
         client.register(n, p.detach().numpy(), rule=rules[n], consistency=mode)
     for n, p in chosen:  # every worker starts from worker 0's table
         with torch.no_grad():
             client.pull(n, out=p.detach().numpy())
     settings = HybridSettings(chosen, client, mode, {id(p) for _, p in chosen})
     members = {
-        k: v
-        for k, v in _HybridMixin.__dict__.items()
-        if k not in ("__dict__", "__weakref__", "__module__", "__doc__")
+        k: v for k, v in _HybridMixin.__dict__.items() if k not in ("__dict__", "__weakref__", "__module__", "__doc__")
     }
     members["_hora_hybrid"] = settings
     return members

@@ -51,8 +51,12 @@ def rule_of(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> dict[str
     if isinstance(optimizer, torch.optim.Adagrad):
         if group.get("lr_decay", 0):
             raise UnsupportedError("Adagrad with lr_decay has no parameter-server rule; use lr_decay=0")
-        return {"rule": "adagrad", "lr": lr, "initial_accumulator": float(group.get("initial_accumulator_value", 0.0)),
-                "epsilon": float(group["eps"])}  # fmt: skip
+        return {
+            "rule": "adagrad",
+            "lr": lr,
+            "initial_accumulator": float(group.get("initial_accumulator_value", 0.0)),
+            "epsilon": float(group["eps"]),
+        }
     if isinstance(optimizer, torch.optim.Adam) and not isinstance(optimizer, torch.optim.AdamW):
         if group.get("amsgrad"):
             raise UnsupportedError("Adam(amsgrad=True) has no parameter-server rule; use amsgrad=False")
@@ -124,9 +128,7 @@ class _PSOptimizer(torch.optim.Optimizer):
 
 def _view(p: torch.Tensor) -> Any:
     if not p.is_contiguous():
-        raise UnsupportedError(
-            "a non-contiguous parameter cannot be updated in place by the parameter servers"
-        )
+        raise UnsupportedError("a non-contiguous parameter cannot be updated in place by the parameter servers")
     return p.detach().numpy()
 
 
@@ -141,18 +143,14 @@ def make_ps_optimizer(
         named = list(named_parameters)
     else:
         named = [
-            (f"ps.noname.{i}.{j}", p)
-            for i, g in enumerate(optimizer.param_groups)
-            for j, p in enumerate(g["params"])
+            (f"ps.noname.{i}.{j}", p) for i, g in enumerate(optimizer.param_groups) for j, p in enumerate(g["params"])
         ]
     ids = {id(p): n for n, p in named}
     rules: dict[str, dict[str, Any]] = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
             if id(p) not in ids:
-                raise ValueError(
-                    "named_parameters was specified, but one or more model parameters were not named"
-                )
+                raise ValueError("named_parameters was specified, but one or more model parameters were not named")
             rules[ids[id(p)]] = rule_of(optimizer, group)
     client = shared_client()
     consistency = resolve_consistency(client, staleness, consistency)
