@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from support.slow_tier import listed  # noqa: E402  (needs the path above)
+from support.slow_tier import listed
 
 _SLOW = set(listed())
 

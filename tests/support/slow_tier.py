@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LIST = ROOT / "tests" / "slow_tests.txt"
 THRESHOLD_SECONDS = 10.0
 
-HEADER = f"""\
-# The slow tier (tests/support/slow_tier.py): tests measured at {{seconds:g}} s or more each on the 2-core machine.
+HEADER = """\
+# The slow tier (tests/support/slow_tier.py): tests measured at {seconds:g} s or more each on the 2-core machine.
 # .ci/run runs them in a second pass (-m slow) after the main pass (-m "not slow"). Regenerate, don't edit:
 #   python -m pytest --junitxml=/tmp/junit.xml && python tests/support/slow_tier.py /tmp/junit.xml
 """
