@@ -30,8 +30,9 @@ def test_cleans_up(monkeypatch):
 '''
 
 
-def test_hygiene_fails_leaks_and_passes_clean_tests(pytester: pytest.Pytester) -> None:
+def test_hygiene_fails_leaks_and_passes_clean_tests(pytester: pytest.Pytester, monkeypatch) -> None:
     pytester.makeconftest((paths.TESTS / "conftest.py").read_text())
+    monkeypatch.setenv("PYTHONPATH", str(paths.TESTS))  # the conftest imports the helpers beside it (support.*)
     pytester.makepyfile(test_leaks=LEAKY)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
     result.assert_outcomes(passed=4, errors=3)

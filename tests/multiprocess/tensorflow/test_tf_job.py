@@ -19,14 +19,13 @@ EXAMPLE = paths.REPO / "examples" / "jobs" / "tf_job.yaml"
 
 def test_the_tensorflow_pipe_mode_example_job_trains(tmp_path):
     store = JobStore(tmp_path / "home")
-    # two epochs instead of five: the same code paths in half the time
-    spec = load_spec(EXAMPLE, {"job_name": "tf-example", "hyperparameters": {"epochs": 2, "batch-size": 32}})
+    spec = load_spec(EXAMPLE, {"job_name": "tf-example"})
     record = start_job(spec, store, wait=True, echo=False)
     log = (Path(record.job_dir) / "logs" / "algo-1.log").read_text()
     assert record.status == "Completed", f"{record.failure_reason}\n{log[-6000:]}"
     metrics = store.metrics("tf-example")
     accuracy = [v for name, v, *_ in metrics if name == "test:accuracy"]
     assert len([v for name, v, *_ in metrics if name == "train:loss"]) == 1
-    assert len(accuracy) == 1 and accuracy[0] > 0.8, accuracy
+    assert len(accuracy) == 1 and accuracy[0] > 0.85, accuracy
     with tarfile.open(record.artifacts["model"]) as tar:
         assert "model.keras" in tar.getnames()
