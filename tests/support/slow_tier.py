@@ -1,4 +1,4 @@
-"""The slow tier: tests that take 10 s or more each on the 2-core CI machine, listed in ``tests/slow_tests.txt``.
+"""The slow tier: tests that take 7 s or more each on the 2-core CI machine, listed in ``tests/slow_tests.txt``.
 
 ``.ci/run`` runs the suite in two passes, ``-m "not slow"`` (the main pass, for a quick answer) and then
 ``-m slow``; both must pass. ``pytest`` without ``-m`` runs everything. The list is measured, not chosen: after a
@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LIST = ROOT / "tests" / "slow_tests.txt"
-THRESHOLD_SECONDS = 10.0
+THRESHOLD_SECONDS = 7.0
 
 HEADER = """\
 # The slow tier (tests/support/slow_tier.py): tests measured at {seconds:g} s or more each on the 2-core machine.
@@ -34,8 +34,8 @@ def listed(path: Path = LIST) -> list[str]:
 
 
 def node_id(classname: str, name: str) -> str:
-    """pytest's node id of a JUnit test case (``tests.a.test_b`` + ``test_c[x]`` -> ``tests/a/test_b.py::test_c[x]``;
-    a test class's name stays after the file)."""
+    """pytest's node id of a JUnit test case: class ``tests.<dir>.test_<name>`` and name ``test_<case>`` become
+    ``tests/<dir>/test_<name>.py::test_<case>`` (a test class's name stays after the file)."""
     parts = classname.split(".")
     for k in range(len(parts), 0, -1):
         path = "/".join(parts[:k]) + ".py"
