@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from hora._frontend.surface import init, shutdown
 from hora.config import launchers
 from hora.errors import HorovodInternalError, HostsUpdatedInterrupt, MismatchError
 
@@ -32,6 +33,8 @@ __all__ = [
     "WorkerNotifications",
     "is_elastic",
     "notifications",
+    "reset",
+    "run",
     "run_fn",
 ]
 
@@ -196,3 +199,16 @@ def run_fn(func: F, reset: Callable[[], None]) -> F:
             notifications.remove_listener(state)
 
     return wrapper  # type: ignore[return-value]
+
+
+def reset() -> None:
+    """Restart hora in this process with the job's current ranks (what Horovod's ``_reset`` does)."""
+    shutdown()
+    init()
+
+
+def run(func: F) -> F:
+    """Run ``func(state, *args, **kwargs)`` as elastic training (Horovod's ``hvd.elastic.run``): ranks may leave and
+    join; after a failure the state goes back to its last ``commit()`` and training goes on with the ranks left.
+    ``func`` must not be a collective itself (new ranks sync the state before calling it)."""
+    return run_fn(func, reset)
