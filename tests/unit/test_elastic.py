@@ -14,14 +14,6 @@ from hora._frontend.elastic import HostUpdateResult, notifications
 from hora.errors import HostsUpdatedInterrupt, MismatchError, PeerLostError
 
 
-@pytest.fixture
-def one_rank(monkeypatch):
-    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
-    hvd.init()
-    yield
-    hvd.shutdown()
-
-
 def test_a_failed_collective_restores_the_last_commit_resets_and_runs_again(one_rank):
     state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)
     resets = []

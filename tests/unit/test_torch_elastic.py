@@ -12,14 +12,6 @@ import hora.torch as hvd  # noqa: E402
 from hora.torch.elastic import sampler as sampler_module  # noqa: E402
 
 
-@pytest.fixture
-def one_rank(monkeypatch):
-    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
-    hvd.init()
-    yield
-    hvd.shutdown()
-
-
 def _model():
     torch.manual_seed(0)
     return torch.nn.Linear(3, 2)
