@@ -13,11 +13,14 @@ __all__ = [
     "AuthenticationError",
     "ChannelError",
     "CollectiveError",
+    "CollectiveTimeoutError",
     "ConfigError",
     "HoraError",
     "HoraInternalError",
+    "HorovodInternalError",
     "HostError",
     "HostStartError",
+    "HostsUpdatedInterrupt",
     "MismatchError",
     "NotInitializedError",
     "PeerLostError",
@@ -86,7 +89,26 @@ class ProtocolError(HoraError):
     """A peer sent bytes that break hora's wire protocol (bad magic, oversized frame, malformed message)."""
 
 
-class CollectiveError(HoraError):
+class HorovodInternalError(HoraError):
+    """A collective could not complete: a peer was lost or stuck, a wait timed out, hora was shut down under it, the
+    ranks disagreed (Horovod's name, ``hvd.HorovodInternalError`` in every adapter). Inside
+    ``hvd.elastic.run`` it starts a reset: the state is restored to its last commit and training goes on with the
+    ranks that are left (a :class:`MismatchError`, a bug in the script, is re-raised instead)."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Hosts were added to or removed from an elastic job (Horovod's name and constructor): raised on every rank at
+    the same ``state.commit()``; ``hvd.elastic.run`` then resets without restoring the state, and without syncing
+    it again when ``skip_sync`` (only hosts were removed: every rank left already has it)."""
+
+    def __init__(self, skip_sync: bool) -> None:
+        super().__init__(
+            "the job's hosts changed" + (" (hosts were removed)" if skip_sync else " (hosts were added)")
+        )
+        self.skip_sync = skip_sync
+
+
+class CollectiveError(HorovodInternalError):
     """A collective operation failed."""
 
 
@@ -108,6 +130,11 @@ class ShutdownError(CollectiveError):
 
 class TimeoutError(HoraError, builtins.TimeoutError):
     """A blocking operation did not finish within its time limit."""
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """A collective (or a parameter-server operation) made no progress with a peer within its time limit: the peer
+    is stuck, or the link is down."""
 
 
 class HoraInternalError(HoraError):

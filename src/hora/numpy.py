@@ -9,6 +9,7 @@ Horovod).
 
 from __future__ import annotations
 
+from hora import elastic  # hvd.elastic: run, State, ObjectState (Horovod's horovod.common.elastic)
 from hora._engine.handle import Handle
 from hora._frontend import (
     GroupHandle,
@@ -62,6 +63,7 @@ __all__ = [
     "broadcast_async",
     "broadcast_async_",
     "broadcast_object",
+    "elastic",
     "grouped_allgather",
     "grouped_allgather_async",
     "grouped_allreduce",

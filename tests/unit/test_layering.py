@@ -20,7 +20,7 @@ LAYERS = [
     ["hora._engine"],
     ["hora._runtime"],
     ["hora"],
-    ["hora._frontend", "hora.ps", "hora._strategy"],
+    ["hora._frontend", "hora.ps", "hora._strategy", "hora.elastic"],
     ["hora.numpy", "hora.torch", "hora.tensorflow", "hora.jax", "hora.mxnet"],
     ["hora.keras", "hora.tensorflow.keras"],
     ["hora.runner"],

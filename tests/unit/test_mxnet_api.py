@@ -15,7 +15,7 @@ from support import paths
 MXNET_OWN = [
     "Compression", "DistributedOptimizer", "DistributedTrainer", "allgather", "allgather_object", "allreduce",
     "allreduce_", "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_object", "broadcast_parameters",
-    "grouped_allgather", "grouped_allreduce", "grouped_allreduce_", "grouped_reducescatter", "join", "reducescatter",
+    "elastic", "grouped_allgather", "grouped_allreduce", "grouped_allreduce_", "grouped_reducescatter", "join", "reducescatter",
 ]
 
 

@@ -42,6 +42,7 @@ NUMPY_API = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
@@ -153,11 +154,10 @@ COUNTERPART = {
     "hora.jax": "common",
     "hora.mxnet": "horovod.mxnet",
 }
-_ELASTIC = "hvd.elastic (elastic training) is not built yet: issue 26"
+_ELASTIC = "hvd.elastic for TensorFlow and Keras (their state classes) is not built yet: issue 26"
 _TF_HELPER = "a helper horovod/tensorflow/__init__.py imports for its own optimizer code, not an API for scripts"
 #: The deliberate gaps, each with its reason.
 GAPS = {
-    ("hora.torch", "elastic"): _ELASTIC,
     ("hora.tensorflow", "elastic"): _ELASTIC,
     ("hora.keras", "elastic"): _ELASTIC,
     ("hora.tensorflow.keras", "elastic"): _ELASTIC,
@@ -172,7 +172,7 @@ OWN_NAMES = {
     "hora.numpy": [
         "GroupHandle", "Handle", "allgather", "allgather_async", "allgather_object", "allreduce",
         "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
-        "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
+        "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object", "elastic",
         "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
         "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
         "grouped_reducescatter_async", "join", "poll", "reducescatter", "reducescatter_async",
@@ -182,7 +182,7 @@ OWN_NAMES = {
         "Compression", "DistributedOptimizer", "SyncBatchNorm", "allgather", "allgather_async",
         "allgather_object", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall",
         "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-        "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "grouped_allgather",
+        "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "elastic", "grouped_allgather",
         "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
         "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll",
         "reducescatter", "reducescatter_async", "sparse_allreduce_async", "synchronize",
@@ -206,13 +206,13 @@ OWN_NAMES = {
     ],
     "hora.jax": [
         "Compression", "DistributedOptimizer", "allgather", "allgather_object", "allreduce", "alltoall",
-        "barrier", "broadcast", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
+        "barrier", "broadcast", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "elastic",
         "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "join", "reducescatter",
     ],
     "hora.mxnet": [
         "Compression", "DistributedOptimizer", "DistributedTrainer", "allgather", "allgather_object",
         "allreduce", "allreduce_", "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_object",
-        "broadcast_parameters", "grouped_allgather", "grouped_allreduce", "grouped_allreduce_",
+        "broadcast_parameters", "elastic", "grouped_allgather", "grouped_allreduce", "grouped_allreduce_",
         "grouped_reducescatter", "join", "reducescatter",
     ],
 }

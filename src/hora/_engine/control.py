@@ -17,7 +17,7 @@ from typing import Any
 from hora._engine.messages import decode, encode
 from hora._engine.negotiation import format_ranks
 from hora._wire import recv_frame, send_frame
-from hora.errors import HoraError, PeerLostError, TimeoutError
+from hora.errors import CollectiveTimeoutError, HoraError, PeerLostError
 
 __all__ = ["ControlLinks", "leaving_message"]
 
@@ -65,7 +65,7 @@ class ControlLinks:
         try:
             return decode(recv_frame(self._socks[peer], self._max, self.who(peer)))
         except builtins.TimeoutError:
-            raise TimeoutError(
+            raise CollectiveTimeoutError(
                 f"rank {self.rank} waited {self._timeout:g}s for {what} from {self.who(peer)} during "
                 "negotiation; the peer is alive but stuck (raise HORA_OP_TIMEOUT_SECONDS if it is just slow)"
             ) from None

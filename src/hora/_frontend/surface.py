@@ -41,11 +41,7 @@ from hora._runtime.context import (
     shutdown,
     size,
 )
-from hora.errors import HoraError
-
-HorovodInternalError = HoraError
-"""What a failed collective raises (Horovod's name for it; every hora error is a ``RuntimeError``). Inside a
-TensorFlow graph or a JAX trace the framework wraps it in its own error type (docs/api.md)."""
+from hora.errors import HorovodInternalError
 
 __all__ = [
     "Adasum",

@@ -45,7 +45,7 @@ from hora._dtypes import HALF, combine, even_counts, offsets, reduce_into
 from hora._proc import process_alive
 from hora._transport import futex
 from hora._transport.base import Transport
-from hora.errors import PeerLostError, ProtocolError, TimeoutError
+from hora.errors import CollectiveTimeoutError, PeerLostError, ProtocolError
 
 __all__ = ["ShmTransport", "job_prefix", "segment_path", "sweep"]
 
@@ -315,7 +315,7 @@ class ShmTransport(Transport):
                         "(raise HORA_OP_TIMEOUT_SECONDS if it is just slow)"
                     )
                     self.abort(message)
-                    raise TimeoutError(message)
+                    raise CollectiveTimeoutError(message)
 
     def _raise_aborted(self) -> None:
         who = int(self._abort[0]) - 1

@@ -19,7 +19,7 @@ import numpy as np
 from hora._dtypes import even_counts, offsets, reduce_into
 from hora._transport.base import Transport
 from hora._wire import recv_into_exact
-from hora.errors import PeerLostError, TimeoutError
+from hora.errors import CollectiveTimeoutError, PeerLostError
 
 __all__ = ["TcpTransport"]
 
@@ -131,7 +131,7 @@ class TcpTransport(Transport):
             try:
                 recv_into_exact(self._socks[peer], _bytes(a), self._who[peer])
             except builtins.TimeoutError:
-                raise TimeoutError(
+                raise CollectiveTimeoutError(
                     f"{self.what}: no bytes from {self._who[peer]} for {self._timeout:g}s over TCP (link down or "
                     "peer stuck; raise HORA_OP_TIMEOUT_SECONDS if it is just slow)"
                 ) from None
@@ -143,7 +143,7 @@ class TcpTransport(Transport):
             self._sender.wait()
         except _SendFailed as failed:
             if isinstance(failed.exc, socket.timeout):
-                raise TimeoutError(
+                raise CollectiveTimeoutError(
                     f"{self.what}: no bytes went to {self._who[failed.peer]} for {self._timeout:g}s over TCP (link "
                     "down or peer stuck; raise HORA_OP_TIMEOUT_SECONDS if it is just slow)"
                 ) from None

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from hora.errors import ConfigError
 
-__all__ = ["LAUNCHER_VARIABLES", "LaunchInfo", "detect", "without_launcher_variables"]
+__all__ = ["LAUNCHER_VARIABLES", "LaunchInfo", "detect", "elastic", "without_launcher_variables"]
 
 #: What other launchers set for each process they start. ``hora run`` removes these from its workers' environment
 #: (it sets its own), so a worker that finds one of them knows a launcher started inside hora run set it.
@@ -177,6 +177,12 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
     if info.source not in ("hora", "none") and _set(env, "HORA_RANK"):
         info = dataclasses.replace(info, inside_hora_run=True)
     return info
+
+
+def elastic(env: Mapping[str, str] | None = None) -> bool:
+    """Whether an elastic launcher started this process (``HOROVOD_ELASTIC=1``, the variable Horovod's sets)."""
+    env = os.environ if env is None else env
+    return env.get("HOROVOD_ELASTIC") == "1"
 
 
 def _detect(env: Mapping[str, str]) -> LaunchInfo:

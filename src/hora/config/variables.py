@@ -19,6 +19,11 @@ class Variable:
 
 
 VARIABLES: tuple[Variable, ...] = (
+    Variable(
+        "HOROVOD_ELASTIC",
+        "1 when an elastic launcher started the rank (Horovod's variable): hvd.elastic.run then resets after a "
+        "failed collective instead of re-raising it",
+    ),
     Variable("HORA_JOB_HOME", "where hora job keeps its jobs (default ~/.hora)"),
     Variable("HORA_JOB_ATTEMPT", "set by hora job for a job's ranks: the attempt (1, 2, ... with retries)"),
     Variable(

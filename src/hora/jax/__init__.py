@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hora import elastic  # hvd.elastic: run, State, ObjectState (Horovod's horovod.common.elastic)
 from hora._frontend import surface
 from hora._frontend.surface import *  # noqa: F403  (the names every adapter shares: surface.__all__)
 from hora.jax.compression import Compression
@@ -46,6 +47,7 @@ __all__ = [
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "elastic",
     "grouped_allgather",
     "grouped_allreduce",
     "grouped_reducescatter",

@@ -5,6 +5,7 @@ Collectives on NDArrays (:mod:`hora.mxnet.mpi_ops`), ``DistributedOptimizer`` an
 and ``Compression``. Differences from Horovod: docs/mxnet.md.
 """
 
+from hora import elastic  # hvd.elastic: run, State, ObjectState (Horovod's horovod.common.elastic)
 from hora._frontend import surface
 from hora._frontend.surface import *  # noqa: F403  (the names every adapter shares: surface.__all__)
 from hora.mxnet.compression import Compression
@@ -40,6 +41,7 @@ __all__ = [
     "broadcast_",
     "broadcast_object",
     "broadcast_parameters",
+    "elastic",
     "grouped_allgather",
     "grouped_allreduce",
     "grouped_allreduce_",

@@ -65,6 +65,7 @@ __all__ = [
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "elastic",
     "grouped_allgather",
     "grouped_allgather_async",
     "grouped_allreduce",
@@ -81,3 +82,5 @@ __all__ = [
     "synchronize",
 ]
 __all__ += surface.__all__
+
+from hora.torch import elastic  # noqa: E402  (hvd.elastic.run, TorchState, ElasticSampler; it uses the names above)
