@@ -17,9 +17,8 @@ from hora.config.launchers import detect
 
 
 def main() -> None:
-    faulthandler.register(
-        signal.SIGUSR1, all_threads=True
-    )  # hora.runner.run(timeout=...) dumps stacks this way
+    # hora.runner.run(timeout=...) dumps stacks this way
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     directory = sys.argv[1]
     rank = detect().rank
     with open(os.path.join(directory, "fn.pkl"), "rb") as f:

@@ -243,9 +243,8 @@ def main() -> int:
                         agent.signal(sig, message.get("ranks"))
         agent.pump(0.05)
         if agent.done and agent.open_streams and agent.stopping_at is None:
-            agent.stopping_at = (
-                time.monotonic()
-            )  # a rank's child holds its pipe open: give it the grace period
+            # a rank's child holds its pipe open: give it the grace period
+            agent.stopping_at = time.monotonic()
         if (
             agent.done
             and agent.stopping_at is not None
