@@ -31,7 +31,6 @@ __all__ = [
     "ObjectState",
     "State",
     "WorkerNotifications",
-    "is_elastic",
     "notifications",
     "reset",
     "run",
@@ -74,11 +73,6 @@ class WorkerNotifications:
 
 
 notifications = WorkerNotifications()
-
-
-def is_elastic() -> bool:
-    """Whether this process was started by an elastic launcher (``HOROVOD_ELASTIC=1``, as Horovod's sets it)."""
-    return launchers.elastic()
 
 
 class State:
@@ -145,7 +139,6 @@ class ObjectState(State):
     """State made of plain picklable objects, given as keyword arguments and kept as attributes."""
 
     def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int], **kwargs: Any) -> None:
-        self._bcast_object = bcast_object
         self._saved_state = kwargs
         self._set_attrs()
         super().__init__(bcast_object=bcast_object, get_rank=get_rank)
@@ -185,7 +178,7 @@ def run_fn(func: F, reset: Callable[[], None]) -> F:
                 except HorovodInternalError as exc:
                     state.restore()
                     skip_sync = False
-                    if not is_elastic():
+                    if not launchers.elastic():  # HOROVOD_ELASTIC=1: an elastic launcher started this rank
                         raise type(exc)(
                             f"{exc} (hvd.elastic.run restored the last commit but cannot go on: this job was not "
                             "started elastic; start it with hora run --min-np/--max-np and --host-discovery-script "
