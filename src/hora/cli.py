@@ -9,7 +9,7 @@ import sys
 from hora import __version__
 from hora.errors import HoraError
 from hora.jobs.cli import add_job_parser, job_main
-from hora.runner.flags import add_run_arguments, check_settings, run_epilog, settings_from_args
+from hora.runner.flags import add_run_arguments, check_settings, elastic_options, run_epilog, settings_from_args
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
@@ -61,6 +61,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             ssh_identity_file=args.ssh_identity_file,
             ssh_options=args.ssh_option,
             network_interface=args.network_interface,
+            elastic=elastic_options(args),
             **settings,
         )
     except HoraError as exc:

@@ -15,22 +15,23 @@ after the restore, saying so, instead of re-initializing into a rendezvous the l
 
 from __future__ import annotations
 
-import enum
 import functools
 import queue
-import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from hora._frontend.surface import init, shutdown
-from hora.config import launchers
-from hora.errors import HorovodInternalError, HostsUpdatedInterrupt, MismatchError
+from hora._runtime.elastic_join import HostUpdateResult, WorkerNotifications, WorkerRemovedError, notifications
+from hora.config import Config, launchers
+from hora.errors import HorovodInternalError, HostsUpdatedInterrupt, MismatchError, RendezvousError
 
 __all__ = [
     "HostUpdateResult",
     "ObjectState",
     "State",
     "WorkerNotifications",
+    "WorkerRemovedError",
     "notifications",
     "reset",
     "run",
@@ -38,41 +39,6 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class HostUpdateResult(enum.IntFlag):
-    """What changed in the job's hosts (Horovod's flags): hosts were removed, added, or both."""
-
-    no_update = 0
-    removed = 1
-    added = 2
-    mixed = removed | added
-
-
-class WorkerNotifications:
-    """Where host-update notices for this process arrive (from the elastic launcher), handed to every registered
-    state; ``State.check_host_updates`` reads them at the next commit."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._listeners: list[State] = []
-
-    def register_listener(self, listener: State) -> None:
-        with self._lock:
-            self._listeners.append(listener)
-
-    def remove_listener(self, listener: State) -> None:
-        with self._lock:
-            self._listeners = [s for s in self._listeners if s is not listener]
-
-    def handle_hosts_updated(self, timestamp: int, update: HostUpdateResult) -> None:
-        with self._lock:
-            listeners = list(self._listeners)
-        for listener in listeners:
-            listener.on_hosts_updated(timestamp, update)
-
-
-notifications = WorkerNotifications()
 
 
 class State:
@@ -186,12 +152,29 @@ def run_fn(func: F, reset: Callable[[], None]) -> F:
                         ) from exc
                 except HostsUpdatedInterrupt as exc:
                     skip_sync = exc.skip_sync
-                reset()
+                _reset_until_joined(reset)
                 state.on_reset()
         finally:
             notifications.remove_listener(state)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _reset_until_joined(reset: Callable[[], None]) -> None:
+    """``reset()``, again when the round it joined could not be assembled (a member of it died during start-up:
+    the launcher forms another round). Being removed from the job, or no round within the elastic time-out, ends
+    it."""
+    deadline = time.monotonic() + Config.resolve().elastic_timeout
+    while True:
+        try:
+            reset()
+            return
+        except WorkerRemovedError:
+            raise
+        except (RendezvousError, HorovodInternalError):
+            if not launchers.elastic() or time.monotonic() > deadline:
+                raise
+            shutdown()
 
 
 def reset() -> None:

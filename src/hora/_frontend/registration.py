@@ -62,7 +62,7 @@ def _add(ctx: Context, ranks: Sequence[int]) -> tuple[int, list[int]]:
     spec = GroupSpec(
         ctx.config,
         tuple(members),
-        f"{ctx.config.attempt}-{ctx.generation}-ps{set_id}",
+        f"{ctx.config.attempt}-{ctx.tag}-ps{set_id}",
         ctx.secret,
         ctx.job_id,
         ctx.launch.source,

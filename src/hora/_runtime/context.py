@@ -22,10 +22,11 @@ from hora._engine.engine import Engine
 from hora._engine.negotiation import format_ranks
 from hora._runtime.bootstrap import Bootstrap, local_addr_towards, start_bootstrap
 from hora._runtime.connections import close_all
+from hora._runtime.elastic_join import Membership, NoticeListener, join
 from hora._runtime.group import Group, GroupSpec, assemble
 from hora._runtime.peers import Peer, StoreDirectory
 from hora._runtime.rendezvous import RendezvousClient
-from hora.config import Config
+from hora.config import Config, launchers
 from hora.config.launchers import LaunchInfo, detect
 from hora.errors import NotInitializedError
 
@@ -67,10 +68,11 @@ class Context:
     secret: bytes = b""
     bind_addr: str = "127.0.0.1"
     job_id: str = ""
-    generation: int = 0
+    tag: str = "g0"  # this init's name among the job's groups: g<n>, or e<round> in an elastic job
     sets: dict[int, Group] = field(default_factory=dict)  # process set id -> its group (members only)
     set_ranks: dict[int, list[int]] = field(default_factory=dict)  # process set id -> its ranks (every rank)
     next_set_id: int = 1
+    notices: NoticeListener | None = None  # rank 0 of an elastic job: host-update notices from the launcher
 
     @property
     def rank(self) -> int:
@@ -176,6 +178,8 @@ def _shutdown(exiting: str) -> None:
         sub.engine.shutdown(exiting=exiting)
     ctx.sets.clear()
     ctx.engine.shutdown(exiting=exiting)
+    if ctx.notices is not None:
+        ctx.notices.close()
     if ctx.bootstrap is not None:
         ctx.bootstrap.close()
     outputs.clear()  # the result buffers kept for reuse
@@ -236,14 +240,19 @@ def _is_loopback(addr: str) -> bool:
 def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
     hostname = config.hostname or socket.gethostname()
     if launch.size == 1 and not config.rendezvous_addr:
-        spec = GroupSpec(config, (0,), f"{config.attempt}-{generation}", b"", "", launch.source)
+        spec = GroupSpec(config, (0,), f"{config.attempt}-g{generation}", b"", "", launch.source)
         group = assemble(spec, _NoDirectory(), 0, hostname=hostname, bind_addr="127.0.0.1", deadline=0.0)
         assert group is not None
-        return Context(config, launch, hostname, group)
+        return Context(config, launch, hostname, group, tag=f"g{generation}")
 
     deadline = time.monotonic() + config.start_timeout
     boot = start_bootstrap(config, launch, deadline)
-    rank, size = launch.rank, launch.size
+    rank, size, hint, tag = launch.rank, launch.size, (launch.local_rank, launch.local_size), f"g{generation}"
+    member: Membership | None = None
+    if launchers.elastic():  # the elastic launcher says which round, rank and size this init is
+        member = join(config, boot)
+        rank, size, hint, tag = member.rank, member.size, (member.local_rank, member.local_size), f"e{member.round}"
+        deadline = time.monotonic() + config.start_timeout
     cleanup: list[Any] = []
     try:
         store = RendezvousClient(
@@ -251,7 +260,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
             boot.port,
             boot.secret,
             rank,
-            f"{boot.job_id}/{config.attempt}/g{generation}/",
+            f"{boot.job_id}/{config.attempt}/{tag}/",
             deadline,
             config.max_frame_bytes,
         )
@@ -266,7 +275,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
             )
 
         spec = GroupSpec(
-            config, tuple(range(size)), f"{config.attempt}-{generation}", boot.secret, boot.job_id, launch.source
+            config, tuple(range(size)), f"{config.attempt}-{tag}", boot.secret, boot.job_id, launch.source
         )
         group = assemble(
             spec,
@@ -275,12 +284,13 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
             hostname=hostname,
             bind_addr=bind,
             deadline=deadline,
-            local_hint=(launch.local_rank, launch.local_size),
+            local_hint=hint,
         )
         assert group is not None
         # Everyone is connected: the bootstrap file (if any) has served its purpose.
         boot.unpublish()
         store.close()
+        notices = NoticeListener(config, boot, member.notices) if member is not None and rank == 0 else None
     except BaseException:
         close_all(cleanup)
         boot.close()
@@ -294,7 +304,8 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         secret=boot.secret,
         bind_addr=bind,
         job_id=boot.job_id,
-        generation=generation,
+        tag=tag,
+        notices=notices,
     )
 
 

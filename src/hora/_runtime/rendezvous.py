@@ -102,6 +102,12 @@ class RendezvousServer:
         with self._cond:
             return {k: v for k, v in self._data.items() if k.startswith(prefix)}
 
+    def put(self, items: dict[str, str]) -> None:
+        """Set several keys at once, as one change every waiting client sees together (the elastic launcher)."""
+        with self._cond:
+            self._data.update(items)
+            self._cond.notify_all()
+
     def _accept_loop(self) -> None:
         assert self._listener is not None
         delay = 0.01

@@ -29,6 +29,20 @@ class RuntimeSettings:
             group="run",
         ),
     )
+    elastic_timeout: float = setting(
+        600.0,
+        parsers.positive_float,
+        "HORA_ELASTIC_TIMEOUT",
+        "HOROVOD_ELASTIC_TIMEOUT",
+        help="Elastic jobs: seconds the launcher waits for --min-np slots to be available, and a rank waits for "
+        "the launcher to form the next set of ranks after a reset, before the job fails.",
+        flag=Flag(
+            "--elastic-timeout",
+            "elastic jobs: seconds to wait for --min-np slots (and for the next set of ranks after a reset)",
+            metavar="SECONDS",
+            group="run",
+        ),
+    )
     op_timeout: float = setting(
         300.0,
         parsers.positive_float,

@@ -24,6 +24,14 @@ VARIABLES: tuple[Variable, ...] = (
         "1 when an elastic launcher started the rank (Horovod's variable): hvd.elastic.run then resets after a "
         "failed collective instead of re-raising it",
     ),
+    Variable(
+        "HORA_ELASTIC_SLOT",
+        "set by the elastic launcher: the worker's slot, host:index, the same for its whole life",
+    ),
+    Variable("HORA_ELASTIC_ROUND", "set by the elastic launcher: the round (set of ranks) the worker was started for"),
+    Variable(
+        "HORA_ELASTIC_MAX_NP", "set by the elastic launcher when --max-np is given: hvd.max_size() of every rank"
+    ),
     Variable("HORA_JOB_HOME", "where hora job keeps its jobs (default ~/.hora)"),
     Variable("HORA_JOB_ATTEMPT", "set by hora job for a job's ranks: the attempt (1, 2, ... with retries)"),
     Variable(

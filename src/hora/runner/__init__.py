@@ -82,6 +82,7 @@ def run_command(
     ssh_identity_file: str | None = None,
     ssh_options: Sequence[str] = (),
     network_interface: str | None = None,
+    elastic: Mapping[str, Any] | None = None,
     **settings: Any,
 ) -> RunResult:
     """Run ``command`` as ``np`` ranks and return the :class:`RunResult` (it does not raise on failure).
@@ -96,11 +97,30 @@ def run_command(
     and slots come from it (and ``np`` defaults to its slots). Other launchers' per-process variables are not
     passed on to the workers (see docs/launchers.md).
 
+    ``elastic`` (``min_np``, ``max_np``, ``host_discovery_script``, ``slots_per_host``, ``reset_limit``,
+    ``blacklist_cooldown_range``: ``hora run``'s elastic options) makes it an elastic job (docs/elastic.md).
+
     Raises:
         HostError: a remote host cannot be used (unreachable, refusing SSH, rejecting the key, not answering).
     """
     outer = environment() if env is None else env
     check_not_nested(outer)
+    if elastic:
+        return _run_elastic(
+            command,
+            np,
+            hosts,
+            hostfile,
+            outer,
+            output_filename,
+            capture,
+            verbose,
+            timeout,
+            cwd,
+            rendezvous_port,
+            elastic,
+            settings,
+        )
     allocation = slurm_allocation(outer) if hosts is None and hostfile is None else None
     slots = allocation.hosts if allocation else host_list(hosts, hostfile)
     try:
@@ -136,6 +156,48 @@ def run_command(
         start_timeout=start_timeout,
     )
     return launch(spec)
+
+
+def _run_elastic(
+    command: Sequence[str],
+    np: int | None,
+    hosts: str | None,
+    hostfile: str | None,
+    outer: Mapping[str, str],
+    output_filename: str | None,
+    capture: bool,
+    verbose: bool,
+    timeout: float | None,
+    cwd: str | None,
+    rendezvous_port: int,
+    elastic: Mapping[str, Any],
+    settings: Mapping[str, Any],
+) -> RunResult:
+    from hora.runner.elastic import ElasticSpec, launch_elastic
+
+    slots = host_list(hosts, hostfile)
+    if slots and elastic.get("host_discovery_script"):
+        raise ConfigError("give the hosts of an elastic job either with --host-discovery-script or with -H, not both")
+    spec = ElasticSpec(
+        list(command),
+        np=np,
+        min_np=elastic.get("min_np"),
+        max_np=elastic.get("max_np"),
+        discovery_script=elastic.get("host_discovery_script"),
+        hosts=slots or None,
+        slots_per_host=elastic.get("slots_per_host") or 1,
+        reset_limit=elastic.get("reset_limit"),
+        cooldown_range=elastic.get("blacklist_cooldown_range"),
+        env=without_launcher_variables(outer),
+        settings=dict(settings),
+        output_filename=output_filename,
+        capture=capture,
+        verbose=verbose,
+        timeout=timeout,
+        cwd=cwd,
+        rendezvous_port=rendezvous_port,
+    )
+    return launch_elastic(spec)
 
 
 def run(

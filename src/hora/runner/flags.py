@@ -23,6 +23,7 @@ __all__ = [
     "LAUNCHER_OPTIONS",
     "add_run_arguments",
     "check_settings",
+    "elastic_options",
     "flag_table",
     "help_text",
     "parse_run_options",
@@ -125,6 +126,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="also write each rank's output to DIR/rank.<r>/{stdout,stderr}",
     )
     _add_setting_flags(parser, "run", parser)
+    _add_elastic_arguments(parser)
     engine = parser.add_argument_group(
         "engine settings",
         "Each flag sets the HORA_* variable named in its help for the workers; without the flag,\n"
@@ -140,6 +142,75 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--verbose", action="store_true", help="print what the launcher does")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+
+
+#: The elastic options of ``hora run`` (Horovod's names); giving one of them makes the job elastic.
+ELASTIC_OPTIONS = (
+    "min_np",
+    "max_np",
+    "host_discovery_script",
+    "slots_per_host",
+    "reset_limit",
+    "blacklist_cooldown_range",
+)
+
+
+def _add_elastic_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "elastic training",
+        "Workers may fail, leave and join while the job goes on (scripts use hvd.elastic.run; docs/elastic.md).\n"
+        "--host-discovery-script or --min-np makes the job elastic.",
+    )
+    group.add_argument(
+        "--min-np",
+        "--min-num-proc",
+        dest="min_np",
+        type=int,
+        metavar="N",
+        help="fewest ranks training goes on with; below it the job waits for slots (default: -np)",
+    )
+    group.add_argument(
+        "--max-np",
+        "--max-num-proc",
+        dest="max_np",
+        type=int,
+        metavar="N",
+        help="most ranks the job grows to (default: every slot discovered)",
+    )
+    group.add_argument(
+        "--host-discovery-script",
+        metavar="SCRIPT",
+        help="prints the usable hosts, one 'host' or 'host:slots' line each; run every second",
+    )
+    group.add_argument(
+        "--slots-per-host",
+        "--slots",
+        dest="slots_per_host",
+        type=int,
+        default=1,
+        metavar="K",
+        help="slots of a host the discovery script prints without ':slots' (default 1)",
+    )
+    group.add_argument(
+        "--reset-limit", type=int, metavar="R", help="most times the job may reset before it fails (default: none)"
+    )
+    group.add_argument(
+        "--blacklist-cooldown-range",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help="seconds a failed host stays blacklisted, doubling per failure from MIN up to MAX (default: for good)",
+    )
+
+
+def elastic_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The elastic options given (empty for a static job)."""
+    given = {k: getattr(args, k) for k in ELASTIC_OPTIONS if getattr(args, k, None) is not None}
+    if not given.keys() - {"slots_per_host"}:
+        return {}
+    if given.get("blacklist_cooldown_range") is not None:
+        given["blacklist_cooldown_range"] = tuple(given["blacklist_cooldown_range"])
+    return given
 
 
 def _port(text: str) -> int:

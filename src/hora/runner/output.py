@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -69,11 +70,12 @@ class OutputPump:
                 self._files[(rank, stream)] = open(d / stream, "wb")  # noqa: SIM115 - closed in _close
 
     def add(self, rank: int, stdout: IO[bytes], stderr: IO[bytes]) -> None:
-        self._add_rank(rank)
-        for stream, pipe in (("stdout", stdout), ("stderr", stderr)):
-            os.set_blocking(pipe.fileno(), False)
-            self._sel.register(pipe, selectors.EVENT_READ, (rank, stream))
-            self._open += 1
+        with self._lock:
+            self._add_rank(rank)
+            for stream, pipe in (("stdout", stdout), ("stderr", stderr)):
+                os.set_blocking(pipe.fileno(), False)
+                self._sel.register(pipe, selectors.EVENT_READ, (rank, stream))
+                self._open += 1
 
     def add_remote(self, rank: int) -> None:
         """A rank whose output arrives through :meth:`feed` (from a remote host's agent), not through pipes; may be
@@ -90,6 +92,16 @@ class OutputPump:
         """A remote rank's stream ended: forward its unfinished last line."""
         self._close(rank, stream)
 
+    def hold_open(self) -> Callable[[], None]:
+        """Keep the pump running while no worker is connected (an elastic job between its workers); returns the
+        function that lets it end once the last worker's pipes close."""
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        with self._lock:
+            self._sel.register(read_end, selectors.EVENT_READ, None)
+            self._open += 1
+        return lambda: os.close(write_end)
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="hora-output", daemon=True)
         self._thread.start()
@@ -104,6 +116,12 @@ class OutputPump:
                 due = min(self._held.values(), default=None)
             wait = 0.5 if due is None else max(0.0, min(0.5, due + self._hold - time.monotonic()))
             for key, _ in self._sel.select(timeout=wait):
+                if key.data is None:  # hold_open's pipe: closed, so the pump may end
+                    self._sel.unregister(key.fileobj)
+                    os.close(key.fd)
+                    with self._lock:
+                        self._open -= 1
+                    continue
                 rank, stream = key.data
                 try:
                     data = os.read(key.fd, 65536)
@@ -117,7 +135,8 @@ class OutputPump:
                     self._sel.unregister(key.fileobj)
                     key.fileobj.close()  # type: ignore[union-attr]
                     self._close(rank, stream)
-                    self._open -= 1
+                    with self._lock:
+                        self._open -= 1
             self._show_due(time.monotonic())
         self._sel.close()
 

@@ -48,6 +48,7 @@ class RunResult:
     timed_out: bool = False
     lines: dict[int, dict[str, list[str]]] = field(default_factory=dict)
     job_id: str = ""
+    reason: str = ""  # why the job ended when no rank's failure says it (an elastic job's reset limit, say)
 
     def report(self) -> str:
         """A human-readable account of the failure (empty when the job succeeded)."""
@@ -58,6 +59,8 @@ class RunResult:
             )
         elif self.interrupted is not None:
             head = f"hora run: interrupted by {signal.Signals(self.interrupted).name}; stopped every rank."
+        elif self.reason:
+            head = f"hora run: {self.reason}"
         elif self.root_cause is None:
             return ""
         elif self.root_cause.stopped:  # the rank the others waited for (a stall), stopped by hora run

@@ -20,6 +20,7 @@ import torch
 from hora._frontend.gradients import GradientReduction, describe_gradients
 from hora._frontend.surface import Average, ProcessSet, global_process_set, size
 from hora._strategy import STRATEGIES
+from hora.config import launchers
 from hora.errors import UnsupportedError
 from hora.torch.compression import Compression
 from hora.torch.mpi_ops import (
@@ -90,9 +91,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._group_of[p] = gi
             self._group_ready: dict[int, set[torch.Tensor]] = {}
 
-        if process_set.included() and size() > 1:
+        # An elastic job may start with one rank and grow: it needs the hooks from the start (as in Horovod).
+        if process_set.included() and (size() > 1 or launchers.elastic()):
             self._check_same_parameters(named_parameters)
             self._register_hooks()
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        """Load the wrapped optimizer's state and forget the gradients in flight (Horovod's: after a failed step,
+        ``hvd.elastic``'s restore must not find half-submitted allreduces)."""
+        self._handles = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        if self._groups is not None:
+            self._group_ready = {}
+        super(self.__class__, self).load_state_dict(*args, **kwargs)
 
     def _check_same_parameters(self, named_parameters: list[tuple[str, torch.Tensor]]) -> None:
         """Every rank must allreduce the same gradients, or the ranks with an extra one wait for ever: compare the

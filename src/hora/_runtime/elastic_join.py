@@ -1,0 +1,218 @@
+"""A rank of an elastic job finding its place in the current round, and rank 0 hearing about host changes.
+
+The elastic launcher (:mod:`hora.runner.elastic`) numbers the sets of ranks it forms: round 1 at the start, one
+more after every reset. It publishes each round at the rendezvous store, under ``<job>/elastic/``: every member's
+assignment at ``r<N>/<slot>`` (rank, size, local and cross rank and size; or ``{"removed": true}``), then ``round``
+= N. A worker is a *slot* (``host:index``, ``HORA_ELASTIC_SLOT``) for its whole life. Its first ``init()`` joins
+the latest round from the one it was started in; every later one (after ``shutdown()``, in ``hvd.elastic.run``'s
+reset) first says it has left its round (``ready/<slot>`` = that round, Horovod's READY), then waits for a newer
+round that names it. The group is assembled under keys of that round (``e<N>``), so a reset never meets stale
+addresses.
+
+Host-update notices (``notices`` = their count, ``notice/<i>`` = the update flags) are read by a thread on rank 0
+and handed to the registered elastic states, which raise :class:`~hora.errors.HostsUpdatedInterrupt` at the next
+``commit()`` on every rank.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hora._runtime.bootstrap import Bootstrap
+from hora._runtime.rendezvous import MissingKeys, RendezvousClient
+from hora.config import Config
+from hora.config.variables import read
+from hora.config.worker_env import TOPOLOGY
+from hora.errors import ConfigError, HoraError, RendezvousError
+
+__all__ = [
+    "HostUpdateResult",
+    "Membership",
+    "NoticeListener",
+    "WorkerNotifications",
+    "WorkerRemovedError",
+    "join",
+    "notifications",
+]
+
+log = logging.getLogger("hora")
+
+#: The round this process joined last (None before its first init).
+_last_round: int | None = None
+
+
+class HostUpdateResult(enum.IntFlag):
+    """What changed in the job's hosts (Horovod's flags): hosts were removed, added, or both."""
+
+    no_update = 0
+    removed = 1
+    added = 2
+    mixed = removed | added
+
+
+class _Listener(Protocol):
+    def on_hosts_updated(self, timestamp: int, update_res: HostUpdateResult) -> None: ...
+
+
+class WorkerNotifications:
+    """Where host-update notices for this process arrive, handed to every registered state (Horovod's
+    ``WorkerNotificationManager``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listeners: list[_Listener] = []
+
+    def register_listener(self, listener: _Listener) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: _Listener) -> None:
+        with self._lock:
+            self._listeners = [s for s in self._listeners if s is not listener]
+
+    def handle_hosts_updated(self, timestamp: int, update: HostUpdateResult) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener.on_hosts_updated(timestamp, update)
+
+
+notifications = WorkerNotifications()
+
+
+class WorkerRemovedError(HoraError):
+    """The elastic launcher formed a round without this worker (its host was removed or blacklisted)."""
+
+
+@dataclass(frozen=True)
+class Membership:
+    """This worker's place in one round."""
+
+    round: int
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    notices: int  # host-update notices published before this round (rank 0 listens for later ones)
+
+
+def _slot() -> str:
+    slot = read("HORA_ELASTIC_SLOT")
+    if not slot:
+        raise ConfigError(
+            "HOROVOD_ELASTIC=1 but HORA_ELASTIC_SLOT is not set: elastic ranks must be started by an elastic "
+            "launcher (hora run --min-np/--max-np/--host-discovery-script), not by hand"
+        )
+    return slot
+
+
+def join(config: Config, boot: Bootstrap) -> Membership:
+    """Find this worker's place in the newest round that names it (after saying it left its last one).
+
+    Raises:
+        WorkerRemovedError: the launcher formed the next round without this worker.
+        RendezvousError: no round named this worker within ``elastic_timeout`` seconds, or the launcher is gone.
+    """
+    global _last_round
+    slot = _slot()
+    store = RendezvousClient(
+        boot.addr,
+        boot.port,
+        boot.secret,
+        -1,
+        f"{boot.job_id}/elastic/",
+        time.monotonic() + config.start_timeout,
+        config.max_frame_bytes,
+    )
+    try:
+        if _last_round is None:
+            want = int(read("HORA_ELASTIC_ROUND") or "1")
+        else:
+            store.set(f"ready/{slot}", str(_last_round))
+            want = _last_round + 1
+        deadline = time.monotonic() + config.elastic_timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                current = int(store.wait(["round"], max(left, 0.0), at_least=want)["round"])
+            except MissingKeys:
+                raise RendezvousError(
+                    f"worker {slot} waited {config.elastic_timeout:g}s for the elastic launcher to form round {want} "
+                    "and it did not: too few slots (--min-np) became available, or the launcher is stuck. Raise "
+                    "--elastic-timeout (HOROVOD_ELASTIC_TIMEOUT) to wait longer."
+                ) from None
+            raw = store.get(f"r{current}/{slot}")
+            if raw is None:  # a round formed without this (new) worker: wait for the next one
+                want = current + 1
+                continue
+            data: dict[str, Any] = json.loads(raw)
+            if data.get("removed"):
+                raise WorkerRemovedError(f"worker {slot} has been removed from the elastic job (round {current})")
+            _last_round = current
+            values = {k: int(data[k]) for k in _FIELDS}
+            member = Membership(current, notices=int(data.get("notices", 0)), **values)
+            _export(member)
+            return member
+    finally:
+        store.close()
+
+
+_FIELDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+
+
+def _export(member: Membership) -> None:
+    """Update the topology variables, as Horovod's reset does, for scripts that read them."""
+    values = (member.rank, member.size, member.local_rank, member.local_size, member.cross_rank, member.cross_size)
+    for name, value in zip(TOPOLOGY, values):
+        os.environ[f"HORA_{name}"] = os.environ[f"HOROVOD_{name}"] = str(value)
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(member.rank), str(member.size)
+    os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"] = str(member.local_rank), str(member.local_size)
+
+
+class NoticeListener:
+    """On rank 0: waits for host-update notices at the store and hands them to :data:`notifications`."""
+
+    def __init__(self, config: Config, boot: Bootstrap, after: int) -> None:
+        self._seen = after
+        self._store = RendezvousClient(
+            boot.addr,
+            boot.port,
+            boot.secret,
+            0,
+            f"{boot.job_id}/elastic/",
+            time.monotonic() + config.start_timeout,
+            config.max_frame_bytes,
+        )
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="hora-elastic-notices", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closed:
+            try:
+                count = int(self._store.wait(["notices"], 60.0, at_least=self._seen + 1)["notices"])
+                for i in range(self._seen + 1, count + 1):
+                    raw = self._store.get(f"notice/{i}")
+                    if raw is not None:
+                        notifications.handle_hosts_updated(i, HostUpdateResult(int(json.loads(raw)["update"])))
+                self._seen = count
+            except MissingKeys:
+                continue
+            except (RendezvousError, ValueError, KeyError) as exc:
+                if not self._closed:
+                    log.warning("stopped listening for host updates from the elastic launcher: %s", exc)
+                return
+
+    def close(self) -> None:
+        self._closed = True
+        self._store.close()
+        self._thread.join(5.0)

@@ -1,0 +1,411 @@
+"""``hora run`` in elastic mode: start a worker per slot of each round, watch them, and form the next round when
+the current one is over (:mod:`.driver`), until a worker succeeds or the job cannot go on.
+
+Each worker runs in its own session, as in a static job (:mod:`hora.runner.launch`), with ``HOROVOD_ELASTIC=1``,
+its slot (``HORA_ELASTIC_SLOT``) and the round it was started for. A worker that fails gets its host blacklisted;
+the survivors, resetting inside ``hvd.elastic.run``, join the next round. Workers left out of a round (their host
+was removed or blacklisted) are stopped before the round is published. Output lines are prefixed with the worker's
+number: its rank in the round it was started for, later workers numbered on from the last.
+
+Only hosts on this machine (``localhost``, this host's names, 127.x addresses) are supported so far.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hora._proc import die_with_parent, handle_signals, usable_cpus
+from hora._runtime.auth import new_secret
+from hora._runtime.rendezvous import RendezvousServer
+from hora._transport.shm import sweep
+from hora.config import Config
+from hora.config.variables import environment
+from hora.config.worker_env import worker_env
+from hora.errors import ConfigError
+from hora.runner.elastic.discovery import (
+    DiscoveredHosts,
+    DiscoveryError,
+    FixedHosts,
+    HostDiscovery,
+    HostDiscoveryScript,
+    HostManager,
+)
+from hora.runner.elastic.driver import FAILURE, READY, SUCCESS, ElasticDriver, ElasticJobError, slot_id
+from hora.runner.hosts import HostSlots, RankSlot, is_local_host
+from hora.runner.output import OutputPump
+from hora.runner.reaper import GroupReaper
+from hora.runner.result import Failure, RunResult, root_cause
+from hora.runner.supervise import LocalRank
+
+__all__ = ["DISCOVER_HOSTS_FREQUENCY_SECS", "ElasticSpec", "launch_elastic"]
+
+#: How often the discovery script runs (Horovod's frequency).
+DISCOVER_HOSTS_FREQUENCY_SECS = 1.0
+
+
+@dataclass
+class ElasticSpec:
+    command: Sequence[str]
+    np: int | None = None
+    min_np: int | None = None
+    max_np: int | None = None
+    discovery_script: str | None = None
+    hosts: Sequence[HostSlots] | None = None  # fixed hosts (-H) when there is no discovery script
+    slots_per_host: int = 1
+    reset_limit: int | None = None
+    cooldown_range: tuple[int, int] | None = None
+    env: Mapping[str, str] | None = None
+    settings: Mapping[str, object] = field(default_factory=dict)
+    output_filename: str | None = None
+    capture: bool = False
+    verbose: bool = False
+    grace: float = 3.0
+    timeout: float | None = None
+    cwd: str | None = None
+    rendezvous_port: int = 0
+
+
+@dataclass
+class _Worker:
+    index: int
+    slot: RankSlot  # its place in the round it was started for
+    proc: LocalRank
+    code: int | None = None
+    stop_by: float | None = None  # SIGKILL after this (it was sent SIGTERM)
+
+    @property
+    def sid(self) -> str:
+        return slot_id(self.slot)
+
+
+def _counts(spec: ElasticSpec) -> tuple[int, int, int | None]:
+    """(np, min_np, max_np) checked as horovodrun checks them."""
+    np = spec.np if spec.np is not None else spec.min_np
+    if np is None:
+        raise ConfigError("give the number of processes to start: -np N (or --min-np)")
+    min_np = spec.min_np if spec.min_np is not None else np
+    max_np = spec.max_np
+    if min_np < 1:
+        raise ConfigError(f"--min-np must be at least 1, got {min_np}")
+    if np < min_np:
+        raise ConfigError(f"-np {np} is less than --min-np {min_np}")
+    if max_np is not None and max_np < max(np, min_np):
+        raise ConfigError(f"--max-np {max_np} is less than -np {np} / --min-np {min_np}")
+    if spec.reset_limit is not None and spec.reset_limit < 0:
+        raise ConfigError(f"--reset-limit must be 0 or more, got {spec.reset_limit}")
+    if spec.slots_per_host < 1:
+        raise ConfigError(f"--slots-per-host must be at least 1, got {spec.slots_per_host}")
+    return np, min_np, max_np
+
+
+class _LocalHostsOnly:
+    """The job's discovery, refusing hosts that are not this machine (SSH hosts are not supported elastic yet)."""
+
+    def __init__(self, discovery: HostDiscovery) -> None:
+        self._discovery = discovery
+
+    def find_available_hosts_and_slots(self) -> dict[str, int]:
+        found = self._discovery.find_available_hosts_and_slots()
+        remote = [h for h in found if not is_local_host(h)]
+        if remote:
+            raise DiscoveryError(
+                f"elastic jobs run on this machine's hosts only so far (localhost, 127.x addresses); the discovery "
+                f"gave {', '.join(remote)}: start those with a static hora run -H, or leave them out"
+            )
+        return found
+
+
+def launch_elastic(spec: ElasticSpec) -> RunResult:
+    """Run ``spec.command`` as an elastic job and wait for it (see the module's docstring).
+
+    Raises:
+        ConfigError: bad counts or flags, or the first run of the discovery failed (nothing was started).
+    """
+    np, min_np, max_np = _counts(spec)
+    base_env = dict(environment() if spec.env is None else spec.env)
+    config = Config.resolve(env=base_env, overrides=spec.settings)
+    if config.num_ps or config.ps_per_host:
+        raise ConfigError("parameter servers (--num-ps) cannot be combined with an elastic job (--min-np ...)")
+    if spec.discovery_script:
+        discovery: HostDiscoveryScript | FixedHosts = HostDiscoveryScript(spec.discovery_script, spec.slots_per_host)
+    elif spec.hosts and len(spec.hosts) >= 2:
+        discovery = FixedHosts({h.host: h.slots for h in spec.hosts})
+    else:
+        raise ConfigError(
+            "an elastic job needs --host-discovery-script, or at least two hosts with -H (one host cannot lose a "
+            "host and go on)"
+        )
+    manager = HostManager(_LocalHostsOnly(discovery), spec.cooldown_range)
+    secret, job_id = new_secret(), uuid.uuid4().hex[:16]
+    server = RendezvousServer(secret, port=spec.rendezvous_port, max_frame_bytes=config.max_frame_bytes)
+    try:
+        rdv = server.start()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on 127.0.0.1:{spec.rendezvous_port} for the rendezvous: {exc.strerror}"
+        ) from None
+    job = _ElasticJob(spec, config, server, rdv, secret, job_id, base_env)
+    job.driver = ElasticDriver(manager, server, f"{job_id}/elastic/", min_np, max_np, spec.reset_limit, job.log)
+    try:
+        job.driver.discover()
+    except DiscoveryError as exc:
+        server.shutdown()
+        raise ConfigError(str(exc)) from None
+    try:
+        return job.run(np)
+    finally:
+        server.shutdown()
+        for name in sweep(job_id):
+            job.log(f"removed shared memory {name} that a crashed worker left behind")
+
+
+class _ElasticJob:
+    def __init__(
+        self,
+        spec: ElasticSpec,
+        config: Config,
+        server: RendezvousServer,
+        rdv: tuple[str, int],
+        secret: bytes,
+        job_id: str,
+        base_env: dict[str, str],
+    ) -> None:
+        self.spec, self.config, self.server, self.rdv = spec, config, server, rdv
+        self.secret, self.job_id, self.base_env = secret, job_id, base_env
+        self.driver: ElasticDriver
+        self.pump = OutputPump(spec.output_filename, capture=spec.capture)
+        self.workers: list[_Worker] = []
+        self.failures: list[Failure] = []
+        self.interrupted: int | None = None
+        self.master = (rdv[0], _free_port())
+        self._stop_discovery = threading.Event()
+
+    def log(self, message: str) -> None:
+        if self.spec.verbose:
+            print(f"hora run: {message}", file=sys.stderr, flush=True)
+
+    def note(self, message: str) -> None:
+        """What a user of an elastic job must see even without --verbose (a worker lost, a new round)."""
+        print(f"hora run: {message}", file=sys.stderr, flush=True)
+
+    # -- the job -----------------------------------------------------------------------------------------------
+    def run(self, np: int) -> RunResult:
+        release = self.pump.hold_open()
+        self.pump.start()
+        reaper = GroupReaper()
+        discovery = threading.Thread(target=self._discover, name="hora-elastic-discovery", daemon=True)
+        discovery.start()
+        reason, timed_out = "", False
+
+        def on_signal(signum: int, frame: object) -> None:
+            if self.interrupted is None:
+                self.interrupted = signum
+            else:
+                self._signal_live(signal.SIGKILL)
+
+        with handle_signals(on_signal, signal.SIGINT, signal.SIGTERM):
+            try:
+                deadline = time.monotonic() + self.config.elastic_timeout
+                self._next_round(self.driver.wait_for_slots(np, deadline, self._stopping), reaper)
+                reason, timed_out = self._supervise(reaper)
+            except ElasticJobError as exc:
+                reason = str(exc)
+            finally:
+                self._stop_discovery.set()
+                self._stop_all(signal.SIGTERM if self.interrupted is None else self.interrupted)
+                reaper.close()
+                release()
+        discovery.join(5.0)
+        self.pump.join(timeout=5.0)
+        for f in self.failures:
+            f.tail = list(self.pump.tails.get(f.rank, []))
+        codes = [w.code for w in self.workers]
+        if timed_out:
+            exit_code = 124
+        elif self.interrupted is not None:
+            exit_code = 128 + self.interrupted
+        else:
+            exit_code = 1 if reason else 0
+        root = root_cause([f for f in self.failures if not f.stopped]) if reason else None
+        return RunResult(
+            exit_code,
+            codes,
+            root,
+            self.failures if exit_code else [],
+            self.interrupted,
+            timed_out,
+            self.pump.lines if self.spec.capture else {},
+            self.job_id,
+            reason=reason,
+        )
+
+    def _stopping(self) -> bool:
+        return self.interrupted is not None
+
+    def _discover(self) -> None:
+        while not self._stop_discovery.wait(DISCOVER_HOSTS_FREQUENCY_SECS):
+            try:
+                self.driver.discover()
+            except DiscoveryError as exc:  # later failures are retried (Horovod's rule)
+                self.note(f"{exc}; trying again in {DISCOVER_HOSTS_FREQUENCY_SECS:g}s")
+
+    def _supervise(self, reaper: GroupReaper) -> tuple[str, bool]:
+        """Watch the workers and form rounds until the job ends; (why it failed or "", whether it timed out)."""
+        deadline = None if self.spec.timeout is None else time.monotonic() + self.spec.timeout
+        while True:
+            if self.interrupted is not None:
+                return "", False
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
+                self.note("time limit reached: dumping stacks (SIGUSR1) and killing every worker")
+                self._signal_live(signal.SIGUSR1)
+                time.sleep(1.0)
+                return "", True
+            self._reap(now)
+            for sid in self.driver.ready_slots():
+                self.driver.record(sid, READY)
+            decision = self.driver.decide()
+            if decision is not None:
+                if decision.action == "done":
+                    return "", False
+                for host in decision.blacklisted:
+                    self.note(f"host {host} is blacklisted{self._cooldown(host)}")
+                if decision.action == "fail":
+                    return decision.message, False
+                hosts = self.driver.wait_for_slots(
+                    self.driver.min_np, time.monotonic() + self.config.elastic_timeout, self._stopping
+                )
+                self._next_round(hosts, reaper)
+            for w in self.workers:
+                if w.code is None and w.stop_by is not None and now > w.stop_by:
+                    w.proc.signal(signal.SIGKILL)
+            time.sleep(0.02)
+
+    def _cooldown(self, host: str) -> str:
+        end = self.driver.hosts.state(host).cooldown_end
+        return f" for {max(0.0, end - time.time()):.0f}s" if end else " (for the rest of the job)"
+
+    def _reap(self, now: float) -> None:
+        for w in self.workers:
+            if w.code is not None:
+                continue
+            code = w.proc.poll()
+            if code is None:
+                continue
+            w.code = code
+            w.proc.reaped()
+            counted = self.driver.record(w.sid, SUCCESS if code == 0 else FAILURE)
+            self.log(f"worker {w.index} ({w.sid}, pid {w.proc.pid}) exited with {code}")
+            if code != 0 and counted:
+                failure = Failure(w.index, w.slot.host, w.proc.pid, code, [], now, stopped=False)
+                self.failures.append(failure)
+                self.note(
+                    f"worker {w.index} ({w.sid}, rank {self.driver.members[w.sid].rank} of round "
+                    f"{self.driver.round}) failed: {failure.describe()}; the others go on without it"
+                )
+
+    def _next_round(self, hosts: DiscoveredHosts, reaper: GroupReaper) -> None:
+        slots, left_out = self.driver.form_round(hosts)
+        now = time.monotonic()
+        for w in self.workers:  # stopped before the round is published: they go quietly
+            if w.code is None and w.stop_by is None and w.sid not in self.driver.members:
+                w.proc.signal(signal.SIGTERM)
+                w.stop_by = now + self.spec.grace
+        self.driver.publish(left_out)
+        live = {w.sid for w in self.workers if w.code is None and w.stop_by is None}
+        for slot in slots:
+            if slot_id(slot) not in live:
+                self._start(slot, reaper)
+        hosts_used = sorted({s.host for s in slots})
+        if self.driver.round > 1:
+            self.note(f"round {self.driver.round}: {len(slots)} ranks on {', '.join(hosts_used)}")
+        else:
+            self.log(f"round 1: {len(slots)} ranks on {', '.join(hosts_used)}")
+
+    def _start(self, slot: RankSlot, reaper: GroupReaper) -> None:
+        bind = slot.host if _is_ip(slot.host) else None
+        env = worker_env(
+            self.base_env,
+            rank=slot.rank,
+            size=len(self.driver.members),
+            local_rank=slot.local_rank,
+            local_size=slot.local_size,
+            cross_rank=slot.cross_rank,
+            cross_size=slot.cross_size,
+            host=slot.host,
+            rendezvous=self.rdv,
+            secret=self.secret,
+            job_id=self.job_id,
+            master_addr=self.master[0],
+            master_port=self.master[1],
+            bind_addr=bind,
+            settings=self.spec.settings,
+            cpus=usable_cpus(),
+        )
+        env.update(
+            {"HOROVOD_ELASTIC": "1", "HORA_ELASTIC_SLOT": slot_id(slot), "HORA_ELASTIC_ROUND": str(self.driver.round)}
+        )
+        if self.driver.max_np is not None:
+            env["HORA_ELASTIC_MAX_NP"] = str(self.driver.max_np)
+        proc = subprocess.Popen(
+            list(self.spec.command),
+            env=env,
+            cwd=self.spec.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        worker = _Worker(len(self.workers), slot, LocalRank(proc))
+        self.workers.append(worker)
+        self.pump.add(worker.index, proc.stdout, proc.stderr)  # type: ignore[arg-type]
+        reaper.add(proc.pid)
+        self.log(f"started worker {worker.index} for {worker.sid} (rank {slot.rank}) as pid {proc.pid}")
+
+    def _signal_live(self, sig: int) -> None:
+        for w in self.workers:
+            if w.code is None:
+                w.proc.signal(sig)
+
+    def _stop_all(self, sig: int) -> None:
+        """Stop every worker still running: ``sig``, then SIGKILL after the grace period."""
+        self._signal_live(sig)
+        end = time.monotonic() + self.spec.grace
+        while any(w.code is None for w in self.workers) and time.monotonic() < end:
+            self._reap_quietly()
+            time.sleep(0.02)
+        self._signal_live(signal.SIGKILL)
+        for w in self.workers:
+            if w.code is None:
+                w.code = w.proc.proc.wait()
+                w.proc.reaped()
+
+    def _reap_quietly(self) -> None:
+        for w in self.workers:
+            if w.code is None and (code := w.proc.poll()) is not None:
+                w.code = code
+                w.proc.reaped()
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
