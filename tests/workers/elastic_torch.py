@@ -43,8 +43,10 @@ kill_slot, _, kill_step = args.kill.rpartition(":")
 def on_reset():
     state.resets += 1
     if hvd.rank() == 0 and state.resets == 1:
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": state.step},
-                   os.path.join(args.out, "resume.pt"))
+        torch.save(
+            {"model": model.state_dict(), "opt": opt.state_dict(), "step": state.step},
+            os.path.join(args.out, "resume.pt"),
+        )
 
 
 state.register_reset_callbacks([on_reset])

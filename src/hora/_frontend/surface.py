@@ -4,7 +4,7 @@
 framework's own names: collectives on its tensors, its optimizer, its compression, its callbacks.
 
 The shared names: lifecycle (``init(comm=, process_sets=)``, ``shutdown``, ``is_initialized``), topology (``rank``,
-``size``, ``local_*``, ``cross_*``, ``is_homogeneous``), build queries (``*_built``, ``*_enabled``,
+``size``, ``max_size``, ``local_*``, ``cross_*``, ``is_homogeneous``), build queries (``*_built``, ``*_enabled``,
 ``mpi_threads_supported``), the timeline (``start_timeline``, ``stop_timeline``), the reduce ops (``Average`` ...
 ``Product``), process sets (``ProcessSet``, ``global_process_set``, ``add_process_set``, ``remove_process_set``) and
 ``HorovodInternalError``.
@@ -37,6 +37,7 @@ from hora._runtime.context import (
     is_initialized,
     local_rank,
     local_size,
+    max_size,
     rank,
     shutdown,
     size,
@@ -66,6 +67,7 @@ __all__ = [
     "is_initialized",
     "local_rank",
     "local_size",
+    "max_size",
     "mpi_built",
     "mpi_enabled",
     "mpi_threads_supported",

@@ -28,6 +28,7 @@ from hora._runtime.peers import Peer, StoreDirectory
 from hora._runtime.rendezvous import RendezvousClient
 from hora.config import Config, launchers
 from hora.config.launchers import LaunchInfo, detect
+from hora.config.variables import read
 from hora.errors import NotInitializedError
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "is_initialized",
     "local_rank",
     "local_size",
+    "max_size",
     "rank",
     "shutdown",
     "size",
@@ -205,6 +207,15 @@ def rank() -> int:
 def size() -> int:
     """The number of ranks."""
     return current().size
+
+
+def max_size() -> int:
+    """The most ranks the job can have: ``--max-np`` of an elastic job, else :func:`size` (Horovod documents
+    ``hvd.max_size()`` without defining it). Keep the number of data partitions at this to repartition nothing
+    when ranks come and go."""
+    ctx = current()
+    limit = read("HORA_ELASTIC_MAX_NP") if launchers.elastic() else None
+    return int(limit) if limit else ctx.size
 
 
 def local_rank() -> int:

@@ -1,0 +1,169 @@
+"""Elastic ``hora run`` with real workers on loopback "hosts" (127.0.0.x): a worker killed mid-step, a host added
+to the discovery output, the reset limit, a blacklisted host's cooldown, too few slots, a failing discovery script.
+Faults come from the scripts themselves (tests/workers/elastic_*.py), at fixed steps, so every run is the same."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hora.errors import ConfigError
+from hora.runner import RunResult, run_command
+from support import paths
+
+WORKERS = paths.TESTS / "workers"
+HOSTS3 = "127.0.0.2:1,127.0.0.3:1,127.0.0.4:1"
+
+
+def elastic_run(script: str, *args: str, np: int, hosts: str | None = None, **elastic) -> RunResult:
+    command = [sys.executable, str(WORKERS / script), *args]
+    return run_command(command, np=np, hosts=hosts, capture=True, timeout=120, elastic=elastic)
+
+
+def output(result: RunResult, stream: str = "stdout") -> str:
+    return "\n".join(line for lines in result.lines.values() for line in lines.get(stream, []))
+
+
+def steps(out: Path) -> list[tuple[int, int]]:
+    """(step, size) of every step rank 0 completed, in order."""
+    return [tuple(map(int, line.split())) for line in (out / "log").read_text().splitlines()]  # type: ignore[misc]
+
+
+def test_a_worker_killed_mid_step_leaves_and_the_rest_finish_as_a_clean_run_from_the_last_commit(tmp_path):
+    torch = pytest.importorskip("torch")
+    elastic_dir, clean_dir = tmp_path / "elastic", tmp_path / "clean"
+    elastic_dir.mkdir(), clean_dir.mkdir()
+    # 3 ranks, a commit every 3 steps; the worker on 127.0.0.3 dies after its backward pass of step 7.
+    result = elastic_run(
+        "elastic_torch.py", "--out", str(elastic_dir), "--kill", "127.0.0.3:0:7", np=3, hosts=HOSTS3, min_np=2
+    )
+    assert result.exit_code == 0, result.report() + output(result, "stderr")
+    assert steps(elastic_dir) == [(s, 3) for s in range(7)] + [(s, 2) for s in range(6, 12)]  # back to step 6
+    resumed = torch.load(elastic_dir / "resume.pt")
+    assert resumed["step"] == 6
+    # The same two ranks, started cleanly from that commit, end with the same weights, bit for bit.
+    clean = run_command(
+        [
+            sys.executable,
+            str(WORKERS / "elastic_torch.py"),
+            "--out",
+            str(clean_dir),
+            "--resume",
+            str(elastic_dir / "resume.pt"),
+        ],
+        np=2,
+        capture=True,
+        timeout=120,
+    )
+    assert clean.exit_code == 0, clean.report()
+    a, b = torch.load(elastic_dir / "final.pt"), torch.load(clean_dir / "final.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_host_added_to_the_discovery_output_joins_at_the_next_commit(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.2\n127.0.0.3\n")
+
+    def add_host():  # once the job runs (rank 0 logged a step), a third host appears
+        while not (tmp_path / "log").exists():
+            time.sleep(0.05)
+        with hosts.open("a") as f:
+            f.write("127.0.0.4\n")
+
+    adder = threading.Thread(target=add_host, daemon=True)
+    adder.start()
+    result = elastic_run(
+        "elastic_numpy.py",
+        "--out",
+        str(tmp_path),
+        "--hold-at",
+        "5",
+        "--hold-size",
+        "3",
+        "--steps",
+        "10",
+        np=2,
+        max_np=3,
+        host_discovery_script=f"cat {hosts}",
+    )
+    adder.join(5)
+    assert result.exit_code == 0, result.report() + output(result, "stderr")
+    assert steps(tmp_path) == [(s, 2) for s in range(5)] + [(s, 3) for s in range(5, 10)]
+    # the new worker got the state by the sync: every rank ends with 5 steps of 1+2 and 5 of 1+2+3
+    finished = sorted(line for line in output(result).splitlines() if line.startswith("finished"))
+    assert finished == [f"finished rank {r} of 3 max_size 3 total 45" for r in range(3)]
+
+
+def test_past_the_reset_limit_the_job_ends_with_horovods_message(tmp_path):
+    result = elastic_run(
+        "elastic_numpy.py",
+        "--out",
+        str(tmp_path),
+        "--kill",
+        "127.0.0.3:0:3",
+        "--kill",
+        "127.0.0.4:0:6",
+        np=3,
+        hosts=HOSTS3,
+        min_np=1,
+        reset_limit=1,
+    )
+    assert result.exit_code == 1
+    assert "Horovod was shutdown because number of resets during elastic job exceeded limit: 1" in result.report()
+    assert steps(tmp_path)[-1][1] == 2  # the first reset went through: the job ran on with two ranks
+
+
+def test_a_blacklisted_host_returns_after_its_cooldown(tmp_path):
+    # 127.0.0.3's worker dies at step 3; the job goes on alone; after 1-2 s the host is back and the job grows.
+    result = elastic_run(
+        "elastic_numpy.py",
+        "--out",
+        str(tmp_path),
+        "--kill",
+        "127.0.0.3:0:3",
+        "--hold-at",
+        "8",
+        "--hold-size",
+        "2",
+        "--steps",
+        "12",
+        np=2,
+        hosts="127.0.0.2:1,127.0.0.3:1",
+        min_np=1,
+        blacklist_cooldown_range=(1, 2),
+    )
+    assert result.exit_code == 0, result.report() + output(result, "stderr")
+    assert steps(tmp_path) == [(s, 2) for s in range(4)] + [(s, 1) for s in range(4, 8)] + [
+        (s, 2) for s in range(8, 12)
+    ]
+
+
+def test_too_few_slots_end_the_job_after_the_elastic_timeout(tmp_path):
+    started = time.monotonic()
+    result = run_command(
+        [sys.executable, "-c", "pass"],
+        np=2,
+        capture=True,
+        timeout=60,
+        elastic_timeout=1,
+        elastic={"host_discovery_script": "echo 127.0.0.2", "min_np": 2},
+    )
+    assert result.exit_code == 1 and time.monotonic() - started < 20
+    assert "timed out waiting for the minimum number of slots to become available: 2 needed, 1 usable" in (
+        result.report()
+    )
+    assert result.returncodes == []  # no worker was started
+
+
+def test_a_discovery_script_failing_at_the_start_fails_the_job_before_anything_starts():
+    with pytest.raises(ConfigError, match="host discovery script 'exit 3' failed with exit code 3"):
+        run_command([sys.executable, "-c", "pass"], np=2, elastic={"host_discovery_script": "exit 3"})
+
+
+def test_elastic_jobs_refuse_hosts_that_are_not_this_machine():
+    with pytest.raises(ConfigError, match=r"this machine's hosts only so far.*gave node-7"):
+        run_command([sys.executable, "-c", "pass"], np=1, elastic={"host_discovery_script": "echo node-7:2"})
