@@ -278,7 +278,7 @@ def test_every_gap_is_a_real_horovod_name_with_a_reason():
         assert len(reason) > 20
 
 
-#: Shared names Horovod's code lacks: ``max_size`` is documented (docs/elastic.rst, "hvd.max_size()") but never
+#: Shared names Horovod's code lacks: ``max_size`` is documented (in Horovod's elastic guide) but never
 #: defined there.
 SURFACE_ADDITIONS = ["max_size"]
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from hora._runtime.bootstrap import Bootstrap
 from hora._runtime.rendezvous import MissingKeys, RendezvousClient
 from hora.config import Config
 from hora.config.variables import read
-from hora.config.worker_env import TOPOLOGY
+from hora.config.worker_env import topology_env
 from hora.errors import ConfigError, HoraError, RendezvousError
 
 __all__ = [
@@ -171,11 +170,15 @@ _FIELDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size
 
 def _export(member: Membership) -> None:
     """Update the topology variables, as Horovod's reset does, for scripts that read them."""
-    values = (member.rank, member.size, member.local_rank, member.local_size, member.cross_rank, member.cross_size)
-    for name, value in zip(TOPOLOGY, values):
-        os.environ[f"HORA_{name}"] = os.environ[f"HOROVOD_{name}"] = str(value)
-    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(member.rank), str(member.size)
-    os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"] = str(member.local_rank), str(member.local_size)
+    topology_env(
+        None,
+        member.rank,
+        member.size,
+        member.local_rank,
+        member.local_size,
+        member.cross_rank,
+        member.cross_size,
+    )
 
 
 class NoticeListener:

@@ -12,7 +12,8 @@ variables hora run gave it with its host's own addresses, reading back what hora
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "JobKeys",
     "WorkerVariable",
     "thread_defaults",
+    "topology_env",
     "worker_env",
 ]
 
@@ -190,6 +192,25 @@ class JobKeys:
 _KEY_NAMES = ("HORA_RENDEZVOUS_ADDR", "HORA_RENDEZVOUS_PORT", "HORA_SECRET", "HORA_JOB_ID", "MASTER_PORT")
 
 
+def topology_env(
+    env: MutableMapping[str, str] | None,
+    rank: int,
+    size: int,
+    local_rank: int,
+    local_size: int,
+    cross_rank: int,
+    cross_size: int,
+) -> None:
+    """Write the topology variables of the contract into ``env``: hora's, Horovod's and torchrun's names (also
+    this process's environment, ``env=None``, for an elastic rank after a reset, as Horovod's reset updates it)."""
+    if env is None:
+        env = os.environ
+    for name, value in zip(TOPOLOGY, (rank, size, local_rank, local_size, cross_rank, cross_size)):
+        env[f"HORA_{name}"] = env[f"HOROVOD_{name}"] = str(value)
+    env["RANK"], env["WORLD_SIZE"] = str(rank), str(size)
+    env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"] = str(local_rank), str(local_size)
+
+
 def worker_env(
     base: Mapping[str, str],
     *,
@@ -215,16 +236,7 @@ def worker_env(
     ``cpus`` (the host's cores), the thread defaults (:func:`thread_defaults`); with ``job``, hora job's variables
     (:data:`JOB_VARIABLES`) and, last, its exports."""
     env = dict(base)
-    topo = {
-        "RANK": rank,
-        "SIZE": size,
-        "LOCAL_RANK": local_rank,
-        "LOCAL_SIZE": local_size,
-        "CROSS_RANK": cross_rank,
-        "CROSS_SIZE": cross_size,
-    }
-    for k, v in topo.items():
-        env[f"HORA_{k}"] = env[f"HOROVOD_{k}"] = str(v)
+    topology_env(env, rank, size, local_rank, local_size, cross_rank, cross_size)
     env["HORA_HOSTNAME"] = env["HOROVOD_HOSTNAME"] = host
     if bind_addr:
         env["HORA_BIND_ADDR"] = bind_addr

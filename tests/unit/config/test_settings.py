@@ -256,6 +256,7 @@ def test_overrides_are_validated_like_the_environment(key, value, normalized):
 def _non_default_config() -> Config:
     return Config(
         start_timeout=12.5,
+        elastic_timeout=45.0,
         op_timeout=60.25,
         thread_defaults=False,
         transport="tcp",

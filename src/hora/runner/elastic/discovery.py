@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from hora._frontend.elastic import HostUpdateResult
+from hora._runtime.elastic_join import HostUpdateResult
 from hora.errors import ConfigError, HoraError
 
 __all__ = [
