@@ -12,9 +12,7 @@ Only hosts on this machine (``localhost``, this host's names, 127.x addresses) a
 
 from __future__ import annotations
 
-import ipaddress
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +39,7 @@ from hora.runner.elastic.discovery import (
 )
 from hora.runner.elastic.driver import FAILURE, READY, SUCCESS, ElasticDriver, ElasticJobError, slot_id
 from hora.runner.hosts import HostSlots, RankSlot, is_local_host
+from hora.runner.launch import _free_port, _is_ip
 from hora.runner.output import OutputPump
 from hora.runner.reaper import GroupReaper
 from hora.runner.result import Failure, RunResult, root_cause
@@ -396,16 +395,3 @@ class _ElasticJob:
                 w.code = code
                 w.proc.reaped()
 
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False
-
-
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
