@@ -1,7 +1,7 @@
 """An elastic numpy script for the elastic launcher's tests. Each step allreduces ``rank + 1`` and adds it to the
 state; rank 0 appends ``step size`` to ``OUT/log`` for every step it completes. ``--kill SLOT:STEP`` makes that
 slot's worker SIGKILL itself after the step's allreduce (once: a marker file stops a restarted slot from dying
-again); ``--hold-at STEP --hold-size N`` makes the ranks wait at that step, committing, until the job has N ranks
+again); ``--term SLOT:STEP`` sends it SIGTERM there instead (a preemption); ``--hold-at STEP --hold-size N`` makes the ranks wait at that step, committing, until the job has N ranks
 (a host added to the discovery output)."""
 
 import argparse
@@ -17,6 +17,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--out", required=True)
 p.add_argument("--kill", action="append", default=[])
+p.add_argument("--term", action="append", default=[], help="SLOT:STEP: that worker gets SIGTERM during the step")
 p.add_argument("--hold-at", type=int, default=-1)
 p.add_argument("--hold-size", type=int, default=0)
 p.add_argument("--step-sleep", type=float, default=0.0)
@@ -26,6 +27,7 @@ hvd.init()
 state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0, total=np.zeros(2))
 slot = os.environ["HORA_ELASTIC_SLOT"]
 kills = {k.rpartition(":")[0]: int(k.rpartition(":")[2]) for k in args.kill}
+terms = {k.rpartition(":")[0]: int(k.rpartition(":")[2]) for k in args.term}
 
 
 @hvd.elastic.run
@@ -39,6 +41,8 @@ def train(state):
         if kills.get(slot) == state.step and not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
+        if terms.get(slot) == state.step:
+            os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice: hora lets the step finish
         if hvd.rank() == 0:
             with open(os.path.join(args.out, "log"), "a") as f:
                 f.write(f"{state.step} {hvd.size()}\n")

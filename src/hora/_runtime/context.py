@@ -22,7 +22,7 @@ from hora._engine.engine import Engine
 from hora._engine.negotiation import format_ranks
 from hora._runtime.bootstrap import Bootstrap, local_addr_towards, start_bootstrap
 from hora._runtime.connections import close_all
-from hora._runtime.elastic_join import Membership, NoticeListener, join
+from hora._runtime.elastic_join import Membership, NoticeListener, join, leave_on_sigterm
 from hora._runtime.group import Group, GroupSpec, assemble
 from hora._runtime.peers import Peer, StoreDirectory
 from hora._runtime.rendezvous import RendezvousClient
@@ -262,6 +262,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
     member: Membership | None = None
     if launchers.elastic():  # the elastic launcher says which round, rank and size this init is
         member = join(config, boot)
+        leave_on_sigterm(config, boot)
         rank, size, hint, tag = member.rank, member.size, (member.local_rank, member.local_size), f"e{member.round}"
         deadline = time.monotonic() + config.start_timeout
     cleanup: list[Any] = []

@@ -19,6 +19,8 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ __all__ = [
     "WorkerNotifications",
     "WorkerRemovedError",
     "join",
+    "leave_on_sigterm",
     "notifications",
 ]
 
@@ -45,6 +48,8 @@ log = logging.getLogger("hora")
 
 #: The round this process joined last (None before its first init).
 _last_round: int | None = None
+#: This worker got SIGTERM (a preemption): it leaves the job at its next commit.
+_leaving = False
 
 
 class HostUpdateResult(enum.IntFlag):
@@ -155,6 +160,10 @@ def join(config: Config, boot: Bootstrap) -> Membership:
                 continue
             data: dict[str, Any] = json.loads(raw)
             if data.get("removed"):
+                if _leaving:  # it was asked to go, and now it may: end as SIGTERM would have ended it
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(1.0)
                 raise WorkerRemovedError(f"worker {slot} has been removed from the elastic job (round {current})")
             _last_round = current
             values = {k: int(data[k]) for k in _FIELDS}
@@ -166,6 +175,42 @@ def join(config: Config, boot: Bootstrap) -> Membership:
 
 
 _FIELDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+
+
+def leave_on_sigterm(config: Config, boot: Bootstrap) -> None:
+    """Make SIGTERM (a preemption notice) a graceful leave: the worker tells the launcher, which drains its host;
+    every rank raises ``HostsUpdatedInterrupt`` at the next ``commit()`` and the job re-forms without it and without
+    a rollback. Only in the main thread, and only when the script has no SIGTERM handler of its own."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    slot = _slot()
+
+    def announce() -> None:
+        try:
+            store = RendezvousClient(
+                boot.addr,
+                boot.port,
+                boot.secret,
+                -1,
+                f"{boot.job_id}/elastic/",
+                time.monotonic() + config.start_timeout,
+                config.max_frame_bytes,
+            )
+            store.set(f"leaving/{slot}", str(_last_round))
+            store.close()
+        except HoraError as exc:
+            log.warning("could not tell the elastic launcher that %s is leaving: %s", slot, exc)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        global _leaving
+        if not _leaving:
+            _leaving = True
+            log.warning("SIGTERM: worker %s leaves the job at its next commit()", slot)
+            threading.Thread(target=announce, name="hora-elastic-leave", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _export(member: Membership) -> None:

@@ -43,6 +43,20 @@ class RuntimeSettings:
             group="run",
         ),
     )
+    grace_period: float = setting(
+        30.0,
+        parsers.positive_float,
+        "HORA_GRACE_PERIOD",
+        help="Seconds hora run gives a rank between SIGTERM and SIGKILL when it stops the job (Ctrl-C, a failed rank, "
+        "its own SIGTERM), so a script that catches SIGTERM can checkpoint. In an elastic job a rank sent SIGTERM (a "
+        "preemption) leaves at its next commit(); past this it is killed.",
+        flag=Flag(
+            "--grace-period",
+            "seconds between SIGTERM and SIGKILL when ranks are stopped (and for an elastic rank to leave)",
+            metavar="SECONDS",
+            group="run",
+        ),
+    )
     op_timeout: float = setting(
         300.0,
         parsers.positive_float,

@@ -133,9 +133,10 @@ def run_command(
         ) from None
     env = without_launcher_variables(outer)
     try:
-        start_timeout = Config.resolve(env=outer, overrides=dict(settings)).start_timeout
+        resolved = Config.resolve(env=outer, overrides=dict(settings))
+        start_timeout, grace = resolved.start_timeout, resolved.grace_period
     except (ConfigError, TypeError):
-        start_timeout = 30.0  # the workers report the bad setting themselves
+        start_timeout, grace = 30.0, 30.0  # the workers report the bad setting themselves
     ssh = SshOptions(ssh_port, ssh_identity_file, tuple(ssh_options), start_timeout)
     spec = LaunchSpec(
         list(command),
@@ -147,6 +148,7 @@ def run_command(
         capture,
         True,
         verbose,
+        grace=grace,
         timeout=timeout,
         cwd=cwd,
         rendezvous_port=rendezvous_port,

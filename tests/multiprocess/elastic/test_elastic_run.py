@@ -167,3 +167,31 @@ def test_a_discovery_script_failing_at_the_start_fails_the_job_before_anything_s
 def test_elastic_jobs_refuse_hosts_that_are_not_this_machine():
     with pytest.raises(ConfigError, match=r"this machine's hosts only so far.*gave node-7"):
         run_command([sys.executable, "-c", "pass"], np=1, elastic={"host_discovery_script": "echo node-7:2"})
+
+
+def test_a_worker_sent_sigterm_leaves_at_the_next_commit_and_no_step_is_lost(tmp_path, capsys):
+    result = elastic_run(
+        "elastic_numpy.py",
+        "--out",
+        str(tmp_path),
+        "--term",
+        "127.0.0.3:0:4",
+        "--steps",
+        "12",
+        np=3,
+        hosts=HOSTS3,
+        min_np=1,
+    )
+    assert result.exit_code == 0, result.report() + output(result, "stderr")
+    done = steps(tmp_path)
+    assert [s for s, _ in done] == list(range(12))  # every step once: no rollback
+    sizes = [n for _, n in done]
+    left_at = sizes.index(2)
+    assert sizes == [3] * left_at + [2] * (12 - left_at) and left_at >= 5  # it finished the step it was warned in
+    total = 6 * left_at + 3 * (12 - left_at)  # 1+2+3 per step with three ranks, 1+2 with two
+    finished = sorted(line for line in output(result).splitlines() if line.startswith("finished"))
+    assert finished == [f"finished rank {r} of 2 max_size 2 total {total}" for r in range(2)]
+    assert result.returncodes[1] == -15  # it ended as SIGTERM would have ended it, once it could
+    said = capsys.readouterr().err  # hora run's own notes
+    assert "worker 127.0.0.3:0 got SIGTERM: host 127.0.0.3 leaves the job at the next commit()" in said
+    assert "worker 1 (127.0.0.3:0) left the job" in said

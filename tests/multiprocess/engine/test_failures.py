@@ -64,7 +64,7 @@ def test_duplicate_name_in_flight_raises():
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 @pytest.mark.parametrize("victim", [0, 1])
 def test_peer_killed_mid_allreduce(tmp_path, transport, victim):
-    result = run_failing(killed_peer_worker, 3, str(tmp_path), victim, transport, timeout=60)
+    result = run_failing(killed_peer_worker, 3, str(tmp_path), victim, transport, timeout=60, grace_period=3)
     assert result.root_cause is not None and result.root_cause.rank == victim
     assert result.root_cause.returncode == -9 and "SIGKILL" in result.report()
     killed_at = float((tmp_path / "killed_at").read_text())

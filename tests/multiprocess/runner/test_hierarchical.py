@@ -167,7 +167,9 @@ def test_settings_do_nothing_on_one_host():
 
 @pytest.mark.parametrize(("spec", "victim"), [("a:2,b:2", 3), ("a:2,b:2", 1), ("a:3,b:1", 2), ("a:3,b:1", 3)])
 def test_a_rank_killed_mid_collective_fails_every_rank(tmp_path, spec, victim):
-    outcome = run_failing_on_hosts(killed_peer_worker, spec, str(tmp_path), victim, timeout=120, op_timeout=60)
+    outcome = run_failing_on_hosts(
+        killed_peer_worker, spec, str(tmp_path), victim, timeout=120, op_timeout=60, grace_period=3
+    )
     assert outcome.returncodes[victim] == -9
     for r, code in enumerate(outcome.returncodes):
         if r == victim:

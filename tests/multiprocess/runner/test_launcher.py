@@ -97,7 +97,7 @@ def test_missing_program_is_reported():
 
 
 def _start_lingering(tmp_path: Path, np_: int, mode: str) -> tuple[subprocess.Popen[bytes], list[int]]:
-    launcher = subprocess.Popen([sys.executable, "-m", "hora", "run", "-np", str(np_), sys.executable,
+    launcher = subprocess.Popen([sys.executable, "-m", "hora", "run", "-np", str(np_), "--grace-period", "2", sys.executable,
                                  str(SCRIPTS / "linger.py"), str(tmp_path), mode],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 60
@@ -221,3 +221,32 @@ def _alive(pid: int) -> bool:
             return b") Z" not in f.read()
     except FileNotFoundError:
         return False
+
+
+def test_sigterm_is_forwarded_and_the_grace_period_lets_a_script_checkpoint(tmp_path):
+    # The script takes 4 s to checkpoint after SIGTERM: more than hora run's old fixed 3 s, within --grace-period 8.
+    code = (
+        "import signal, sys, time, pathlib\n"
+        "def on_term(*_):\n"
+        "    time.sleep(4); pathlib.Path(sys.argv[1], 'ckpt').write_text('saved'); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "pathlib.Path(sys.argv[1], 'up').write_text('')\n"
+        "time.sleep(60)\n"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "hora", "run", "-np", "1", "--grace-period", "8", sys.executable, "-c", code,
+         str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "up").exists():
+            assert time.monotonic() < deadline and launcher.poll() is None, "the rank never started"
+            time.sleep(0.05)
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert (tmp_path / "ckpt").read_text() == "saved"

@@ -20,7 +20,9 @@ def test_more_ranks_than_cores_still_agree():
 
 
 def test_a_stopped_peer_becomes_a_time_out_naming_it(tmp_path):
-    result = run_failing(stopped_peer_worker, 3, str(tmp_path), 1, transport="shm", op_timeout=3, timeout=90)
+    result = run_failing(
+        stopped_peer_worker, 3, str(tmp_path), 1, transport="shm", op_timeout=3, timeout=90, grace_period=3
+    )
     for r in (0, 2):
         report = tmp_path / f"survivor.{r}"
         assert report.exists(), f"rank {r} did not end with hora's error:\n{result.report()}"

@@ -257,6 +257,7 @@ def _non_default_config() -> Config:
     return Config(
         start_timeout=12.5,
         elastic_timeout=45.0,
+        grace_period=7.5,
         op_timeout=60.25,
         thread_defaults=False,
         transport="tcp",

@@ -181,6 +181,20 @@ class ElasticDriver:
         self._store.put(items)
         self._store.put({f"{self._prefix}round": str(self.round)})
 
+    def leaving_slots(self) -> list[str]:
+        """Members of the current round that got SIGTERM and said they are leaving."""
+        cut = len(f"{self._prefix}leaving/")
+        return [k[cut:] for k in self._store.snapshot(f"{self._prefix}leaving/") if k[cut:] in self.members]
+
+    def drain(self, host: str) -> None:
+        """A worker of ``host`` is leaving (preempted): take the host out like a failed one (blacklist, cooldown
+        rules) and tell rank 0, so every rank re-forms at its next commit without a rollback."""
+        with self.lock:
+            if self.hosts.is_blacklisted(host):
+                return
+            self.hosts.blacklist(host)
+            self._notify(HostUpdateResult.removed)
+
     def ready_slots(self) -> list[str]:
         """Members of the current round that have said they left it (READY)."""
         marks = self._store.snapshot(f"{self._prefix}ready/")
@@ -198,8 +212,12 @@ class ElasticDriver:
         return True
 
     def decide(self) -> Decision | None:
-        """None until every member has reported; then what Horovod's registry decides."""
-        if len(self.states) < len(self.members):
+        """None until every member has reported (members of a host taken out while the round ran are on their way
+        out and are not waited for); then what Horovod's registry decides."""
+        with self.lock:
+            leaving = {s.host for s in self.members.values() if self.hosts.is_blacklisted(s.host)}
+            waiting = [sid for sid, s in self.members.items() if sid not in self.states and s.host not in leaving]
+        if waiting or not self.states:
             return None
         states = list(self.states.values())
         if SUCCESS in states:

@@ -67,7 +67,7 @@ class ElasticSpec:
     output_filename: str | None = None
     capture: bool = False
     verbose: bool = False
-    grace: float = 3.0
+    grace: float | None = None  # default: the grace_period setting
     timeout: float | None = None
     cwd: str | None = None
     rendezvous_port: int = 0
@@ -186,6 +186,7 @@ class _ElasticJob:
         self.failures: list[Failure] = []
         self.interrupted: int | None = None
         self.master = (rdv[0], _free_port())
+        self.grace = spec.grace if spec.grace is not None else config.grace_period
         self._stop_discovery = threading.Event()
 
     def log(self, message: str) -> None:
@@ -270,6 +271,7 @@ class _ElasticJob:
                 time.sleep(1.0)
                 return "", True
             self._reap(now)
+            self._drain_leaving(now)
             for sid in self.driver.ready_slots():
                 self.driver.record(sid, READY)
             decision = self.driver.decide()
@@ -289,6 +291,23 @@ class _ElasticJob:
                     w.proc.signal(signal.SIGKILL)
             time.sleep(0.02)
 
+    def _drain_leaving(self, now: float) -> None:
+        """Workers that got SIGTERM (preempted) said so at the store: their host leaves at the next commit."""
+        for sid in self.driver.leaving_slots():
+            host = self.driver.members[sid].host
+            if self.driver.hosts.is_blacklisted(host):
+                continue
+            self.note(
+                f"worker {sid} got SIGTERM: host {host} leaves the job at the next commit() (killed if it has not "
+                f"within {self.grace:g}s)"
+            )
+            self.driver.drain(host)
+            for w in self.workers:
+                if w.code is None and w.slot.host == host and w.stop_by is None:
+                    if w.sid != sid:
+                        w.proc.signal(signal.SIGTERM)  # the host's other workers go with it, as in a reclaim
+                    w.stop_by = now + self.grace
+
     def _cooldown(self, host: str) -> str:
         end = self.driver.hosts.state(host).cooldown_end
         return f" for {max(0.0, end - time.time()):.0f}s" if end else " (for the rest of the job)"
@@ -304,6 +323,8 @@ class _ElasticJob:
             w.proc.reaped()
             counted = self.driver.record(w.sid, SUCCESS if code == 0 else FAILURE)
             self.log(f"worker {w.index} ({w.sid}, pid {w.proc.pid}) exited with {code}")
+            if not counted and w.stop_by is not None:
+                self.note(f"worker {w.index} ({w.sid}) left the job")
             if code != 0 and counted:
                 failure = Failure(w.index, w.slot.host, w.proc.pid, code, [], now, stopped=False)
                 self.failures.append(failure)
@@ -318,7 +339,7 @@ class _ElasticJob:
         for w in self.workers:  # stopped before the round is published: they go quietly
             if w.code is None and w.stop_by is None and w.sid not in self.driver.members:
                 w.proc.signal(signal.SIGTERM)
-                w.stop_by = now + self.spec.grace
+                w.stop_by = now + self.grace
         self.driver.publish(left_out)
         live = {w.sid for w in self.workers if w.code is None and w.stop_by is None}
         for slot in slots:
@@ -379,7 +400,7 @@ class _ElasticJob:
     def _stop_all(self, sig: int) -> None:
         """Stop every worker still running: ``sig``, then SIGKILL after the grace period."""
         self._signal_live(sig)
-        end = time.monotonic() + self.spec.grace
+        end = time.monotonic() + self.grace
         while any(w.code is None for w in self.workers) and time.monotonic() < end:
             self._reap_quietly()
             time.sleep(0.02)
