@@ -155,13 +155,9 @@ COUNTERPART = {
     "hora.jax": "common",
     "hora.mxnet": "horovod.mxnet",
 }
-_ELASTIC = "hvd.elastic for TensorFlow and Keras (their state classes) is not built yet: issue 26"
 _TF_HELPER = "a helper horovod/tensorflow/__init__.py imports for its own optimizer code, not an API for scripts"
 #: The deliberate gaps, each with its reason.
 GAPS = {
-    ("hora.tensorflow", "elastic"): _ELASTIC,
-    ("hora.keras", "elastic"): _ELASTIC,
-    ("hora.tensorflow.keras", "elastic"): _ELASTIC,
     ("hora.tensorflow", "LocalGradientAggregationHelper"): _TF_HELPER,
     ("hora.tensorflow", "check_num_rank_power_of_2"): _TF_HELPER,
     ("hora.tensorflow", "handle_average_backwards_compatibility"): _TF_HELPER,
@@ -192,18 +188,18 @@ OWN_NAMES = {
         "BroadcastGlobalVariablesHook", "Compression", "DistributedGradientTape", "DistributedOptimizer",
         "PartialDistributedGradientTape", "PipeModeDataset", "SyncBatchNormalization", "allgather",
         "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",
-        "broadcast_global_variables", "broadcast_object", "broadcast_object_fn", "broadcast_variables",
+        "broadcast_global_variables", "broadcast_object", "broadcast_object_fn", "broadcast_variables", "elastic",
         "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "join", "local_rank_op",
         "local_size_op", "process_set_included_op", "rank_op", "reducescatter", "shard", "size_op", "util",
     ],
     "hora.keras": [
         "Compression", "DistributedOptimizer", "PartialDistributedOptimizer", "allgather", "allgather_object",
-        "allreduce", "broadcast", "broadcast_global_variables", "broadcast_object", "callbacks", "load_model",
-        "reducescatter",
+        "allreduce", "broadcast", "broadcast_global_variables", "broadcast_object", "callbacks", "elastic",
+        "load_model", "reducescatter",
     ],
     "hora.tensorflow.keras": [
         "Compression", "DistributedOptimizer", "allgather", "allgather_object", "allreduce", "broadcast",
-        "broadcast_global_variables", "broadcast_object", "callbacks", "load_model", "reducescatter",
+        "broadcast_global_variables", "broadcast_object", "callbacks", "elastic", "load_model", "reducescatter",
     ],
     "hora.jax": [
         "Compression", "DistributedOptimizer", "allgather", "allgather_object", "allreduce", "alltoall",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hora._frontend import surface
 from hora._frontend.surface import *  # noqa: F403  (the names every adapter shares: surface.__all__)
-from hora.keras import callbacks
+from hora.keras import callbacks, elastic
 from hora.keras.compression import Compression
 from hora.keras.functions import (
     allgather,
@@ -31,6 +31,7 @@ __all__ = [
     "broadcast_global_variables",
     "broadcast_object",
     "callbacks",
+    "elastic",
     "load_model",
     "reducescatter",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 
 from hora._frontend import surface
 from hora._frontend.surface import *  # noqa: F403  (the names every adapter shares: surface.__all__)
-from hora.tensorflow import util
+from hora.tensorflow import elastic, util
 from hora.tensorflow.compression import (
     Compression,
 )
@@ -79,6 +79,7 @@ __all__ = [
     "broadcast_object",
     "broadcast_object_fn",
     "broadcast_variables",
+    "elastic",
     "grouped_allgather",
     "grouped_allreduce",
     "grouped_reducescatter",

@@ -4,6 +4,7 @@ Faults come from the scripts themselves (tests/workers/elastic_*.py), at fixed s
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import threading
 import time
@@ -195,3 +196,35 @@ def test_a_worker_sent_sigterm_leaves_at_the_next_commit_and_no_step_is_lost(tmp
     said = capsys.readouterr().err  # hora run's own notes
     assert "worker 127.0.0.3:0 got SIGTERM: host 127.0.0.3 leaves the job at the next commit()" in said
     assert "worker 1 (127.0.0.3:0) left the job" in said
+
+
+def _finished(result: RunResult) -> list[list[str]]:
+    return sorted(line.split() for line in output(result).splitlines() if line.startswith("finished"))
+
+
+def test_keras_model_fit_with_the_elastic_callbacks_goes_on_after_a_worker_is_killed(tmp_path):
+    if importlib.util.find_spec("tensorflow") is None:  # (not imported here: it changes the environment)
+        pytest.skip("needs tensorflow")
+    # 4 epochs of 8 batches, a commit every 2 batches; 127.0.0.3's worker dies at batch 3 of epoch 1.
+    result = elastic_run(
+        "elastic_keras.py", "--out", str(tmp_path), "--kill", "127.0.0.3:0@1@3", np=3, hosts=HOSTS3, min_np=2
+    )
+    assert result.exit_code == 0, result.report() + output(result, "stderr")
+    assert steps(tmp_path) == [(1, 3), (2, 2), (3, 2), (4, 2)]  # (epochs done, size) at each epoch's end
+    finished = _finished(result)
+    assert [f[:7] for f in finished] == [["finished", "rank", str(r), "of", "2", "epoch", "4"] for r in range(2)]
+    assert finished[0][-1] == finished[1][-1]  # the same weights on both ranks
+
+
+def test_a_tensorflow_custom_loop_goes_back_to_its_last_commit_after_a_worker_is_killed(tmp_path):
+    if importlib.util.find_spec("tensorflow") is None:  # (not imported here: it changes the environment)
+        pytest.skip("needs tensorflow")
+    # A failure inside the tf.function reaches hvd.elastic.run as tf.errors.UnknownError: it must reset, not crash.
+    result = elastic_run(
+        "elastic_tf.py", "--out", str(tmp_path), "--kill", "127.0.0.3:0@5", np=3, hosts=HOSTS3, min_np=2
+    )
+    assert result.exit_code == 0, result.report() + output(result, "stderr")
+    assert steps(tmp_path) == [(s, 3) for s in range(5)] + [(s, 2) for s in range(4, 10)]  # back to the step-4 commit
+    finished = _finished(result)
+    assert [f[:7] for f in finished] == [["finished", "rank", str(r), "of", "2", "step", "10"] for r in range(2)]
+    assert finished[0][-1] == finished[1][-1]

@@ -22,7 +22,7 @@ from hora.keras import (
     load_model,
     reducescatter,
 )
-from hora.tensorflow.keras import callbacks
+from hora.tensorflow.keras import callbacks, elastic
 
 __all__ = [
     "Compression",
@@ -34,6 +34,7 @@ __all__ = [
     "broadcast_global_variables",
     "broadcast_object",
     "callbacks",
+    "elastic",
     "load_model",
     "reducescatter",
 ]
