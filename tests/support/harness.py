@@ -28,6 +28,8 @@ def _stderr_dump(result: RunResult) -> str:
     for rank, streams in sorted(result.lines.items()):
         lines = streams.get("stderr", []) + [f"(stdout) {x}" for x in streams.get("stdout", [])[-20:]]
         parts.append(f"--- rank {rank} ---\n" + "\n".join(lines[-80:]))
+        if rank in result.stacks:
+            parts.append(f"--- rank {rank}: stacks when hora run stopped it ---\n{result.stacks[rank]}")
     return "\n".join(parts)
 
 

@@ -1,7 +1,7 @@
 """An elastic numpy script for the elastic launcher's tests. Each step allreduces ``rank + 1`` and adds it to the
 state; rank 0 appends ``step size`` to ``OUT/log`` for every step it completes. ``--kill SLOT:STEP`` makes that
 slot's worker SIGKILL itself after the step's allreduce (once: a marker file stops a restarted slot from dying
-again); ``--term SLOT:STEP`` sends it SIGTERM there instead (a preemption); ``--hold-at STEP --hold-size N`` makes the ranks wait at that step, committing, until the job has N ranks
+again); ``--term SLOT:STEP`` sends it SIGTERM there instead (a preemption), ``--freeze SLOT:STEP`` SIGSTOP; ``--hold-at STEP --hold-size N`` makes the ranks wait at that step, committing, until the job has N ranks
 (a host added to the discovery output)."""
 
 import argparse
@@ -18,6 +18,7 @@ p.add_argument("--steps", type=int, default=20)
 p.add_argument("--out", required=True)
 p.add_argument("--kill", action="append", default=[])
 p.add_argument("--term", action="append", default=[], help="SLOT:STEP: that worker gets SIGTERM during the step")
+p.add_argument("--freeze", default="", help="SLOT:STEP: that worker stops itself (SIGSTOP) in the step")
 p.add_argument("--hold-at", type=int, default=-1)
 p.add_argument("--hold-size", type=int, default=0)
 p.add_argument("--step-sleep", type=float, default=0.0)
@@ -28,6 +29,11 @@ state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0, total=np
 slot = os.environ["HORA_ELASTIC_SLOT"]
 kills = {k.rpartition(":")[0]: int(k.rpartition(":")[2]) for k in args.kill}
 terms = {k.rpartition(":")[0]: int(k.rpartition(":")[2]) for k in args.term}
+freeze_slot, _, freeze_step = args.freeze.rpartition(":")
+
+
+def think_very_hard():
+    os.kill(os.getpid(), signal.SIGSTOP)  # frozen, as a rank stuck in a kernel or swapped out
 
 
 @hvd.elastic.run
@@ -41,6 +47,8 @@ def train(state):
         if kills.get(slot) == state.step and not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
+        if slot == freeze_slot and state.step == int(freeze_step):
+            think_very_hard()
         if terms.get(slot) == state.step:
             os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice: hora lets the step finish
         if hvd.rank() == 0:

@@ -26,6 +26,7 @@ from hora._runtime.elastic_join import Membership, NoticeListener, join, leave_o
 from hora._runtime.group import Group, GroupSpec, assemble
 from hora._runtime.peers import Peer, StoreDirectory
 from hora._runtime.rendezvous import RendezvousClient
+from hora._runtime.stacks import register_stack_dump
 from hora.config import Config, launchers
 from hora.config.launchers import LaunchInfo, detect
 from hora.config.variables import read
@@ -125,6 +126,7 @@ def init(**settings: Any) -> None:
         log.debug("settings: %s", config.public_dict())
         launch = detect()
         config = _drop_stale_hora_run_settings(config, launch)
+        register_stack_dump()  # under hora run: where this rank is, should hora run have to stop it
         job = config.job_id or launch.job_key
         _generations[job] = _generations.get(job, 0) + 1
         _current = _start(config, launch, _generations[job])

@@ -32,6 +32,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "HORA_ELASTIC_MAX_NP", "set by the elastic launcher when --max-np is given: hvd.max_size() of every rank"
     ),
+    Variable(
+        "HORA_STACKS_DIR",
+        "set by hora run for its local ranks: the private directory where a rank dumps its threads' stacks on SIGUSR1 "
+        "(read by hora run before it stops or kills a rank)",
+    ),
     Variable("HORA_JOB_HOME", "where hora job keeps its jobs (default ~/.hora)"),
     Variable("HORA_JOB_ATTEMPT", "set by hora job for a job's ranks: the attempt (1, 2, ... with retries)"),
     Variable(

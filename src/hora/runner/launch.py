@@ -46,6 +46,7 @@ from hora.runner.reaper import GroupReaper
 from hora.runner.remote_host import RemoteHost, RemoteRank
 from hora.runner.result import Failure, RunResult, root_cause
 from hora.runner.ssh import SshOptions, advertise_address, preflight, remote_agent_command, ssh_command
+from hora.runner.stacks import StackDumps
 from hora.runner.supervise import SETTLE, ExitWatcher, JobProcesses, LocalRank
 
 __all__ = ["Failure", "LaunchSpec", "RunResult", "forwarded_env", "launch"]
@@ -221,6 +222,7 @@ def launch(spec: LaunchSpec) -> RunResult:
         server.shutdown()
         raise
     reaper = GroupReaper()  # ends the ranks' process groups should this process be killed
+    stacks = StackDumps(job_id)  # where the local ranks dump their stacks when asked
     with handle_signals(on_signal, signal.SIGINT, signal.SIGTERM):
         try:
             handles: dict[int, LocalRank | RemoteRank] = {}
@@ -229,6 +231,7 @@ def launch(spec: LaunchSpec) -> RunResult:
                     env = _worker_env(
                         spec, slot, rdv, secret, job_id, master, plan.bind[slot.host], base_env, usable_cpus()
                     )
+                    env["HORA_STACKS_DIR"] = str(stacks.directory)
                     handles[slot.rank] = _start_local(spec, slot, env, job)
                     reaper.add(handles[slot.rank].pid)
             forwarded = forwarded_env(base_env)
@@ -246,7 +249,7 @@ def launch(spec: LaunchSpec) -> RunResult:
             for host in hosts:
                 host.start_threads()
             exits = ExitWatcher({r: h.pid for r, h in handles.items() if isinstance(h, LocalRank)})
-            timed_out = _supervise(spec, job, hosts, exits, servers)
+            timed_out = _supervise(spec, job, hosts, exits, servers, stacks)
         except BaseException:
             job.signal_all(signal.SIGKILL)
             if servers is not None:
@@ -266,6 +269,7 @@ def launch(spec: LaunchSpec) -> RunResult:
             server.shutdown()
             for name in sweep(job_id):
                 job.log(f"removed shared memory {name} that a crashed rank left behind")
+            saved = stacks.save(spec.output_filename)
     job.pump.join(timeout=5.0)
     for f in job.failures:
         f.tail = list(job.pump.tails.get(f.rank, []))
@@ -285,6 +289,8 @@ def launch(spec: LaunchSpec) -> RunResult:
         timed_out,
         job.pump.lines if spec.capture else {},
         job_id,
+        stacks=stacks.captured,
+        stacks_saved=saved,
     )
 
 
@@ -398,10 +404,15 @@ def _parameter_servers(
 
 
 def _supervise(
-    spec: LaunchSpec, job: JobProcesses, hosts: list[RemoteHost], exits: ExitWatcher, servers: PsServers | None = None
+    spec: LaunchSpec,
+    job: JobProcesses,
+    hosts: list[RemoteHost],
+    exits: ExitWatcher,
+    servers: PsServers | None = None,
+    stacks: StackDumps | None = None,
 ) -> bool:
-    """Wait for every rank, stopping the others after the first failure and at the time limit; True when the
-    time limit was reached."""
+    """Wait for every rank, stopping the others after the first failure and at the time limit (their stacks taken
+    first); True when the time limit was reached."""
     timed_out = False
     deadline = None if spec.timeout is None else time.monotonic() + spec.timeout
     while not job.reap(exits.wait(0.05)):
@@ -412,12 +423,24 @@ def _supervise(
             host.check(now)
         if deadline is not None and now > deadline and not timed_out:
             timed_out = True
-            job.log("time limit reached: dumping stacks (SIGUSR1) and killing every rank")
-            job.signal_all(signal.SIGUSR1)
-            time.sleep(1.0)
+            job.log("time limit reached: taking every rank's stacks and killing every rank")
+            _take_stacks(job, stacks)
             job.stop(signal.SIGKILL)
-        if job.first_failure_at is not None and now - job.first_failure_at >= SETTLE:
+        if job.first_failure_at is not None and now - job.first_failure_at >= SETTLE and job.stopping_at is None:
+            _take_stacks(job, stacks)
             job.stop()
         if job.stopping_at is not None and now - job.stopping_at > spec.grace:
             job.signal_all(signal.SIGKILL)
     return timed_out
+
+
+def _take_stacks(job: JobProcesses, stacks: StackDumps | None) -> None:
+    """The stacks of the local ranks still running (remote ranks' hosts are not asked yet)."""
+    if stacks is None:
+        return
+    live = {
+        r: p.pid for r, p in enumerate(job.procs) if job.returncodes[r] is None and isinstance(p, LocalRank)
+    }
+    got = stacks.capture(live)
+    if got:
+        job.log(f"took the stacks of ranks {sorted(got)}")

@@ -8,6 +8,8 @@ import re
 import signal
 from dataclasses import dataclass, field
 
+from hora.runner.stacks import where
+
 __all__ = ["Failure", "RunResult", "root_cause"]
 
 
@@ -49,6 +51,8 @@ class RunResult:
     lines: dict[int, dict[str, list[str]]] = field(default_factory=dict)
     job_id: str = ""
     reason: str = ""  # why the job ended when no rank's failure says it (an elastic job's reset limit, say)
+    stacks: dict[int, str] = field(default_factory=dict)  # rank -> its threads' stacks, taken before it was stopped
+    stacks_saved: str = ""  # where the full dumps were kept
 
     def report(self) -> str:
         """A human-readable account of the failure (empty when the job succeeded)."""
@@ -105,6 +109,11 @@ class RunResult:
             else:
                 outcome = f.describe() + (f" — {f.tail[-1][:100]}" if f.tail else "")
             lines.append(f"  {r:>4}  {f.pid if f else '':>7}  {outcome}")
+        if self.stacks:
+            lines.append(f"  where the ranks still running were (all threads: {self.stacks_saved}):")
+            for r in sorted(self.stacks):
+                frames = where(self.stacks[r]) or ["(only hora's and Python's own frames)"]
+                lines.append(f"    rank {r}: " + "\n             ".join(frames))
         lines.append("=" * 78)
         return "\n".join(lines)
 

@@ -228,3 +228,15 @@ def test_a_tensorflow_custom_loop_goes_back_to_its_last_commit_after_a_worker_is
     finished = _finished(result)
     assert [f[:7] for f in finished] == [["finished", "rank", str(r), "of", "2", "step", "10"] for r in range(2)]
     assert finished[0][-1] == finished[1][-1]
+
+
+def test_a_frozen_worker_is_shown_where_it_was_then_killed_and_the_job_goes_on(tmp_path, capsys):
+    result = run_command(
+        [sys.executable, str(WORKERS / "elastic_numpy.py"), "--out", str(tmp_path), "--freeze", "127.0.0.3:0:4"],
+        np=3, hosts=HOSTS3, capture=True, timeout=120, op_timeout=2, elastic={"min_np": 1},
+    )
+    assert result.exit_code == 0, result.report() + output(result, "stderr")
+    said = capsys.readouterr().err
+    assert "worker 1 (127.0.0.3:0) did not leave round 1 while every other worker did: it is stuck at " in said
+    assert "elastic_numpy.py:36 in think_very_hard" in said
+    assert steps(tmp_path)[-1] == (19, 2)

@@ -250,3 +250,17 @@ def test_sigterm_is_forwarded_and_the_grace_period_lets_a_script_checkpoint(tmp_
             launcher.kill()
             launcher.wait()
     assert (tmp_path / "ckpt").read_text() == "saved"
+
+
+def test_the_report_shows_where_a_stuck_rank_was_before_it_was_stopped(tmp_path):
+    from hora.runner import run_command
+
+    out = tmp_path / "out"
+    result = run_command([sys.executable, str(SCRIPTS / "frozen_rank.py")], np=3, capture=True, timeout=60,
+                         output_filename=str(out), op_timeout=2, grace_period=2)
+    assert result.exit_code == 1
+    assert "in think_hard" in result.stacks[1]  # its main thread, frozen where it stopped (SIGCONT came after)
+    report = result.report()
+    assert "where the ranks still running were (all threads:" in report
+    assert f"rank 1: {SCRIPTS / 'frozen_rank.py'}:13 in think_hard" in report
+    assert "in think_hard" in (out / "rank.1" / "stacks").read_text()

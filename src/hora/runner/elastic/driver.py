@@ -211,13 +211,19 @@ class ElasticDriver:
             self.states[sid] = state
         return True
 
+    def unreported(self) -> list[str]:
+        """Members whose report is still missing (their hosts not taken out)."""
+        with self.lock:
+            return [
+                sid
+                for sid, s in self.members.items()
+                if sid not in self.states and not self.hosts.is_blacklisted(s.host)
+            ]
+
     def decide(self) -> Decision | None:
         """None until every member has reported (members of a host taken out while the round ran are on their way
         out and are not waited for); then what Horovod's registry decides."""
-        with self.lock:
-            leaving = {s.host for s in self.members.values() if self.hosts.is_blacklisted(s.host)}
-            waiting = [sid for sid, s in self.members.items() if sid not in self.states and s.host not in leaving]
-        if waiting or not self.states:
+        if self.unreported() or not self.states:
             return None
         states = list(self.states.values())
         if SUCCESS in states:

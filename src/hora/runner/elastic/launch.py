@@ -43,12 +43,16 @@ from hora.runner.launch import _free_port, _is_ip
 from hora.runner.output import OutputPump
 from hora.runner.reaper import GroupReaper
 from hora.runner.result import Failure, RunResult, root_cause
+from hora.runner.stacks import StackDumps, where
 from hora.runner.supervise import LocalRank
 
 __all__ = ["DISCOVER_HOSTS_FREQUENCY_SECS", "ElasticSpec", "launch_elastic"]
 
 #: How often the discovery script runs (Horovod's frequency).
 DISCOVER_HOSTS_FREQUENCY_SECS = 1.0
+#: A member that has not left its round this long after every other member did is stuck (the others left because
+#: their collectives with it timed out): its stack is taken and it is killed, so the job can re-form.
+STUCK_AFTER = 2.0
 
 
 @dataclass
@@ -187,6 +191,8 @@ class _ElasticJob:
         self.interrupted: int | None = None
         self.master = (rdv[0], _free_port())
         self.grace = spec.grace if spec.grace is not None else config.grace_period
+        self.stacks = StackDumps(job_id)
+        self._alone_since: float | None = None  # since when only stuck members keep the round from ending
         self._stop_discovery = threading.Event()
 
     def log(self, message: str) -> None:
@@ -221,9 +227,12 @@ class _ElasticJob:
                 reason = str(exc)
             finally:
                 self._stop_discovery.set()
+                if timed_out:
+                    self.stacks.capture({w.index: w.proc.pid for w in self.workers if w.code is None})
                 self._stop_all(signal.SIGTERM if self.interrupted is None else self.interrupted)
                 reaper.close()
                 release()
+                saved = self.stacks.save(self.spec.output_filename)
         discovery.join(5.0)
         self.pump.join(timeout=5.0)
         for f in self.failures:
@@ -246,6 +255,8 @@ class _ElasticJob:
             self.pump.lines if self.spec.capture else {},
             self.job_id,
             reason=reason,
+            stacks=self.stacks.captured if exit_code else {},
+            stacks_saved=saved,
         )
 
     def _stopping(self) -> bool:
@@ -266,15 +277,14 @@ class _ElasticJob:
                 return "", False
             now = time.monotonic()
             if deadline is not None and now > deadline:
-                self.note("time limit reached: dumping stacks (SIGUSR1) and killing every worker")
-                self._signal_live(signal.SIGUSR1)
-                time.sleep(1.0)
+                self.note("time limit reached: taking every worker's stacks and stopping them")
                 return "", True
             self._reap(now)
             self._drain_leaving(now)
             for sid in self.driver.ready_slots():
                 self.driver.record(sid, READY)
             decision = self.driver.decide()
+            self._kill_stuck(now, decision is None)
             if decision is not None:
                 if decision.action == "done":
                     return "", False
@@ -290,6 +300,27 @@ class _ElasticJob:
                 if w.code is None and w.stop_by is not None and now > w.stop_by:
                     w.proc.signal(signal.SIGKILL)
             time.sleep(0.02)
+
+    def _kill_stuck(self, now: float, undecided: bool) -> None:
+        """Members that keep a round from ending while every other member has left it: take their stacks, kill."""
+        stuck = self.driver.unreported() if undecided else []
+        if not stuck or len(stuck) == len(self.driver.members):
+            self._alone_since = None
+            return
+        if self._alone_since is None:
+            self._alone_since = now
+        if now - self._alone_since < STUCK_AFTER:
+            return
+        self._alone_since = None
+        workers = [w for w in self.workers if w.code is None and w.sid in stuck and w.stop_by is None]
+        got = self.stacks.capture({w.index: w.proc.pid for w in workers})
+        for w in workers:
+            frames = where(got.get(w.index, "")) or ["(no stack: it did not answer SIGUSR1)"]
+            self.note(
+                f"worker {w.index} ({w.sid}) did not leave round {self.driver.round} while every other worker did: "
+                f"it is stuck at {'; '.join(frames)} — killing it"
+            )
+            w.proc.signal(signal.SIGKILL)
 
     def _drain_leaving(self, now: float) -> None:
         """Workers that got SIGTERM (preempted) said so at the store: their host leaves at the next commit."""
@@ -372,7 +403,12 @@ class _ElasticJob:
             cpus=usable_cpus(),
         )
         env.update(
-            {"HOROVOD_ELASTIC": "1", "HORA_ELASTIC_SLOT": slot_id(slot), "HORA_ELASTIC_ROUND": str(self.driver.round)}
+            {
+                "HOROVOD_ELASTIC": "1",
+                "HORA_ELASTIC_SLOT": slot_id(slot),
+                "HORA_ELASTIC_ROUND": str(self.driver.round),
+                "HORA_STACKS_DIR": str(self.stacks.directory),
+            }
         )
         if self.driver.max_np is not None:
             env["HORA_ELASTIC_MAX_NP"] = str(self.driver.max_np)
