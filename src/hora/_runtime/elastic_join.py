@@ -186,6 +186,8 @@ def leave_on_sigterm(config: Config, boot: Bootstrap) -> None:
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return
     slot = _slot()
+    stacks = read("HORA_STACKS_DIR")  # the launcher marks a whole-job stop there (the job is ending, not a leave)
+    stopping = os.path.join(stacks, "stopping") if stacks else None
 
     def announce() -> None:
         try:
@@ -205,6 +207,10 @@ def leave_on_sigterm(config: Config, boot: Bootstrap) -> None:
 
     def on_sigterm(signum: int, frame: object) -> None:
         global _leaving
+        if stopping is not None and os.path.exists(stopping):  # hora run stops the job: end as SIGTERM ends
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         if not _leaving:
             _leaving = True
             log.warning("SIGTERM: worker %s leaves the job at its next commit()", slot)
