@@ -109,3 +109,12 @@ def stop_job(store: JobStore, name: str) -> JobRecord:
     store.transition(name, JobStatus.InProgress, SecondaryStatus.Stopping, "stop requested")
     os.kill(pid, signal.SIGTERM)
     return store.get(name)
+
+
+def interrupt_job(store: JobStore, name: str, host: str | None = None) -> JobRecord:
+    """Simulate a spot reclaim of a running spot job (``host``, default algo-1): its scripts get SIGTERM and
+    ``stop_grace`` seconds, then the job restarts from its synced checkpoints (:mod:`hora.jobs.spot`)."""
+    from hora.jobs.spot import request_interrupt
+
+    request_interrupt(store, name, host, _supervisor_alive(store.get(name)))
+    return store.get(name)

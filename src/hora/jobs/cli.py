@@ -36,6 +36,11 @@ def add_job_parser(sub: argparse._SubParsersAction) -> None:
     st = jsub.add_parser("stop", help="stop a running job (SIGTERM to the script, SIGKILL after stop_grace)")
     st.add_argument("job")
     st.add_argument("--wait", action="store_true", help="wait until it has stopped and show the summary")
+    it = jsub.add_parser(
+        "interrupt", help="simulate a spot reclaim of a managed-spot job: SIGTERM, then it restarts from checkpoints"
+    )
+    it.add_argument("job")
+    it.add_argument("--host", help="the reclaimed host (default algo-1); as on SageMaker, the whole job restarts")
     jsub.add_parser("reindex", help="rebuild a lost or damaged job index (jobs.db) from the job directories")
 
 
@@ -45,7 +50,7 @@ def _progress(message: str) -> None:
 
 def job_main(args: argparse.Namespace) -> int:
     from hora.jobs import views
-    from hora.jobs.api import reconcile, start_job, stop_job, wait_job
+    from hora.jobs.api import interrupt_job, reconcile, start_job, stop_job, wait_job
     from hora.jobs.spec import load_spec
     from hora.jobs.states import JobStatus
     from hora.jobs.store import JobStore
@@ -88,6 +93,10 @@ def job_main(args: argparse.Namespace) -> int:
             print(views.metrics_table(store, args.job))
             if args.plot:
                 print(f"plotted to {views.plot_metrics(store, args.job, args.plot)}")
+        elif args.job_cmd == "interrupt":
+            record = interrupt_job(store, args.job, args.host)
+            print(f"interrupting job {record.name} ({args.host or 'algo-1'} reclaimed); it restarts from its "
+                  "checkpoints")
         elif args.job_cmd == "stop":
             record = stop_job(store, args.job)
             if record.done:

@@ -22,6 +22,7 @@ from hora.errors import ConfigError, UnexpectedStatusException
 from hora.jobs import views
 from hora.jobs.api import start_job, stop_job, wait_job
 from hora.jobs.spec import FIELDS, parse_spec
+from hora.jobs.spot import billable_seconds
 from hora.jobs.states import JobStatus
 from hora.jobs.store import JobRecord, JobStore
 
@@ -47,8 +48,6 @@ NO_EFFECT = (
     "model_channel_name",
     "enable_network_isolation",
     "encrypt_inter_container_traffic",
-    "use_spot_instances",
-    "max_wait",
     "debugger_hook_config",
     "tensorboard_output_config",
     "profiler_config",
@@ -70,8 +69,10 @@ RENAMED = {
     "distributions": "distribution",  # the SDK v1 spelling
     "train_instance_count": "instance_count",  # SDK v1
     "max_retry_attempts": "max_retry_attempts",
+    "train_use_spot_instances": "use_spot_instances",  # SDK v1
+    "train_max_wait": "max_wait",  # SDK v1
 }
-def _describe(record: JobRecord) -> dict[str, Any]:
+def _describe(store: JobStore, record: JobRecord) -> dict[str, Any]:
     """A job as the SDK's ``DescribeTrainingJob`` names it (the fields a local job has)."""
     spec = record.spec
     out: dict[str, Any] = {
@@ -82,7 +83,21 @@ def _describe(record: JobRecord) -> dict[str, Any]:
         "ResourceConfig": {"InstanceType": spec.get("instance_type"), "InstanceCount": spec.get("instance_count")},
         "StoppingCondition": {"MaxRuntimeInSeconds": spec.get("max_run")},
         "CreationTime": record.created,
+        "EnableManagedSpotTraining": bool(spec.get("use_spot_instances")),
     }
+    if spec.get("max_wait") is not None:
+        out["StoppingCondition"]["MaxWaitTimeInSeconds"] = spec["max_wait"]
+    if spec.get("checkpoint_path"):
+        out["CheckpointConfig"] = {"S3Uri": spec["checkpoint_path"], "LocalPath": "/opt/ml/checkpoints"}
+    if record.started is not None:  # as the service: whole seconds; billable = the time spent training
+        out["TrainingTimeInSeconds"] = int((record.ended or time.time()) - record.started)
+        out["BillableTimeInSeconds"] = int(billable_seconds(store.transitions(record.name), record.ended))
+    steps = store.transitions(record.name)
+    out["SecondaryStatusTransitions"] = [
+        {"Status": secondary, "StartTime": when, "StatusMessage": message}
+        | ({"EndTime": steps[i + 1][0]} if i + 1 < len(steps) else {})
+        for i, (when, _status, secondary, message) in enumerate(steps)
+    ]
     if record.started is not None:
         out["TrainingStartTime"] = record.started
     if record.ended is not None:
@@ -118,7 +133,7 @@ class TrainingJob:
         self.name = self.job_name = name
 
     def describe(self) -> dict[str, Any]:
-        return _describe(self._store.get(self.name))
+        return _describe(self._store, self._store.get(self.name))
 
     def wait(self, logs: bool | str = True) -> None:
         """Wait for the job (printing its logs with ``logs``); raise UnexpectedStatusException if it failed."""

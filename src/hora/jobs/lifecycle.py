@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from hora._proc import handle_signals, process_start_time
-from hora._runtime.auth import new_secret
 from hora.config.settings import Config, env_names, parse_value
 from hora.config.variables import environment
 from hora.errors import HoraError, HostStartError, StorageError
-from hora.jobs import _stage, netns, parameter_server
+from hora.jobs import _stage, netns, parameter_server, spot
+from hora.jobs.attempts import Attempts, _timer
 from hora.jobs.channels import ChannelHandle
 from hora.jobs.cluster import (
     LOOPBACK_INTERFACE,
@@ -40,7 +40,7 @@ from hora.jobs.cluster import (
 )
 from hora.jobs.host_trees import HOST_START_SECONDS, HostTrees
 from hora.jobs.install import JobEnvironment
-from hora.jobs.outcome import archive, failure_reason, master_result
+from hora.jobs.outcome import archive, failure_reason
 from hora.jobs.plan import JobPlan, ParameterServerPlan
 from hora.jobs.sagemaker_env import (
     HostLayout,
@@ -123,7 +123,7 @@ def entry_command(spec: JobSpec, user_args: list[str], python: str = sys.executa
     return [os.path.join(".", entry), *user_args]
 
 
-class JobSupervisor:
+class JobSupervisor(Attempts):
     """Runs one stored job to its end in this process (``hora job run --wait``, or the detached supervisor)."""
 
     def __init__(self, spec: JobSpec, store: JobStore, echo: bool = True,
@@ -136,6 +136,9 @@ class JobSupervisor:
         self.layouts = {h: host_layout(self.job_dir, h) for h in self.hosts}
         self._progress = progress
         self._limit_hit = False
+        self._wait_hit = False  # managed spot: max_wait passed
+        self._reclaimed: str | None = None  # managed spot: the host whose reclaim interrupted this attempt
+        self._trained = 0.0  # seconds the attempts so far trained (managed spot: max_run bounds this)
         self._stoppable = True
         self._closers: list[ChannelHandle] = []
         self._log_file: Any = None
@@ -180,14 +183,16 @@ class JobSupervisor:
         )
         start = time.time()
         self.store.update(name, started=start, supervisor_pid=pid)
-        timer = threading.Timer(self.spec.max_run, self._max_run_reached)
-        timer.daemon = True
-        timer.start()
-        with handle_signals(self._on_signal, signal.SIGTERM, signal.SIGINT):
+        # max_run bounds the whole job, or, for a spot job, the time it trains (each attempt's timer: _run_attempt)
+        timers = [_timer(self.spec.max_wait, self._max_wait_reached)] if self.spec.max_wait is not None else [
+            _timer(self.spec.max_run, self._max_run_reached)]
+        timers += spot.schedule_interruptions(self.job_dir, self.spec.spot_interruptions, len(self.hosts))
+        with handle_signals(self._on_signal, signal.SIGTERM, signal.SIGINT, spot.INTERRUPT_SIGNAL):
             try:
-                self._run_phases(timer)
+                self._run_phases(timers)
             finally:
-                timer.cancel()
+                for timer in timers:
+                    timer.cancel()
                 self._trees.stop(signal.SIGKILL)
                 if self._net is not None:
                     self._net.remove()
@@ -201,7 +206,7 @@ class JobSupervisor:
                     pass
         return self.store.get(name)
 
-    def _run_phases(self, timer: threading.Timer) -> None:
+    def _run_phases(self, timers: list[threading.Timer]) -> None:
         name = self.spec.job_name
         status, secondary = JobStatus.Failed, SecondaryStatus.Failed
         reason: str | None = None
@@ -237,7 +242,8 @@ class JobSupervisor:
                 SecondaryStatus.Failed,
                 f"InternalError: {type(exc).__name__}: {exc}",
             )
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
         self._close_channels()
         # The space held back at the start is freed now: the job's end can be recorded even when the script
         # filled the disk (and an archive that fails for want of space is removed, freeing what it took).
@@ -259,6 +265,15 @@ class JobSupervisor:
         self.store.save_record(name)  # the job's story outlives a lost index (hora job reindex)
 
     def _on_signal(self, signum: int, frame: object) -> None:
+        if signum == spot.INTERRUPT_SIGNAL:  # a simulated spot reclaim: the ranks get SIGTERM, the job restarts
+            host = spot.read_interrupt(self.job_dir)
+            if self._reclaimed is None and self._trees.forward(signal.SIGTERM):
+                self._reclaimed = host
+                self.say(f"spot capacity reclaimed ({host}): SIGTERM to every rank, SIGKILL after "
+                         f"stop_grace={self.spec.stop_grace:g}s")
+            else:
+                self.say(f"a reclaim of {host} while no rank runs: nothing to interrupt")
+            return
         if self._trees.forward(signum):  # the ranks run: the master's hora run stops them
             return
         if self._stoppable:
@@ -275,7 +290,17 @@ class JobSupervisor:
         )
         os.kill(os.getpid(), signal.SIGTERM)  # handled in the main thread: by launch() while ranks run, else _Stop
 
+    def _max_wait_reached(self) -> None:
+        self._wait_hit = True
+        self.store.transition(self.spec.job_name, JobStatus.InProgress, SecondaryStatus.Stopping,
+                              f"max_wait={self.spec.max_wait:g}s reached")
+        os.kill(os.getpid(), signal.SIGTERM)
+
     def _stopped_reason(self, result: RunResult | None) -> tuple[JobStatus, SecondaryStatus, str]:
+        if self._wait_hit:
+            return (JobStatus.Stopped, SecondaryStatus.MaxWaitTimeExceeded,
+                    f"MaxWaitTimeExceeded: the job, with its waits for spot capacity, took longer than "
+                    f"max_wait={self.spec.max_wait:g}s and was stopped")
         if self._limit_hit:
             return (JobStatus.Stopped, SecondaryStatus.MaxRuntimeExceeded,
                     f"MaxRuntimeExceeded: the job ran longer than max_run={self.spec.max_run:g}s and was stopped "
@@ -420,55 +445,6 @@ class JobSupervisor:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env["HORA_JOB_ATTEMPT"] = str(attempt)
         return env
-
-    def _fresh_attempt(self) -> None:
-        """A retry starts like a new instance would: empty model/ and output/, but the checkpoints stay."""
-        for layout in self.layouts.values():
-            for d in (layout.model_dir, layout.output_dir):
-                shutil.rmtree(d, ignore_errors=True)
-            layout.create()
-
-    def _train(self) -> tuple[JobStatus, SecondaryStatus, str | None, int | None]:
-        attempts = self.spec.max_retry_attempts + 1
-        reason: str | None = None
-        code: int | None = None
-        for attempt in range(1, attempts + 1):
-            self.store.update(self.spec.job_name, attempts=attempt)
-            if attempt > 1:
-                self._close_channels()  # the last attempt's Pipe feeders
-                self._fresh_attempt()
-            self._stage_pipes()
-            self._status(JobStatus.InProgress, SecondaryStatus.Training, f"attempt {attempt} of {attempts}: "
-                         f"{self.spec.world_size} rank(s) with hora run")
-            result = self._run_attempt(attempt)
-            self._sync_checkpoints_out()
-            if result.interrupted is not None:
-                status, secondary, why = self._stopped_reason(result)
-                return status, secondary, why, result.exit_code
-            if result.exit_code == 0:
-                return JobStatus.Completed, SecondaryStatus.Completed, None, 0
-            reason, code = failure_reason(self.job_dir, self.hosts, self.spec.processes_per_host, attempt, result)
-            if attempt < attempts:
-                self.say(f"attempt {attempt} failed; retrying. {reason.splitlines()[0]}")
-        return JobStatus.Failed, SecondaryStatus.Failed, reason, code
-
-    def _run_attempt(self, attempt: int) -> RunResult:
-        """Start every host's process tree for ``attempt`` and read back hora run's outcome."""
-        (self.job_dir / "hora" / f"attempt-{attempt}").mkdir(parents=True, exist_ok=True)
-        secret = self.job_dir / "hora" / "secret"
-        secret.touch(mode=0o600)
-        secret.write_text(new_secret().hex())  # a fresh secret per attempt: an old attempt's process cannot join
-        runtime_dir(self.job_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-        codes = self._trees.run(attempt, self._launch_env(attempt))
-        return master_result(
-            self.job_dir, self.hosts, self.spec.world_size, attempt, codes, self._trees.interrupted
-        )
-
-    def _sync_checkpoints_out(self) -> None:
-        if self.spec.checkpoint_path:
-            for layout in self.layouts.values():
-                _stage.upload_dir(layout.checkpoint_dir, self.spec.checkpoint_path)
-
 
 def layouts_of(record: JobRecord) -> dict[str, HostLayout]:
     count = int(record.spec.get("instance_count", 1))

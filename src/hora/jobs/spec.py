@@ -40,6 +40,7 @@ FIELDS = (
     "entry_point", "source_dir", "hyperparameters", "instance_count", "instance_type", "processes_per_host",
     "distribution", "inputs", "input_mode", "output_path", "checkpoint_path", "metric_definitions", "max_run",
     "max_retry_attempts", "environment", "job_name", "stop_grace", "network", "master_timeout",
+    "use_spot_instances", "max_wait", "spot_interruptions",
 )
 CHANNEL_FIELDS = ("uri", "s3_data", "input_mode", "distribution", "content_type", "record_wrapping")
 
@@ -105,6 +106,9 @@ class JobSpec:
     stop_grace: float = DEFAULT_STOP_GRACE
     network: str = "auto"  # auto | namespace | loopback: how the hosts get their addresses (cluster.py)
     master_timeout: float = DEFAULT_MASTER_TIMEOUT  # how long the other hosts wait for algo-1 to start the ranks
+    use_spot_instances: bool = False  # managed spot: reclaims restart the job from its checkpoints (spot.py)
+    max_wait: float | None = None  # seconds the whole spot job may take, waits for capacity included
+    spot_interruptions: tuple[float, ...] = ()  # seconds after the start at which to simulate a reclaim
 
     @property
     def host_count(self) -> int:
@@ -312,6 +316,8 @@ def parse_spec(
             else:
                 environment[k] = str(v).lower() if isinstance(v, bool) else str(v)
 
+    use_spot, max_wait, interruptions = _spot(data, max_run, c)
+
     job_name = c.str_(data, "job_name")
     if job_name is not None and not _JOB_NAME.match(job_name):
         c.add(f"job_name {job_name!r} must be 1-63 letters, digits and hyphens, starting with a letter or digit")
@@ -343,7 +349,36 @@ def parse_spec(
         stop_grace=stop_grace,
         network=network,
         master_timeout=master_timeout,
+        use_spot_instances=use_spot,
+        max_wait=max_wait,
+        spot_interruptions=interruptions,
     )
+
+
+def _spot(data: Mapping[str, Any], max_run: float, c: _Checker) -> tuple[bool, float | None, tuple[float, ...]]:
+    """``use_spot_instances``, ``max_wait`` and the simulated reclaims, with CreateTrainingJob's rules."""
+    use_spot = data.get("use_spot_instances", False)
+    if not isinstance(use_spot, bool):
+        c.add(f"use_spot_instances must be true or false, got {use_spot!r}")
+        use_spot = False
+    max_wait = c.number(data, "max_wait", 0.0) if data.get("max_wait") is not None else None
+    if use_spot and max_wait is None:
+        c.add("use_spot_instances needs max_wait: the seconds the whole job may take, waiting for spot capacity "
+              "included (SageMaker's MaxWaitTimeInSeconds), at least max_run")
+    elif max_wait is not None and not use_spot:
+        c.add("max_wait is only for managed spot training: set use_spot_instances: true, or leave max_wait out")
+    elif max_wait is not None and max_wait < max_run:
+        c.add(f"Invalid MaxWaitTimeInSeconds: max_wait ({max_wait:g}) must be greater than or equal to max_run "
+              f"({max_run:g})")
+    raw = data.get("spot_interruptions") or []
+    times: list[float] = []
+    if not isinstance(raw, list) or not all(isinstance(t, (int, float)) and t >= 0 for t in raw):
+        c.add(f"spot_interruptions must be a list of seconds after the job's start (numbers >= 0), got {raw!r}")
+    else:
+        times = sorted(float(t) for t in raw)
+    if times and not use_spot:
+        c.add("spot_interruptions simulate reclaims of spot instances: set use_spot_instances: true")
+    return use_spot, max_wait, tuple(times)
 
 
 def _channel(name: str, value: Any, job_mode: str, base: Path, c: _Checker) -> ChannelSpec | None:
@@ -390,6 +425,7 @@ def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:
     """Rebuild a :class:`JobSpec` from :meth:`JobSpec.to_dict` (the store's copy; already validated)."""
     fields = dict(data)
     fields["inputs"] = tuple(ChannelSpec(**c) for c in fields.get("inputs", {}).values())
+    fields["spot_interruptions"] = tuple(fields.get("spot_interruptions", ()))
     fields["metric_definitions"] = tuple(
         MetricDefinition(m["Name"], m["Regex"]) for m in fields.get("metric_definitions", [])
     )

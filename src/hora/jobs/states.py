@@ -7,6 +7,9 @@
           └────────────────────────┴─────────────── a failure before training ──────────────────────────► │
                                                                                                           ▼
                               Completed / Completed   |   Failed / Failed   |   Stopped / Stopped or MaxRuntimeExceeded
+                                                                                       or MaxWaitTimeExceeded
+
+A managed spot job (spot.py) also goes Training ─► Interrupted ─► Restarting ─► Training when it is reclaimed.
 
 Every job ends in one of the three terminal statuses; the artifacts are archived (Uploading) whatever the outcome.
 A job whose supervisor died is marked Failed by the next command that looks at it.
@@ -39,6 +42,9 @@ class SecondaryStatus(str, enum.Enum):
     Failed = "Failed"
     Stopped = "Stopped"
     MaxRuntimeExceeded = "MaxRuntimeExceeded"
+    Interrupted = "Interrupted"  # managed spot: the instances were reclaimed (spot.py)
+    Restarting = "Restarting"  # managed spot: capacity is back, the job starts again from its checkpoints
+    MaxWaitTimeExceeded = "MaxWaitTimeExceeded"  # managed spot: the job took longer than max_wait
 
     def __str__(self) -> str:
         return self.value

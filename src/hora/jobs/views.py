@@ -11,6 +11,8 @@ from pathlib import Path
 from hora.errors import ConfigError, StorageError
 from hora.jobs.plan import JobPlan
 from hora.jobs.records import AttemptResult, RankEnd, attempt_dir
+from hora.jobs.spot import billable_seconds
+from hora.jobs.states import SecondaryStatus
 from hora.jobs.store import JobRecord, JobStore
 
 __all__ = ["describe", "follow_logs", "job_table", "metrics_table", "plot_metrics", "read_logs", "summary"]
@@ -74,6 +76,7 @@ def describe(store: JobStore, name: str) -> str:
         *_network(r),
         f"Hyperparameters:   {json.dumps(spec.get('hyperparameters', {}), sort_keys=True)}",
         f"Max run:           {spec['max_run']:g}s",
+        *_spot_lines(store, r),
         f"Job directory:     {r.job_dir}",
     ]
     for ch in spec.get("inputs", {}).values():
@@ -95,6 +98,21 @@ def describe(store: JobStore, name: str) -> str:
     for t, status, secondary, message in store.transitions(name):
         lines.append(f"  {_when(t)}  {status:10} {secondary:18} {message.splitlines()[0] if message else ''}".rstrip())
     return "\n".join(lines)
+
+
+def _spot_lines(store: JobStore, r: JobRecord) -> list[str]:
+    """Managed spot: max_wait, the reclaims, and SageMaker's training and billable seconds."""
+    if not r.spec.get("use_spot_instances"):
+        return []
+    steps = store.transitions(r.name)
+    reclaims = sum(1 for _, _, secondary, _ in steps if secondary == SecondaryStatus.Interrupted)
+    lines = [f"Managed spot:      max_wait {r.spec['max_wait']:g}s, {reclaims} interruption(s)"]
+    if r.started is not None:
+        training = (r.ended or time.time()) - r.started
+        billable = billable_seconds(steps, r.ended)
+        saving = f" ({(1 - billable / training) * 100:.1f}% less than the training time)" if training > 0 else ""
+        lines.append(f"Training time:     {int(training)}s; billable time {int(billable)}s{saving}")
+    return lines
 
 
 def _network(r: JobRecord) -> list[str]:

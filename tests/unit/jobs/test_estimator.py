@@ -11,7 +11,7 @@ from hora.errors import ConfigError, SpecError, UnexpectedStatusException
 from hora.jobs import MXNet, PyTorch, TensorFlow
 from hora.jobs.estimator import Estimator, _check_status, _describe
 from hora.jobs.states import JobStatus, SecondaryStatus
-from hora.jobs.store import JobRecord
+from hora.jobs.store import JobRecord, JobStore
 
 
 @pytest.fixture
@@ -92,8 +92,10 @@ def test_completed_passes_and_stopped_warns_as_the_sdk_does(caplog):
     assert "Job ended with status 'Stopped' rather than 'Completed'" in caplog.text
 
 
-def test_describe_has_the_sdks_field_names():
-    d = _describe(_record(JobStatus.Failed, "boom"))
+def test_describe_has_the_sdks_field_names(tmp_path):
+    d = _describe(JobStore(tmp_path / "home"), _record(JobStatus.Failed, "boom"))
     assert d["TrainingJobName"] == "job-1" and d["TrainingJobStatus"] == "Failed"
     assert d["FailureReason"] == "boom" and d["ModelArtifacts"] == {"S3ModelArtifacts": "/x/output/model.tar.gz"}
     assert d["HyperParameters"] == {"epochs": "3"} and d["ResourceConfig"]["InstanceCount"] == 2
+    assert d["EnableManagedSpotTraining"] is False and d["StoppingCondition"] == {"MaxRuntimeInSeconds": 60}
+    assert d["TrainingTimeInSeconds"] == 0 and d["BillableTimeInSeconds"] == 0  # (no Training transition here)
