@@ -105,22 +105,6 @@ def run_command(
     """
     outer = environment() if env is None else env
     check_not_nested(outer)
-    if elastic:
-        return _run_elastic(
-            command,
-            np,
-            hosts,
-            hostfile,
-            outer,
-            output_filename,
-            capture,
-            verbose,
-            timeout,
-            cwd,
-            rendezvous_port,
-            elastic,
-            settings,
-        )
     allocation = slurm_allocation(outer) if hosts is None and hostfile is None else None
     slots = allocation.hosts if allocation else host_list(hosts, hostfile)
     try:
@@ -138,6 +122,24 @@ def run_command(
     except (ConfigError, TypeError):
         start_timeout, grace = 30.0, 30.0  # the workers report the bad setting themselves
     ssh = SshOptions(ssh_port, ssh_identity_file, tuple(ssh_options), start_timeout)
+    if elastic:
+        return _run_elastic(
+            command,
+            np,
+            slots,
+            outer,
+            output_filename,
+            capture,
+            verbose,
+            timeout,
+            cwd,
+            rendezvous_port,
+            elastic,
+            settings,
+            ssh,
+            network_interface,
+            start_timeout,
+        )
     spec = LaunchSpec(
         list(command),
         n,
@@ -163,8 +165,7 @@ def run_command(
 def _run_elastic(
     command: Sequence[str],
     np: int | None,
-    hosts: str | None,
-    hostfile: str | None,
+    slots: Sequence[HostSlots],
     outer: Mapping[str, str],
     output_filename: str | None,
     capture: bool,
@@ -174,10 +175,12 @@ def _run_elastic(
     rendezvous_port: int,
     elastic: Mapping[str, Any],
     settings: Mapping[str, Any],
+    ssh: SshOptions,
+    network_interface: str | None,
+    start_timeout: float,
 ) -> RunResult:
     from hora.runner.elastic import ElasticSpec, launch_elastic
 
-    slots = host_list(hosts, hostfile)
     if slots and elastic.get("host_discovery_script"):
         raise ConfigError("give the hosts of an elastic job either with --host-discovery-script or with -H, not both")
     spec = ElasticSpec(
@@ -198,6 +201,9 @@ def _run_elastic(
         timeout=timeout,
         cwd=cwd,
         rendezvous_port=rendezvous_port,
+        ssh=ssh,
+        network_interface=network_interface,
+        start_timeout=start_timeout,
     )
     return launch_elastic(spec)
 

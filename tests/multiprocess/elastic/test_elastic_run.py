@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hora.errors import ConfigError
+from hora.errors import ConfigError, HostError
 from hora.runner import RunResult, run_command
-from support import paths
+from support import netns_hosts, paths
 
 WORKERS = paths.TESTS / "workers"
 HOSTS3 = "127.0.0.2:1,127.0.0.3:1,127.0.0.4:1"
@@ -165,9 +165,30 @@ def test_a_discovery_script_failing_at_the_start_fails_the_job_before_anything_s
         run_command([sys.executable, "-c", "pass"], np=2, elastic={"host_discovery_script": "exit 3"})
 
 
-def test_elastic_jobs_refuse_hosts_that_are_not_this_machine():
-    with pytest.raises(ConfigError, match=r"this machine's hosts only so far.*gave node-7"):
+def test_a_remote_host_that_cannot_be_reached_fails_the_job_before_anything_starts():
+    with pytest.raises(HostError, match="node-7"):
         run_command([sys.executable, "-c", "pass"], np=1, elastic={"host_discovery_script": "echo node-7:2"})
+
+
+def test_workers_on_ssh_hosts_go_on_without_a_lost_one(netns_cluster, tmp_path, capsys):
+    c = netns_cluster
+    a, b = c.hosts[0].addr, c.hosts[1].addr
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"localhost:1\n{a}:1\n{b}:1\n")
+    result = run_command(
+        [sys.executable, str(WORKERS / "elastic_numpy.py"), "--out", str(tmp_path), "--kill", f"{b}:0:4"],
+        np=3, capture=True, timeout=120, elastic={"host_discovery_script": f"cat {hosts}", "min_np": 1},
+        **c.ssh_kwargs(),
+    )
+    assert result.exit_code == 0, result.report() + output(result, "stderr")
+    assert steps(tmp_path) == [(s, 3) for s in range(5)] + [(s, 2) for s in range(5, 20)]
+    assert f"host {b} is blacklisted" in capsys.readouterr().err
+    finished = sorted(line for line in output(result).splitlines() if line.startswith("finished"))
+    assert finished == [f"finished rank {r} of 2 max_size 2 total {5 * 6 + 15 * 3}" for r in range(2)]
+    deadline = time.monotonic() + 20  # nothing of the job is left on the hosts: only their sshd runs there
+    while any(c.processes_in(h.netns) - {h.pid} for h in c.hosts[:2]) or netns_hosts.job_processes(result.job_id):
+        assert time.monotonic() < deadline, "processes of the job were left on the SSH hosts"
+        time.sleep(0.1)
 
 
 def test_a_worker_sent_sigterm_leaves_at_the_next_commit_and_no_step_is_lost(tmp_path, capsys):

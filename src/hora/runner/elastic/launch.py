@@ -7,18 +7,21 @@ the survivors, resetting inside ``hvd.elastic.run``, join the next round. Worker
 was removed or blacklisted) are stopped before the round is published. Output lines are prefixed with the worker's
 number: its rank in the round it was started for, later workers numbered on from the last.
 
-Only hosts on this machine (``localhost``, this host's names, 127.x addresses) are supported so far.
+Hosts on this machine (``localhost``, this host's names, 127.x addresses) run their workers directly; other hosts
+over SSH, one session running hora's agent per worker (:mod:`hora.runner.remote_host`), each new host checked
+first as ``hora run -H`` checks its hosts.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hora._proc import die_with_parent, handle_signals, usable_cpus
@@ -28,7 +31,7 @@ from hora._transport.shm import sweep
 from hora.config import Config
 from hora.config.variables import environment
 from hora.config.worker_env import worker_env
-from hora.errors import ConfigError
+from hora.errors import ConfigError, HostError
 from hora.runner.elastic.discovery import (
     DiscoveredHosts,
     DiscoveryError,
@@ -39,10 +42,12 @@ from hora.runner.elastic.discovery import (
 )
 from hora.runner.elastic.driver import FAILURE, READY, SUCCESS, ElasticDriver, ElasticJobError, slot_id
 from hora.runner.hosts import HostSlots, RankSlot, is_local_host
-from hora.runner.launch import _free_port, _is_ip
+from hora.runner.launch import _free_port, _hora_path, _is_ip, forwarded_env
 from hora.runner.output import OutputPump
 from hora.runner.reaper import GroupReaper
+from hora.runner.remote_host import RemoteHost, RemoteRank
 from hora.runner.result import Failure, RunResult, root_cause
+from hora.runner.ssh import SshOptions, advertise_address, preflight, remote_agent_command, ssh_command
 from hora.runner.stacks import StackDumps, where
 from hora.runner.supervise import LocalRank
 
@@ -75,13 +80,17 @@ class ElasticSpec:
     timeout: float | None = None
     cwd: str | None = None
     rendezvous_port: int = 0
+    ssh: SshOptions | None = None  # how remote hosts are reached (as hora run -H)
+    network_interface: str | None = None
+    start_timeout: float = 30.0
 
 
 @dataclass
 class _Worker:
     index: int
     slot: RankSlot  # its place in the round it was started for
-    proc: LocalRank
+    proc: LocalRank | RemoteRank
+    session: RemoteHost | None = None  # a remote worker's SSH session (one per worker)
     code: int | None = None
     stop_by: float | None = None  # SIGKILL after this (it was sent SIGTERM)
 
@@ -110,21 +119,38 @@ def _counts(spec: ElasticSpec) -> tuple[int, int, int | None]:
     return np, min_np, max_np
 
 
-class _LocalHostsOnly:
-    """The job's discovery, refusing hosts that are not this machine (SSH hosts are not supported elastic yet)."""
+class _CheckedHosts:
+    """The job's discovery, each new remote host checked over SSH first (as hora run -H checks them): a host that
+    fails the check is left out, said once. Without a store the remote hosts can reach, remote hosts are refused."""
 
-    def __init__(self, discovery: HostDiscovery) -> None:
-        self._discovery = discovery
+    def __init__(self, discovery: HostDiscovery, ssh: SshOptions, routable: bool, note: Callable[[str], None]):
+        self._discovery, self._ssh, self._routable, self._note = discovery, ssh, routable, note
+        self.checked: set[str] = set()
+        self._failed: set[str] = set()
 
     def find_available_hosts_and_slots(self) -> dict[str, int]:
         found = self._discovery.find_available_hosts_and_slots()
         remote = [h for h in found if not is_local_host(h)]
-        if remote:
+        if remote and not self._routable:
             raise DiscoveryError(
-                f"elastic jobs run on this machine's hosts only so far (localhost, 127.x addresses); the discovery "
-                f"gave {', '.join(remote)}: start those with a static hora run -H, or leave them out"
+                f"the discovery gave remote hosts ({', '.join(remote)}) but the job started with this machine's "
+                "hosts only, so its rendezvous listens on loopback: start it with --network-interface NIC (or "
+                "with a remote host in the first discovery) to let remote hosts join"
             )
-        return found
+        new = [h for h in remote if h not in self.checked and h not in self._failed]
+        if new:
+            try:
+                preflight(new, self._ssh)
+                self.checked.update(new)
+            except HostError as exc:
+                for host in new:  # check them one by one: keep those that answer
+                    try:
+                        preflight([host], self._ssh)
+                        self.checked.add(host)
+                    except HostError:
+                        self._failed.add(host)
+                self._note(f"left out of the job: {exc}")
+        return {h: n for h, n in found.items() if h not in self._failed}
 
 
 def launch_elastic(spec: ElasticSpec) -> RunResult:
@@ -147,14 +173,26 @@ def launch_elastic(spec: ElasticSpec) -> RunResult:
             "an elastic job needs --host-discovery-script, or at least two hosts with -H (one host cannot lose a "
             "host and go on)"
         )
-    manager = HostManager(_LocalHostsOnly(discovery), spec.cooldown_range)
+    ssh = spec.ssh or SshOptions()
+    try:
+        first = discovery.find_available_hosts_and_slots()
+    except DiscoveryError as exc:
+        raise ConfigError(str(exc)) from None
+    remote = [h for h in first if not is_local_host(h)]
+    if remote or spec.network_interface:  # remote hosts must reach the store and the local workers
+        host = advertise_address(remote, spec.network_interface, preflight(remote, ssh) if remote else {})
+    else:
+        host = "127.0.0.1"
+    checked = _CheckedHosts(discovery, ssh, host != "127.0.0.1", _note)
+    checked.checked.update(remote)
+    manager = HostManager(checked, spec.cooldown_range)
     secret, job_id = new_secret(), uuid.uuid4().hex[:16]
-    server = RendezvousServer(secret, port=spec.rendezvous_port, max_frame_bytes=config.max_frame_bytes)
+    server = RendezvousServer(secret, host=host, port=spec.rendezvous_port, max_frame_bytes=config.max_frame_bytes)
     try:
         rdv = server.start()
     except OSError as exc:
         raise ConfigError(
-            f"cannot listen on 127.0.0.1:{spec.rendezvous_port} for the rendezvous: {exc.strerror}"
+            f"cannot listen on {host}:{spec.rendezvous_port} for the rendezvous: {exc.strerror}"
         ) from None
     job = _ElasticJob(spec, config, server, rdv, secret, job_id, base_env)
     job.driver = ElasticDriver(manager, server, f"{job_id}/elastic/", min_np, max_np, spec.reset_limit, job.log)
@@ -201,7 +239,7 @@ class _ElasticJob:
 
     def note(self, message: str) -> None:
         """What a user of an elastic job must see even without --verbose (a worker lost, a new round)."""
-        print(f"hora run: {message}", file=sys.stderr, flush=True)
+        _note(message)
 
     # -- the job -----------------------------------------------------------------------------------------------
     def run(self, np: int) -> RunResult:
@@ -228,7 +266,7 @@ class _ElasticJob:
             finally:
                 self._stop_discovery.set()
                 if timed_out:
-                    self.stacks.capture({w.index: w.proc.pid for w in self.workers if w.code is None})
+                    self.stacks.capture({w.index: w.proc.pid for w in self.workers if w.code is None and not w.session})
                 self._stop_all(signal.SIGTERM if self.interrupted is None else self.interrupted)
                 reaper.close()
                 release()
@@ -279,6 +317,9 @@ class _ElasticJob:
             if deadline is not None and now > deadline:
                 self.note("time limit reached: taking every worker's stacks and stopping them")
                 return "", True
+            for w in self.workers:
+                if w.session is not None and w.code is None:
+                    w.session.check(now)
             self._reap(now)
             self._drain_leaving(now)
             for sid in self.driver.ready_slots():
@@ -313,7 +354,7 @@ class _ElasticJob:
             return
         self._alone_since = None
         workers = [w for w in self.workers if w.code is None and w.sid in stuck and w.stop_by is None]
-        got = self.stacks.capture({w.index: w.proc.pid for w in workers})
+        got = self.stacks.capture({w.index: w.proc.pid for w in workers if w.session is None})  # local ones only
         for w in workers:
             frames = where(got.get(w.index, "")) or ["(no stack: it did not answer SIGUSR1)"]
             self.note(
@@ -383,9 +424,13 @@ class _ElasticJob:
             self.log(f"round 1: {len(slots)} ranks on {', '.join(hosts_used)}")
 
     def _start(self, slot: RankSlot, reaper: GroupReaper) -> None:
-        bind = slot.host if _is_ip(slot.host) else None
+        remote = not is_local_host(slot.host)
+        if self.rdv[0] != "127.0.0.1":  # remote hosts in the job: local workers listen where they can be reached
+            bind: str | None = None if remote else self.rdv[0]
+        else:
+            bind = slot.host if _is_ip(slot.host) else None
         env = worker_env(
-            self.base_env,
+            forwarded_env(self.base_env) if remote else self.base_env,
             rank=slot.rank,
             size=len(self.driver.members),
             local_rank=slot.local_rank,
@@ -400,18 +445,18 @@ class _ElasticJob:
             master_port=self.master[1],
             bind_addr=bind,
             settings=self.spec.settings,
-            cpus=usable_cpus(),
+            cpus=None if remote else usable_cpus(),
         )
         env.update(
-            {
-                "HOROVOD_ELASTIC": "1",
-                "HORA_ELASTIC_SLOT": slot_id(slot),
-                "HORA_ELASTIC_ROUND": str(self.driver.round),
-                "HORA_STACKS_DIR": str(self.stacks.directory),
-            }
+            {"HOROVOD_ELASTIC": "1", "HORA_ELASTIC_SLOT": slot_id(slot), "HORA_ELASTIC_ROUND": str(self.driver.round)}
         )
+        if not remote:
+            env["HORA_STACKS_DIR"] = str(self.stacks.directory)
         if self.driver.max_np is not None:
             env["HORA_ELASTIC_MAX_NP"] = str(self.driver.max_np)
+        if remote:
+            self._start_remote(slot, env)
+            return
         proc = subprocess.Popen(
             list(self.spec.command),
             env=env,
@@ -427,6 +472,30 @@ class _ElasticJob:
         self.pump.add(worker.index, proc.stdout, proc.stderr)  # type: ignore[arg-type]
         reaper.add(proc.pid)
         self.log(f"started worker {worker.index} for {worker.sid} (rank {slot.rank}) as pid {proc.pid}")
+
+    def _start_remote(self, slot: RankSlot, env: dict[str, str]) -> None:
+        """One SSH session running the hora agent for this one worker (hora run -H's agent, see remote_host)."""
+        index = len(self.workers)
+        forwarded = forwarded_env(self.base_env)
+        paths = [_hora_path(), *forwarded.get("PYTHONPATH", "").split(os.pathsep)]
+        description = {
+            "command": list(self.spec.command),
+            "cwd": os.path.abspath(self.spec.cwd or os.getcwd()),
+            "env": forwarded,
+            "ranks": [{"rank": index, "env": {k: v for k, v in env.items() if forwarded.get(k) != v}}],
+            "servers": [],
+            "workers": 1,
+            "grace": self.grace,
+            "network_interface": self.spec.network_interface,
+        }
+        agent = remote_agent_command(sys.executable, os.pathsep.join(dict.fromkeys(p for p in paths if p)))
+        argv = ssh_command(slot.host, self.spec.ssh or SshOptions(), agent)
+        session = RemoteHost(slot.host, [index], argv, description, self.pump, self.spec.start_timeout + 10.0,
+                             die_with_parent, echo_stderr=not self.spec.capture)
+        session.start()
+        session.start_threads()
+        self.workers.append(_Worker(index, slot, session.ranks[index], session))
+        self.log(f"started worker {index} for {slot_id(slot)} (rank {slot.rank}) over SSH: {' '.join(argv)}")
 
     def _signal_live(self, sig: int) -> None:
         for w in self.workers:
@@ -444,7 +513,11 @@ class _ElasticJob:
             time.sleep(0.02)
         self._signal_live(signal.SIGKILL)
         for w in self.workers:
-            if w.code is None:
+            if w.session is not None:
+                w.session.close(timeout=self.grace + 5.0)  # the agent stops what still runs there
+                w.code = w.code if w.code is not None else w.proc.poll()
+            elif w.code is None:
+                assert isinstance(w.proc, LocalRank)
                 w.code = w.proc.proc.wait()
                 w.proc.reaped()
 
@@ -454,3 +527,7 @@ class _ElasticJob:
                 w.code = code
                 w.proc.reaped()
 
+
+
+def _note(message: str) -> None:
+    print(f"hora run: {message}", file=sys.stderr, flush=True)
