@@ -180,14 +180,15 @@ _FIELDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size
 def leave_on_sigterm(config: Config, boot: Bootstrap) -> None:
     """Make SIGTERM (a preemption notice) a graceful leave: the worker tells the launcher, which drains its host;
     every rank raises ``HostsUpdatedInterrupt`` at the next ``commit()`` and the job re-forms without it and without
-    a rollback. Only in the main thread, and only when the script has no SIGTERM handler of its own."""
+    a rollback. When the launcher is stopping the whole job (``stopping`` at the store), or cannot be reached, the
+    worker ends at once, as SIGTERM would end it. Only in the main thread, and only when the script has no SIGTERM
+    handler of its own."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return
     slot = _slot()
-    stacks = read("HORA_STACKS_DIR")  # the launcher marks a whole-job stop there (the job is ending, not a leave)
-    stopping = os.path.join(stacks, "stopping") if stacks else None
+    end_now = threading.Event()
 
     def announce() -> None:
         try:
@@ -197,23 +198,29 @@ def leave_on_sigterm(config: Config, boot: Bootstrap) -> None:
                 boot.secret,
                 -1,
                 f"{boot.job_id}/elastic/",
-                time.monotonic() + config.start_timeout,
+                time.monotonic() + min(config.start_timeout, 10.0),
                 config.max_frame_bytes,
             )
-            store.set(f"leaving/{slot}", str(_last_round))
-            store.close()
-        except HoraError as exc:
-            log.warning("could not tell the elastic launcher that %s is leaving: %s", slot, exc)
+            try:
+                if store.get("stopping") is None:
+                    store.set(f"leaving/{slot}", str(_last_round))
+                    log.warning("SIGTERM: worker %s leaves the job at its next commit()", slot)
+                    return
+            finally:
+                store.close()
+        except HoraError:
+            pass  # the launcher is gone: nobody to leave gracefully to
+        end_now.set()
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler, in the main thread, ends the process
 
     def on_sigterm(signum: int, frame: object) -> None:
         global _leaving
-        if stopping is not None and os.path.exists(stopping):  # hora run stops the job: end as SIGTERM ends
+        if end_now.is_set():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
         if not _leaving:
             _leaving = True
-            log.warning("SIGTERM: worker %s leaves the job at its next commit()", slot)
             threading.Thread(target=announce, name="hora-elastic-leave", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_sigterm)

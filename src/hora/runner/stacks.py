@@ -99,7 +99,7 @@ class StackDumps:
     def save(self, output_dir: str | None) -> str:
         """Keep the captured dumps (as ``rank.<r>/stacks`` under ``output_dir``, else ``rank.<r>.stacks`` in the
         stacks directory); remove what is not needed. Returns where they are ("" when none was captured)."""
-        raw = [*self.directory.glob("*.stacks"), self.directory / "stopping"]
+        raw = list(self.directory.glob("*.stacks"))
         if not self.captured:
             shutil.rmtree(self.directory, ignore_errors=True)
             return ""

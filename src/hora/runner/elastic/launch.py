@@ -503,9 +503,9 @@ class _ElasticJob:
                 w.proc.signal(sig)
 
     def _stop_all(self, sig: int) -> None:
-        """Stop every worker still running: ``sig``, then SIGKILL after the grace period. The mark in the stacks
-        directory tells hora's SIGTERM handler in the workers that the job ends (not a graceful leave)."""
-        (self.stacks.directory / "stopping").touch()
+        """Stop every worker still running: ``sig``, then SIGKILL after the grace period. ``stopping`` at the store
+        tells hora's SIGTERM handler in the workers that the job ends (not a graceful leave)."""
+        self.server.put({f"{self.job_id}/elastic/stopping": "1"})
         self._signal_live(sig)
         end = time.monotonic() + self.grace
         while any(w.code is None for w in self.workers) and time.monotonic() < end:
