@@ -5,6 +5,8 @@ Faults come from the scripts themselves (tests/workers/elastic_*.py), at fixed s
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 import sys
 import threading
 import time
@@ -261,3 +263,37 @@ def test_a_frozen_worker_is_shown_where_it_was_then_killed_and_the_job_goes_on(t
     assert "worker 1 (127.0.0.3:0) did not leave round 1 while every other worker did: it is stuck at " in said
     assert "elastic_numpy.py:36 in think_very_hard" in said
     assert steps(tmp_path)[-1] == (19, 2)
+
+
+def test_sigterm_to_an_ssh_hosts_agent_is_a_graceful_leave(netns_cluster, tmp_path, capsys):
+    """A spot reclaim signals the host: its agent passes SIGTERM to the worker, which leaves at its next commit."""
+    c = netns_cluster
+    a, b = c.hosts[0], c.hosts[1]
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"localhost:1\n{a.addr}:1\n{b.addr}:1\n")
+
+    def reclaim_b() -> None:
+        while not (tmp_path / "log").exists() or len(steps(tmp_path)) < 5:
+            time.sleep(0.05)
+        for pid in c.processes_in(b.netns) - {b.pid}:
+            try:
+                if b"hora.runner.host_agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+
+    reclaimer = threading.Thread(target=reclaim_b, daemon=True)
+    reclaimer.start()
+    result = run_command(
+        [sys.executable, str(WORKERS / "elastic_numpy.py"), "--out", str(tmp_path), "--steps", "40",
+         "--step-sleep", "0.05"],
+        np=3, capture=True, timeout=120, elastic={"host_discovery_script": f"cat {hosts}", "min_np": 1},
+        **c.ssh_kwargs(),
+    )
+    reclaimer.join(5)
+    assert result.exit_code == 0, result.report() + output(result, "stderr")
+    done = steps(tmp_path)
+    assert [s for s, _ in done] == list(range(40))  # no step lost or repeated
+    sizes = [n for _, n in done]
+    assert sizes[0] == 3 and sizes[-1] == 2 and sorted(sizes, reverse=True) == sizes
+    assert f"host {b.addr} leaves the job at the next commit()" in capsys.readouterr().err
