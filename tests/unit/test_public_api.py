@@ -136,7 +136,9 @@ def test_the_cluster_engines_public_names_are_pinned():
     import hora.ray
     import hora.spark
 
-    assert hora.ray.__all__ == ["RayExecutor", "RaySettings", "WorkerState"]
+    assert hora.ray.__all__ == [
+        "ElasticRayExecutor", "ElasticRaySettings", "RayExecutor", "RayHostDiscovery", "RaySettings", "WorkerState"
+    ]
     assert all(hasattr(hora.ray, n) for n in hora.ray.__all__)
     assert hora.spark.__all__ == ["run"]
     assert all(hasattr(hora.spark, n) for n in hora.spark.__all__)

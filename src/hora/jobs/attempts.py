@@ -89,7 +89,9 @@ class Attempts:
                 self._close_channels()  # the last attempt's Pipe feeders
                 self._fresh_attempt(new_instances=restored)
             self._stage_pipes()
-            of = f"{failures + 1} of {attempts}, attempt {attempt} in all" if attempt > failures + 1 else f"{attempt} of {attempts}"
+            of = f"{attempt} of {attempts}"
+            if attempt > failures + 1:  # spot reclaims restarted it without using a retry
+                of = f"{failures + 1} of {attempts}, attempt {attempt} in all"
             self._status(JobStatus.InProgress, SecondaryStatus.Training,
                          f"attempt {of}: {self.spec.world_size} rank(s) with hora run")
             result = self._run_attempt(attempt)

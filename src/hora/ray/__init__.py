@@ -5,7 +5,8 @@ checkout). See docs/engines.md.
 
 from __future__ import annotations
 
+from hora.ray.elastic import ElasticRayExecutor, ElasticRaySettings, RayHostDiscovery
 from hora.ray.executor import RayExecutor, RaySettings
 from hora.ray.worker import WorkerState
 
-__all__ = ["RayExecutor", "RaySettings", "WorkerState"]
+__all__ = ["ElasticRayExecutor", "ElasticRaySettings", "RayExecutor", "RayHostDiscovery", "RaySettings", "WorkerState"]

@@ -14,9 +14,7 @@ first as ``hora run -H`` checks its hosts.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -24,13 +22,12 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hora._proc import die_with_parent, handle_signals, usable_cpus
+from hora._proc import handle_signals
 from hora._runtime.auth import new_secret
 from hora._runtime.rendezvous import RendezvousServer
 from hora._transport.shm import sweep
 from hora.config import Config
 from hora.config.variables import environment
-from hora.config.worker_env import worker_env
 from hora.errors import ConfigError, HostError
 from hora.runner.elastic.discovery import (
     DiscoveredHosts,
@@ -41,15 +38,12 @@ from hora.runner.elastic.discovery import (
     HostManager,
 )
 from hora.runner.elastic.driver import FAILURE, READY, SUCCESS, ElasticDriver, ElasticJobError, slot_id
-from hora.runner.hosts import HostSlots, RankSlot, is_local_host
-from hora.runner.launch import _free_port, _hora_path, _is_ip, forwarded_env
+from hora.runner.elastic.workers import JobContext, ProcessStarter, Worker, WorkerStarter
+from hora.runner.hosts import HostSlots, is_local_host
 from hora.runner.output import OutputPump
-from hora.runner.reaper import GroupReaper
-from hora.runner.remote_host import RemoteHost, RemoteRank
 from hora.runner.result import Failure, RunResult, root_cause
-from hora.runner.ssh import SshOptions, advertise_address, preflight, remote_agent_command, ssh_command
+from hora.runner.ssh import SshOptions, advertise_address, preflight
 from hora.runner.stacks import StackDumps, where
-from hora.runner.supervise import LocalRank
 
 __all__ = ["DISCOVER_HOSTS_FREQUENCY_SECS", "ElasticSpec", "launch_elastic"]
 
@@ -83,20 +77,6 @@ class ElasticSpec:
     ssh: SshOptions | None = None  # how remote hosts are reached (as hora run -H)
     network_interface: str | None = None
     start_timeout: float = 30.0
-
-
-@dataclass
-class _Worker:
-    index: int
-    slot: RankSlot  # its place in the round it was started for
-    proc: LocalRank | RemoteRank
-    session: RemoteHost | None = None  # a remote worker's SSH session (one per worker)
-    code: int | None = None
-    stop_by: float | None = None  # SIGKILL after this (it was sent SIGTERM)
-
-    @property
-    def sid(self) -> str:
-        return slot_id(self.slot)
 
 
 def _counts(spec: ElasticSpec) -> tuple[int, int, int | None]:
@@ -153,19 +133,62 @@ class _CheckedHosts:
         return {h: n for h, n in found.items() if h not in self._failed}
 
 
-def launch_elastic(spec: ElasticSpec) -> RunResult:
+def launch_elastic(
+    spec: ElasticSpec,
+    discovery: HostDiscovery | None = None,
+    store_host: str = "127.0.0.1",
+    starter: Callable[[JobContext], WorkerStarter] | None = None,
+) -> RunResult:
     """Run ``spec.command`` as an elastic job and wait for it (see the module's docstring).
+
+    A cluster engine (:mod:`hora.ray.elastic`) gives its own ``discovery`` of hosts, the address its workers reach
+    this process on (``store_host``) and a ``starter`` of its workers; ``spec.command`` is then unused.
 
     Raises:
         ConfigError: bad counts or flags, or the first run of the discovery failed (nothing was started).
+        HostError: a remote host of the first discovery failed the SSH check.
     """
     np, min_np, max_np = _counts(spec)
     base_env = dict(environment() if spec.env is None else spec.env)
     config = Config.resolve(env=base_env, overrides=spec.settings)
     if config.num_ps or config.ps_per_host:
         raise ConfigError("parameter servers (--num-ps) cannot be combined with an elastic job (--min-np ...)")
+    if discovery is not None:
+        host, found = store_host, discovery
+    else:
+        host, found = _hosts_of(spec)
+    manager = HostManager(found, spec.cooldown_range)
+    secret, job_id = new_secret(), uuid.uuid4().hex[:16]
+    server = RendezvousServer(secret, host=host, port=spec.rendezvous_port, max_frame_bytes=config.max_frame_bytes)
+    try:
+        rdv = server.start()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {host}:{spec.rendezvous_port} for the rendezvous: {exc.strerror}"
+        ) from None
+    job = _ElasticJob(spec, config, server, rdv, secret, job_id, base_env)
+    if starter is not None:
+        job.starter.close()
+        job.starter = starter(job.context)
+    job.driver = ElasticDriver(manager, server, f"{job_id}/elastic/", min_np, max_np, spec.reset_limit, job.log)
+    try:
+        job.driver.discover()
+    except DiscoveryError as exc:
+        server.shutdown()
+        raise ConfigError(str(exc)) from None
+    try:
+        return job.run(np)
+    finally:
+        server.shutdown()
+        for name in sweep(job_id):
+            job.log(f"removed shared memory {name} that a crashed worker left behind")
+
+
+def _hosts_of(spec: ElasticSpec) -> tuple[str, HostDiscovery]:
+    """The discovery of ``spec`` (its script, or its fixed hosts), each new remote host checked over SSH, and the
+    address the store listens on (routable when remote hosts take part)."""
     if spec.discovery_script:
-        discovery: HostDiscoveryScript | FixedHosts = HostDiscoveryScript(spec.discovery_script, spec.slots_per_host)
+        discovery: HostDiscovery = HostDiscoveryScript(spec.discovery_script, spec.slots_per_host)
     elif spec.hosts and len(spec.hosts) >= 2:
         discovery = FixedHosts({h.host: h.slots for h in spec.hosts})
     else:
@@ -185,28 +208,7 @@ def launch_elastic(spec: ElasticSpec) -> RunResult:
         host = "127.0.0.1"
     checked = _CheckedHosts(discovery, ssh, host != "127.0.0.1", _note)
     checked.checked.update(remote)
-    manager = HostManager(checked, spec.cooldown_range)
-    secret, job_id = new_secret(), uuid.uuid4().hex[:16]
-    server = RendezvousServer(secret, host=host, port=spec.rendezvous_port, max_frame_bytes=config.max_frame_bytes)
-    try:
-        rdv = server.start()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot listen on {host}:{spec.rendezvous_port} for the rendezvous: {exc.strerror}"
-        ) from None
-    job = _ElasticJob(spec, config, server, rdv, secret, job_id, base_env)
-    job.driver = ElasticDriver(manager, server, f"{job_id}/elastic/", min_np, max_np, spec.reset_limit, job.log)
-    try:
-        job.driver.discover()
-    except DiscoveryError as exc:
-        server.shutdown()
-        raise ConfigError(str(exc)) from None
-    try:
-        return job.run(np)
-    finally:
-        server.shutdown()
-        for name in sweep(job_id):
-            job.log(f"removed shared memory {name} that a crashed worker left behind")
+    return host, checked
 
 
 class _ElasticJob:
@@ -224,12 +226,26 @@ class _ElasticJob:
         self.secret, self.job_id, self.base_env = secret, job_id, base_env
         self.driver: ElasticDriver
         self.pump = OutputPump(spec.output_filename, capture=spec.capture)
-        self.workers: list[_Worker] = []
+        self.workers: list[Worker] = []
         self.failures: list[Failure] = []
         self.interrupted: int | None = None
-        self.master = (rdv[0], _free_port())
         self.grace = spec.grace if spec.grace is not None else config.grace_period
         self.stacks = StackDumps(job_id)
+        self.context = JobContext(rdv, secret, job_id, spec.settings, spec.max_np)
+        self.starter: WorkerStarter = ProcessStarter(
+            self.context,
+            spec.command,
+            base_env,
+            self.pump,
+            str(self.stacks.directory),
+            self.grace,
+            spec.cwd,
+            spec.ssh,
+            spec.network_interface,
+            spec.start_timeout,
+            spec.capture,
+            self.log,
+        )
         self._alone_since: float | None = None  # since when only stuck members keep the round from ending
         self._stop_discovery = threading.Event()
 
@@ -245,7 +261,6 @@ class _ElasticJob:
     def run(self, np: int) -> RunResult:
         release = self.pump.hold_open()
         self.pump.start()
-        reaper = GroupReaper()
         discovery = threading.Thread(target=self._discover, name="hora-elastic-discovery", daemon=True)
         discovery.start()
         reason, timed_out = "", False
@@ -259,8 +274,8 @@ class _ElasticJob:
         with handle_signals(on_signal, signal.SIGINT, signal.SIGTERM):
             try:
                 deadline = time.monotonic() + self.config.elastic_timeout
-                self._next_round(self.driver.wait_for_slots(np, deadline, self._stopping), reaper)
-                reason, timed_out = self._supervise(reaper)
+                self._next_round(self.driver.wait_for_slots(np, deadline, self._stopping))
+                reason, timed_out = self._supervise()
             except ElasticJobError as exc:
                 reason = str(exc)
             finally:
@@ -268,7 +283,7 @@ class _ElasticJob:
                 if timed_out:
                     self.stacks.capture({w.index: w.proc.pid for w in self.workers if w.code is None and not w.session})
                 self._stop_all(signal.SIGTERM if self.interrupted is None else self.interrupted)
-                reaper.close()
+                self.starter.close()
                 release()
                 saved = self.stacks.save(self.spec.output_filename)
         discovery.join(5.0)
@@ -307,7 +322,7 @@ class _ElasticJob:
             except DiscoveryError as exc:  # later failures are retried (Horovod's rule)
                 self.note(f"{exc}; trying again in {DISCOVER_HOSTS_FREQUENCY_SECS:g}s")
 
-    def _supervise(self, reaper: GroupReaper) -> tuple[str, bool]:
+    def _supervise(self) -> tuple[str, bool]:
         """Watch the workers and form rounds until the job ends; (why it failed or "", whether it timed out)."""
         deadline = None if self.spec.timeout is None else time.monotonic() + self.spec.timeout
         while True:
@@ -336,7 +351,7 @@ class _ElasticJob:
                 hosts = self.driver.wait_for_slots(
                     self.driver.min_np, time.monotonic() + self.config.elastic_timeout, self._stopping
                 )
-                self._next_round(hosts, reaper)
+                self._next_round(hosts)
             for w in self.workers:
                 if w.code is None and w.stop_by is not None and now > w.stop_by:
                     w.proc.signal(signal.SIGKILL)
@@ -405,7 +420,7 @@ class _ElasticJob:
                     f"{self.driver.round}) failed: {failure.describe()}; the others go on without it"
                 )
 
-    def _next_round(self, hosts: DiscoveredHosts, reaper: GroupReaper) -> None:
+    def _next_round(self, hosts: DiscoveredHosts) -> None:
         slots, left_out = self.driver.form_round(hosts)
         now = time.monotonic()
         for w in self.workers:  # stopped before the round is published: they go quietly
@@ -416,86 +431,12 @@ class _ElasticJob:
         live = {w.sid for w in self.workers if w.code is None and w.stop_by is None}
         for slot in slots:
             if slot_id(slot) not in live:
-                self._start(slot, reaper)
+                self.workers.append(self.starter.start(slot, len(slots), self.driver.round, len(self.workers)))
         hosts_used = sorted({s.host for s in slots})
         if self.driver.round > 1:
             self.note(f"round {self.driver.round}: {len(slots)} ranks on {', '.join(hosts_used)}")
         else:
             self.log(f"round 1: {len(slots)} ranks on {', '.join(hosts_used)}")
-
-    def _start(self, slot: RankSlot, reaper: GroupReaper) -> None:
-        remote = not is_local_host(slot.host)
-        if self.rdv[0] != "127.0.0.1":  # remote hosts in the job: local workers listen where they can be reached
-            bind: str | None = None if remote else self.rdv[0]
-        else:
-            bind = slot.host if _is_ip(slot.host) else None
-        env = worker_env(
-            forwarded_env(self.base_env) if remote else self.base_env,
-            rank=slot.rank,
-            size=len(self.driver.members),
-            local_rank=slot.local_rank,
-            local_size=slot.local_size,
-            cross_rank=slot.cross_rank,
-            cross_size=slot.cross_size,
-            host=slot.host,
-            rendezvous=self.rdv,
-            secret=self.secret,
-            job_id=self.job_id,
-            master_addr=self.master[0],
-            master_port=self.master[1],
-            bind_addr=bind,
-            settings=self.spec.settings,
-            cpus=None if remote else usable_cpus(),
-        )
-        env.update(
-            {"HOROVOD_ELASTIC": "1", "HORA_ELASTIC_SLOT": slot_id(slot), "HORA_ELASTIC_ROUND": str(self.driver.round)}
-        )
-        if not remote:
-            env["HORA_STACKS_DIR"] = str(self.stacks.directory)
-        if self.driver.max_np is not None:
-            env["HORA_ELASTIC_MAX_NP"] = str(self.driver.max_np)
-        if remote:
-            self._start_remote(slot, env)
-            return
-        proc = subprocess.Popen(
-            list(self.spec.command),
-            env=env,
-            cwd=self.spec.cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-        worker = _Worker(len(self.workers), slot, LocalRank(proc))
-        self.workers.append(worker)
-        self.pump.add(worker.index, proc.stdout, proc.stderr)  # type: ignore[arg-type]
-        reaper.add(proc.pid)
-        self.log(f"started worker {worker.index} for {worker.sid} (rank {slot.rank}) as pid {proc.pid}")
-
-    def _start_remote(self, slot: RankSlot, env: dict[str, str]) -> None:
-        """One SSH session running the hora agent for this one worker (hora run -H's agent, see remote_host)."""
-        index = len(self.workers)
-        forwarded = forwarded_env(self.base_env)
-        paths = [_hora_path(), *forwarded.get("PYTHONPATH", "").split(os.pathsep)]
-        description = {
-            "command": list(self.spec.command),
-            "cwd": os.path.abspath(self.spec.cwd or os.getcwd()),
-            "env": forwarded,
-            "ranks": [{"rank": index, "env": {k: v for k, v in env.items() if forwarded.get(k) != v}}],
-            "servers": [],
-            "workers": 1,
-            "grace": self.grace,
-            "network_interface": self.spec.network_interface,
-        }
-        agent = remote_agent_command(sys.executable, os.pathsep.join(dict.fromkeys(p for p in paths if p)))
-        argv = ssh_command(slot.host, self.spec.ssh or SshOptions(), agent)
-        session = RemoteHost(slot.host, [index], argv, description, self.pump, self.spec.start_timeout + 10.0,
-                             die_with_parent, echo_stderr=not self.spec.capture)
-        session.start()
-        session.start_threads()
-        self.workers.append(_Worker(index, slot, session.ranks[index], session))
-        self.log(f"started worker {index} for {slot_id(slot)} (rank {slot.rank}) over SSH: {' '.join(argv)}")
 
     def _signal_live(self, sig: int) -> None:
         for w in self.workers:
@@ -513,13 +454,7 @@ class _ElasticJob:
             time.sleep(0.02)
         self._signal_live(signal.SIGKILL)
         for w in self.workers:
-            if w.session is not None:
-                w.session.close(timeout=self.grace + 5.0)  # the agent stops what still runs there
-                w.code = w.code if w.code is not None else w.proc.poll()
-            elif w.code is None:
-                assert isinstance(w.proc, LocalRank)
-                w.code = w.proc.proc.wait()
-                w.proc.reaped()
+            w.code = self.starter.end(w, self.grace + 5.0)
 
     def _reap_quietly(self) -> None:
         for w in self.workers:

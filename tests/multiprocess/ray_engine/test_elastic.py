@@ -1,0 +1,60 @@
+"""hora.ray.ElasticRayExecutor on a 2-node Ray cluster on this machine (Ray's ``cluster_utils.Cluster``, 2 CPUs a
+node): the workers are actors; one SIGKILLed on the second node takes that node out and the others go on."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from hora.errors import UnsupportedError  # noqa: E402
+from hora.ray import ElasticRayExecutor, RayHostDiscovery  # noqa: E402
+from workers import elastic_fns  # noqa: E402
+
+from .conftest import processes_under, ray_environment, settle  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    from ray.cluster_utils import Cluster
+
+    mp = pytest.MonkeyPatch()
+    tmp = ray_environment(mp)
+    cluster = None
+    try:
+        node = {"num_cpus": 2, "object_store_memory": 80 << 20}
+        cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False, "temp_dir": tmp})
+        cluster.add_node(**node)
+        ray.init(address=cluster.address)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        mp.undo()
+        left = settle(lambda: processes_under(tmp))
+        shutil.rmtree(tmp, ignore_errors=True)
+        assert left == [], f"Ray processes outlived the cluster: {left}"
+
+
+def test_a_worker_killed_on_one_node_leaves_the_others_to_finish(two_nodes, tmp_path):
+    hosts = sorted(RayHostDiscovery().find_available_hosts_and_slots())
+    assert len(hosts) == 2  # two Ray nodes on one machine: two hora hosts
+    settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=4, elastic_timeout=60)
+    executor = ElasticRayExecutor(settings, cpus_per_slot=1)
+    executor.start()
+    results = executor.run(functools.partial(elastic_fns.train, str(tmp_path), hosts[1], 3))
+    steps = [tuple(map(int, line.split())) for line in (tmp_path / "log").read_text().splitlines()]
+    assert steps[0] == (0, 4) and steps[-1] == (11, 2)  # 4 workers, then the 2 of the first node
+    assert [r[:2] for r in results] == [(0, 2), (1, 2)] and len({r[2] for r in results}) == 1
+    assert (tmp_path / "killed").read_text().startswith(hosts[1])
+
+
+def test_callbacks_are_refused_with_a_clear_error(two_nodes):
+    executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=1))
+    with pytest.raises(UnsupportedError, match="callbacks"):
+        executor.run(lambda: None, callbacks=[print])
