@@ -89,7 +89,7 @@ def run_command(
 
     ``settings`` are hora settings for the workers (``start_timeout=10``, ``transport="tcp"`` ...). With
     ``capture=True`` output is kept in ``result.lines`` instead of printed. ``timeout`` kills the job after that
-    many seconds, first dumping every rank's Python stacks to its stderr.
+    many seconds, first taking every rank's Python stacks (``result.stacks``; the report says where each was).
 
     ``hosts`` (``"h1:4,h2:4"``) or ``hostfile`` place the ranks; hosts that are not this machine are reached over
     SSH (``ssh_port``, ``ssh_identity_file``, extra ``ssh_options`` as ``-o`` values), checked first, and given

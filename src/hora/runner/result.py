@@ -58,7 +58,7 @@ class RunResult:
         """A human-readable account of the failure (empty when the job succeeded)."""
         if self.timed_out:
             head = (
-                "hora run: the job exceeded its time limit; every rank's stack was dumped to its stderr "
+                "hora run: the job exceeded its time limit; every rank's stacks were taken (where each was: below) "
                 "and the ranks were killed."
             )
         elif self.interrupted is not None:
