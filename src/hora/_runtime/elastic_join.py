@@ -109,6 +109,19 @@ class Membership:
     notices: int  # host-update notices published before this round (rank 0 listens for later ones)
 
 
+def _store(config: Config, boot: Bootstrap, rank: int, connect_within: float) -> RendezvousClient:
+    """A connection to the elastic launcher's keys at the job's store."""
+    return RendezvousClient(
+        boot.addr,
+        boot.port,
+        boot.secret,
+        rank,
+        f"{boot.job_id}/elastic/",
+        time.monotonic() + connect_within,
+        config.max_frame_bytes,
+    )
+
+
 def _slot() -> str:
     slot = read("HORA_ELASTIC_SLOT")
     if not slot:
@@ -128,15 +141,7 @@ def join(config: Config, boot: Bootstrap) -> Membership:
     """
     global _last_round
     slot = _slot()
-    store = RendezvousClient(
-        boot.addr,
-        boot.port,
-        boot.secret,
-        -1,
-        f"{boot.job_id}/elastic/",
-        time.monotonic() + config.start_timeout,
-        config.max_frame_bytes,
-    )
+    store = _store(config, boot, -1, config.start_timeout)
     try:
         if _last_round is None:
             want = int(read("HORA_ELASTIC_ROUND") or "1")
@@ -192,15 +197,7 @@ def leave_on_sigterm(config: Config, boot: Bootstrap) -> None:
 
     def announce() -> None:
         try:
-            store = RendezvousClient(
-                boot.addr,
-                boot.port,
-                boot.secret,
-                -1,
-                f"{boot.job_id}/elastic/",
-                time.monotonic() + min(config.start_timeout, 10.0),
-                config.max_frame_bytes,
-            )
+            store = _store(config, boot, -1, min(config.start_timeout, 10.0))
             try:
                 if store.get("stopping") is None:
                     store.set(f"leaving/{slot}", str(_last_round))
@@ -244,15 +241,7 @@ class NoticeListener:
 
     def __init__(self, config: Config, boot: Bootstrap, after: int) -> None:
         self._seen = after
-        self._store = RendezvousClient(
-            boot.addr,
-            boot.port,
-            boot.secret,
-            0,
-            f"{boot.job_id}/elastic/",
-            time.monotonic() + config.start_timeout,
-            config.max_frame_bytes,
-        )
+        self._store = _store(config, boot, 0, config.start_timeout)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="hora-elastic-notices", daemon=True)
         self._thread.start()

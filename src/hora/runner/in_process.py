@@ -99,8 +99,10 @@ def rank_env(
     bind_addr: str | None = None,
     extra: Mapping[str, str] | None = None,
     settings: Mapping[str, Any] | None = None,
+    cpus: int | None = None,
 ) -> dict[str, str]:
-    """The variables rank ``slot.rank`` writes into its process: ``hora run``'s worker contract plus ``extra``."""
+    """The variables rank ``slot.rank`` writes into its process: ``hora run``'s worker contract plus ``extra``
+    (``cpus``: its host's cores, for the thread defaults)."""
     return worker_env(
         dict(extra or {}),
         rank=slot.rank,
@@ -117,6 +119,7 @@ def rank_env(
         master_port=master[1],
         bind_addr=bind_addr,
         settings=settings,
+        cpus=cpus,
     )
 
 

@@ -4,7 +4,6 @@ node): the workers are actors; one SIGKILLed on the second node takes that node 
 from __future__ import annotations
 
 import functools
-import shutil
 
 import pytest
 
@@ -13,32 +12,6 @@ ray = pytest.importorskip("ray")
 from hora.errors import UnsupportedError  # noqa: E402
 from hora.ray import ElasticRayExecutor, RayHostDiscovery  # noqa: E402
 from workers import elastic_fns  # noqa: E402
-
-from .conftest import processes_under, ray_environment, settle  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def two_nodes():
-    from ray.cluster_utils import Cluster
-
-    mp = pytest.MonkeyPatch()
-    tmp = ray_environment(mp)
-    cluster = None
-    try:
-        node = {"num_cpus": 2, "object_store_memory": 80 << 20}
-        cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False, "temp_dir": tmp})
-        cluster.add_node(**node)
-        ray.init(address=cluster.address)
-        cluster.wait_for_nodes()
-        yield cluster
-    finally:
-        ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
-        mp.undo()
-        left = settle(lambda: processes_under(tmp))
-        shutil.rmtree(tmp, ignore_errors=True)
-        assert left == [], f"Ray processes outlived the cluster: {left}"
 
 
 def test_a_worker_killed_on_one_node_leaves_the_others_to_finish(two_nodes, tmp_path):

@@ -4,40 +4,12 @@ collectives cross the nodes."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 ray = pytest.importorskip("ray")
 
 from hora.ray import RayExecutor  # noqa: E402
 from workers import engines  # noqa: E402
-
-from .conftest import processes_under, ray_environment, settle  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def two_nodes():
-    from ray.cluster_utils import Cluster
-
-    mp = pytest.MonkeyPatch()
-    tmp = ray_environment(mp)
-    cluster = None
-    try:
-        node = {"num_cpus": 2, "object_store_memory": 80 << 20}
-        cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False, "temp_dir": tmp})
-        cluster.add_node(**node)
-        ray.init(address=cluster.address)
-        cluster.wait_for_nodes()
-        yield cluster
-    finally:
-        ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
-        mp.undo()
-        left = settle(lambda: processes_under(tmp))
-        shutil.rmtree(tmp, ignore_errors=True)
-        assert left == [], f"Ray processes outlived the cluster: {left}"
 
 
 def test_pack_fills_one_node_then_the_next_and_collectives_cross_them(two_nodes):

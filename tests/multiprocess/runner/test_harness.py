@@ -11,7 +11,6 @@ import pytest
 
 from hora.errors import RunError
 from hora.runner import run
-from support.harness import stderr_of
 from workers.failures import hang_worker, marker_then_sleep_worker
 
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hora._proc import die_with_parent, usable_cpus
-from hora.config.worker_env import worker_env
 from hora.runner.elastic.driver import slot_id
 from hora.runner.hosts import RankSlot, is_local_host
+from hora.runner.in_process import rank_env
 from hora.runner.launch import _free_port, _hora_path, _is_ip, forwarded_env
 from hora.runner.output import OutputPump
 from hora.runner.reaper import GroupReaper
@@ -79,24 +79,7 @@ def elastic_env(
     cpus: int | None,
 ) -> dict[str, str]:
     """The environment of the worker of ``slot`` started for round ``round_`` of ``size`` ranks."""
-    env = worker_env(
-        base,
-        rank=slot.rank,
-        size=size,
-        local_rank=slot.local_rank,
-        local_size=slot.local_size,
-        cross_rank=slot.cross_rank,
-        cross_size=slot.cross_size,
-        host=slot.host,
-        rendezvous=ctx.rendezvous,
-        secret=ctx.secret,
-        job_id=ctx.job_id,
-        master_addr=ctx.master[0],
-        master_port=ctx.master[1],
-        bind_addr=bind,
-        settings=ctx.settings,
-        cpus=cpus,
-    )
+    env = rank_env(slot, size, ctx.rendezvous, ctx.secret, ctx.job_id, ctx.master, bind, base, ctx.settings, cpus)
     env.update({"HOROVOD_ELASTIC": "1", "HORA_ELASTIC_SLOT": slot_id(slot), "HORA_ELASTIC_ROUND": str(round_)})
     if ctx.max_np is not None:
         env["HORA_ELASTIC_MAX_NP"] = str(ctx.max_np)
