@@ -269,7 +269,7 @@ def launch(spec: LaunchSpec) -> RunResult:
             server.shutdown()
             for name in sweep(job_id):
                 job.log(f"removed shared memory {name} that a crashed rank left behind")
-            saved = stacks.save(spec.output_filename)
+            saved = stacks.save(spec.output_filename, keep=not spec.capture)
     job.pump.join(timeout=5.0)
     for f in job.failures:
         f.tail = list(job.pump.tails.get(f.rank, []))

@@ -110,7 +110,8 @@ class RunResult:
                 outcome = f.describe() + (f" — {f.tail[-1][:100]}" if f.tail else "")
             lines.append(f"  {r:>4}  {f.pid if f else '':>7}  {outcome}")
         if self.stacks:
-            lines.append(f"  where the ranks still running were (all threads: {self.stacks_saved}):")
+            kept = self.stacks_saved or "RunResult.stacks"
+            lines.append(f"  where the ranks still running were (all threads: {kept}):")
             for r in sorted(self.stacks):
                 frames = where(self.stacks[r]) or ["(only hora's and Python's own frames)"]
                 lines.append(f"    rank {r}: " + "\n             ".join(frames))

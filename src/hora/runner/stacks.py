@@ -96,11 +96,12 @@ class StackDumps:
         self.captured.update(got)
         return got
 
-    def save(self, output_dir: str | None) -> str:
-        """Keep the captured dumps (as ``rank.<r>/stacks`` under ``output_dir``, else ``rank.<r>.stacks`` in the
-        stacks directory); remove what is not needed. Returns where they are ("" when none was captured)."""
+    def save(self, output_dir: str | None, keep: bool = True) -> str:
+        """Keep the captured dumps (as ``rank.<r>/stacks`` under ``output_dir``, else — with ``keep``, for a user at
+        a terminal — ``rank.<r>.stacks`` in the stacks directory); remove what is not needed. Returns where they
+        are ("" when none is kept: a caller of the Python API has them in ``RunResult.stacks``)."""
         raw = list(self.directory.glob("*.stacks"))
-        if not self.captured:
+        if not self.captured or (not keep and not output_dir):
             shutil.rmtree(self.directory, ignore_errors=True)
             return ""
         for path in raw:

@@ -285,7 +285,7 @@ class _ElasticJob:
                 self._stop_all(signal.SIGTERM if self.interrupted is None else self.interrupted)
                 self.starter.close()
                 release()
-                saved = self.stacks.save(self.spec.output_filename)
+                saved = self.stacks.save(self.spec.output_filename, keep=not self.spec.capture)
         discovery.join(5.0)
         self.pump.join(timeout=5.0)
         for f in self.failures:
@@ -375,6 +375,7 @@ class _ElasticJob:
             self.note(
                 f"worker {w.index} ({w.sid}) did not leave round {self.driver.round} while every other worker did: "
                 f"it is stuck at {'; '.join(frames)} — killing it"
+                + ("" if self.spec.capture else f" (all its threads: {self.stacks.directory}/rank.{w.index}.stacks)")
             )
             w.proc.signal(signal.SIGKILL)
 
