@@ -221,36 +221,36 @@ def test_a_worker_sent_sigterm_leaves_at_the_next_commit_and_no_step_is_lost(tmp
     assert "worker 1 (127.0.0.3:0) left the job" in said
 
 
-def _finished(result: RunResult) -> list[list[str]]:
-    return sorted(line.split() for line in output(result).splitlines() if line.startswith("finished"))
+def _two_left_with_the_same_weights(result: RunResult, unit: str, last: int) -> None:
+    """The job succeeded; two workers finished at ``unit`` ``last`` with the same weights (their digest)."""
+    assert result.exit_code == 0, result.report() + output(result, "stderr")
+    finished = sorted(line.split() for line in output(result).splitlines() if line.startswith("finished"))
+    assert [f[:7] for f in finished] == [["finished", "rank", str(r), "of", "2", unit, str(last)] for r in range(2)]
+    assert finished[0][-1] == finished[1][-1]
 
 
+#: (not imported to check: importing TensorFlow changes the environment, which the suite's hygiene refuses)
+needs_tensorflow = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")
+
+
+@needs_tensorflow
 def test_keras_model_fit_with_the_elastic_callbacks_goes_on_after_a_worker_is_killed(tmp_path):
-    if importlib.util.find_spec("tensorflow") is None:  # (not imported here: it changes the environment)
-        pytest.skip("needs tensorflow")
     # 4 epochs of 8 batches, a commit every 2 batches; 127.0.0.3's worker dies at batch 3 of epoch 1.
     result = elastic_run(
         "elastic_keras.py", "--out", str(tmp_path), "--kill", "127.0.0.3:0@1@3", np=3, hosts=HOSTS3, min_np=2
     )
-    assert result.exit_code == 0, result.report() + output(result, "stderr")
+    _two_left_with_the_same_weights(result, "epoch", 4)
     assert steps(tmp_path) == [(1, 3), (2, 2), (3, 2), (4, 2)]  # (epochs done, size) at each epoch's end
-    finished = _finished(result)
-    assert [f[:7] for f in finished] == [["finished", "rank", str(r), "of", "2", "epoch", "4"] for r in range(2)]
-    assert finished[0][-1] == finished[1][-1]  # the same weights on both ranks
 
 
+@needs_tensorflow
 def test_a_tensorflow_custom_loop_goes_back_to_its_last_commit_after_a_worker_is_killed(tmp_path):
-    if importlib.util.find_spec("tensorflow") is None:  # (not imported here: it changes the environment)
-        pytest.skip("needs tensorflow")
     # A failure inside the tf.function reaches hvd.elastic.run as tf.errors.UnknownError: it must reset, not crash.
     result = elastic_run(
         "elastic_tf.py", "--out", str(tmp_path), "--kill", "127.0.0.3:0@5", np=3, hosts=HOSTS3, min_np=2
     )
-    assert result.exit_code == 0, result.report() + output(result, "stderr")
+    _two_left_with_the_same_weights(result, "step", 10)
     assert steps(tmp_path) == [(s, 3) for s in range(5)] + [(s, 2) for s in range(4, 10)]  # back to the step-4 commit
-    finished = _finished(result)
-    assert [f[:7] for f in finished] == [["finished", "rank", str(r), "of", "2", "step", "10"] for r in range(2)]
-    assert finished[0][-1] == finished[1][-1]
 
 
 def test_a_frozen_worker_is_shown_where_it_was_then_killed_and_the_job_goes_on(tmp_path, capsys):
