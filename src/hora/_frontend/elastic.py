@@ -169,9 +169,7 @@ def _reset_until_joined(reset: Callable[[], None]) -> None:
         try:
             reset()
             return
-        except WorkerRemovedError:
-            raise
-        except (RendezvousError, HorovodInternalError):
+        except (RendezvousError, HorovodInternalError):  # (not WorkerRemovedError: being removed ends it)
             if not launchers.elastic() or time.monotonic() > deadline:
                 raise
             shutdown()

@@ -17,6 +17,7 @@ import numpy as np
 from hora._frontend.elastic import ObjectState
 from hora._frontend.movement import start_broadcast
 from hora._frontend.objects import broadcast_object
+from hora._frontend.process_set import ProcessSet, global_process_set
 from hora._runtime.context import rank
 
 __all__ = ["VariablesState", "broadcast_variable_values", "optimizer_variables"]
@@ -33,11 +34,18 @@ def optimizer_variables(optimizer: Any, model_variables: list[Any]) -> list[Any]
     return list(found() if callable(found) else found)
 
 
-def broadcast_variable_values(variables: list[Any], root_rank: int = 0) -> None:
-    """Give every variable ``root_rank``'s value."""
-    values = [np.array(v.numpy()) for v in variables]
+def broadcast_variable_values(
+    variables: list[Any],
+    root_rank: int = 0,
+    process_set: ProcessSet = global_process_set,
+    name: str = "hora.elastic.variable",
+) -> None:
+    """Give every variable ``root_rank``'s value: one group of broadcasts (named ``name.<i>``), then one assign each.
+    Works for Keras 3 variables on any backend and ``tf.Variable`` alike."""
+    values = [np.ascontiguousarray(np.asarray(v.numpy())) for v in variables]
     handles = [
-        start_broadcast(a, root_rank, inplace=True, name=f"hora.elastic.variable.{i}") for i, a in enumerate(values)
+        start_broadcast(a, root_rank, inplace=True, name=f"{name}.{i}", process_set=process_set)
+        for i, a in enumerate(values)
     ]
     for h in handles:
         h.wait()

@@ -165,10 +165,8 @@ def join(config: Config, boot: Bootstrap) -> Membership:
                 continue
             data: dict[str, Any] = json.loads(raw)
             if data.get("removed"):
-                if _leaving:  # it was asked to go, and now it may: end as SIGTERM would have ended it
-                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                    os.kill(os.getpid(), signal.SIGTERM)
-                    time.sleep(1.0)
+                if _leaving:  # it was asked to go, and now it may
+                    _end_as_sigterm()
                 raise WorkerRemovedError(f"worker {slot} has been removed from the elastic job (round {current})")
             _last_round = current
             values = {k: int(data[k]) for k in _FIELDS}
@@ -213,14 +211,19 @@ def leave_on_sigterm(config: Config, boot: Bootstrap) -> None:
     def on_sigterm(signum: int, frame: object) -> None:
         global _leaving
         if end_now.is_set():
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
+            _end_as_sigterm()
         if not _leaving:
             _leaving = True
             threading.Thread(target=announce, name="hora-elastic-leave", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _end_as_sigterm() -> None:
+    """End this process as SIGTERM would have, had hora not caught it (main thread only)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1.0)  # the signal is delivered meanwhile
 
 
 def _export(member: Membership) -> None:

@@ -42,8 +42,7 @@ class Attempts:
     layouts: dict[str, HostLayout]
     _trees: HostTrees
     _reclaimed: str | None
-    _wait_hit: bool
-    _limit_hit: bool
+    _limit: str | None
     _trained: float
 
     def say(self, message: str) -> None:
@@ -96,7 +95,7 @@ class Attempts:
                          f"attempt {of}: {self.spec.world_size} rank(s) with hora run")
             result = self._run_attempt(attempt)
             self._sync_checkpoints_out()
-            if self._reclaimed is not None and not self._wait_hit and not self._limit_hit:
+            if self._reclaimed is not None and self._limit is None:
                 self._wait_for_capacity(self._reclaimed)
                 self._reclaimed, restored = None, True
                 continue

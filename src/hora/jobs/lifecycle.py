@@ -135,8 +135,7 @@ class JobSupervisor(Attempts):
         self.hosts = host_names(spec.instance_count)
         self.layouts = {h: host_layout(self.job_dir, h) for h in self.hosts}
         self._progress = progress
-        self._limit_hit = False
-        self._wait_hit = False  # managed spot: max_wait passed
+        self._limit: str | None = None  # the time limit that stopped the job: "max_run" or "max_wait" (spot)
         self._reclaimed: str | None = None  # managed spot: the host whose reclaim interrupted this attempt
         self._trained = 0.0  # seconds the attempts so far trained (managed spot: max_run bounds this)
         self._stoppable = True
@@ -281,27 +280,23 @@ class JobSupervisor(Attempts):
         self.say(f"{signal.Signals(signum).name} while archiving: finishing the archive first")
 
     def _max_run_reached(self) -> None:
-        self._limit_hit = True
-        self.store.transition(
-            self.spec.job_name,
-            JobStatus.InProgress,
-            SecondaryStatus.Stopping,
-            f"max_run={self.spec.max_run:g}s reached",
-        )
-        os.kill(os.getpid(), signal.SIGTERM)  # handled in the main thread: by launch() while ranks run, else _Stop
+        self._limit_reached("max_run", self.spec.max_run)
 
     def _max_wait_reached(self) -> None:
-        self._wait_hit = True
+        self._limit_reached("max_wait", self.spec.max_wait or 0.0)
+
+    def _limit_reached(self, limit: str, seconds: float) -> None:
+        self._limit = limit
         self.store.transition(self.spec.job_name, JobStatus.InProgress, SecondaryStatus.Stopping,
-                              f"max_wait={self.spec.max_wait:g}s reached")
-        os.kill(os.getpid(), signal.SIGTERM)
+                              f"{limit}={seconds:g}s reached")
+        os.kill(os.getpid(), signal.SIGTERM)  # handled in the main thread: by launch() while ranks run, else _Stop
 
     def _stopped_reason(self, result: RunResult | None) -> tuple[JobStatus, SecondaryStatus, str]:
-        if self._wait_hit:
+        if self._limit == "max_wait":
             return (JobStatus.Stopped, SecondaryStatus.MaxWaitTimeExceeded,
                     f"MaxWaitTimeExceeded: the job, with its waits for spot capacity, took longer than "
                     f"max_wait={self.spec.max_wait:g}s and was stopped")
-        if self._limit_hit:
+        if self._limit == "max_run":
             return (JobStatus.Stopped, SecondaryStatus.MaxRuntimeExceeded,
                     f"MaxRuntimeExceeded: the job ran longer than max_run={self.spec.max_run:g}s and was stopped "
                     f"(SIGTERM, then SIGKILL after stop_grace={self.spec.stop_grace:g}s)")

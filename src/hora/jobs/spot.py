@@ -69,7 +69,12 @@ def request_interrupt(store: JobStore, name: str, host: str | None, supervisor: 
         raise ConfigError(f"job {name!r} has hosts {', '.join(hosts)}, not {host!r}")
     if supervisor is None:
         raise ConfigError(f"job {name!r} has no running supervisor to interrupt")
-    write_private(_request_file(record.job_dir), json.dumps({"host": host, "time": time.time()}))
+    _request(record.job_dir, host, supervisor)
+
+
+def _request(job_dir: str | os.PathLike[str], host: str, supervisor: int) -> None:
+    """Write the reclaim request, then signal the supervisor to act on it."""
+    write_private(_request_file(job_dir), json.dumps({"host": host, "time": time.time()}))
     os.kill(supervisor, INTERRUPT_SIGNAL)
 
 
@@ -90,8 +95,7 @@ def schedule_interruptions(
     for i, at in enumerate(times):
 
         def fire(host: str = f"algo-{i % hosts + 1}") -> None:
-            write_private(_request_file(job_dir), json.dumps({"host": host, "time": time.time()}))
-            os.kill(os.getpid(), INTERRUPT_SIGNAL)
+            _request(job_dir, host, os.getpid())
 
         timer = threading.Timer(at, fire)
         timer.daemon = True

@@ -11,6 +11,7 @@ import numpy as np
 
 from hora import _frontend as _f
 from hora._frontend import Average, global_process_set
+from hora._frontend.elastic_variables import broadcast_variable_values
 
 __all__ = [
     "BestModelCheckpoint",
@@ -25,15 +26,7 @@ __all__ = [
 
 def broadcast_keras_variables(variables: list[Any], root_rank: int, process_set: Any = global_process_set) -> None:
     """Give every variable ``root_rank``'s value: one group of broadcasts, then one assign each."""
-    values = [np.ascontiguousarray(np.asarray(v.numpy())) for v in variables]  # Keras 3 and tf.Variable alike
-    handles = [
-        _f.start_broadcast(a, root_rank, inplace=True, name=f"hora.keras.bcast.{i}", process_set=process_set)
-        for i, a in enumerate(values)
-    ]
-    for h in handles:
-        h.wait()
-    for v, a in zip(variables, values):
-        v.assign(np.reshape(a, tuple(v.shape)))
+    broadcast_variable_values(variables, root_rank, process_set, name="hora.keras.bcast")
 
 
 class _Mixin:

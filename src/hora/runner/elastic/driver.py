@@ -162,7 +162,7 @@ class ElasticDriver:
         return slots, left_out
 
     def publish(self, left_out: list[str]) -> None:
-        """Write the round's assignments (and a removal for each left-out worker) to the store, then its number."""
+        """Write the round's assignments (and a removal for each left-out worker) and its number to the store."""
         items = {
             f"{self._prefix}r{self.round}/{sid}": json.dumps(
                 {
@@ -178,8 +178,8 @@ class ElasticDriver:
             for sid, s in self.members.items()
         }
         items.update({f"{self._prefix}r{self.round}/{sid}": json.dumps({"removed": True}) for sid in left_out})
-        self._store.put(items)
-        self._store.put({f"{self._prefix}round": str(self.round)})
+        items[f"{self._prefix}round"] = str(self.round)
+        self._store.put(items)  # one change: a worker that sees the round sees its assignment
 
     def leaving_slots(self) -> list[str]:
         """Members of the current round that got SIGTERM and said they are leaving."""

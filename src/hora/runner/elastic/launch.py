@@ -117,18 +117,14 @@ class _CheckedHosts:
                 "hosts only, so its rendezvous listens on loopback: start it with --network-interface NIC (or "
                 "with a remote host in the first discovery) to let remote hosts join"
             )
-        new = [h for h in remote if h not in self.checked and h not in self._failed]
-        if new:
+        for host in remote:  # new hosts come one or a few at a time: each is checked on its own
+            if host in self.checked or host in self._failed:
+                continue
             try:
-                preflight(new, self._ssh)
-                self.checked.update(new)
+                preflight([host], self._ssh)
+                self.checked.add(host)
             except HostError as exc:
-                for host in new:  # check them one by one: keep those that answer
-                    try:
-                        preflight([host], self._ssh)
-                        self.checked.add(host)
-                    except HostError:
-                        self._failed.add(host)
+                self._failed.add(host)
                 self._note(f"left out of the job: {exc}")
         return {h: n for h, n in found.items() if h not in self._failed}
 
@@ -166,10 +162,8 @@ def launch_elastic(
         raise ConfigError(
             f"cannot listen on {host}:{spec.rendezvous_port} for the rendezvous: {exc.strerror}"
         ) from None
-    job = _ElasticJob(spec, config, server, rdv, secret, job_id, base_env)
-    if starter is not None:
-        job.starter.close()
-        job.starter = starter(job.context)
+    context = JobContext(rdv, secret, job_id, spec.settings, spec.max_np)
+    job = _ElasticJob(spec, config, server, context, base_env, starter)
     job.driver = ElasticDriver(manager, server, f"{job_id}/elastic/", min_np, max_np, spec.reset_limit, job.log)
     try:
         job.driver.discover()
@@ -217,23 +211,21 @@ class _ElasticJob:
         spec: ElasticSpec,
         config: Config,
         server: RendezvousServer,
-        rdv: tuple[str, int],
-        secret: bytes,
-        job_id: str,
+        context: JobContext,
         base_env: dict[str, str],
+        starter: Callable[[JobContext], WorkerStarter] | None,
     ) -> None:
-        self.spec, self.config, self.server, self.rdv = spec, config, server, rdv
-        self.secret, self.job_id, self.base_env = secret, job_id, base_env
+        self.spec, self.config, self.server, self.context = spec, config, server, context
+        self.job_id = context.job_id
         self.driver: ElasticDriver
         self.pump = OutputPump(spec.output_filename, capture=spec.capture)
         self.workers: list[Worker] = []
         self.failures: list[Failure] = []
         self.interrupted: int | None = None
         self.grace = spec.grace if spec.grace is not None else config.grace_period
-        self.stacks = StackDumps(job_id)
-        self.context = JobContext(rdv, secret, job_id, spec.settings, spec.max_np)
-        self.starter: WorkerStarter = ProcessStarter(
-            self.context,
+        self.stacks = StackDumps(self.job_id)
+        self.starter: WorkerStarter = starter(context) if starter is not None else ProcessStarter(
+            context,
             spec.command,
             base_env,
             self.pump,
