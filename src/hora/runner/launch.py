@@ -223,6 +223,7 @@ def launch(spec: LaunchSpec) -> RunResult:
         raise
     reaper = GroupReaper()  # ends the ranks' process groups should this process be killed
     stacks = StackDumps(job_id)  # where the local ranks dump their stacks when asked
+    reaper.remove_on_death(str(stacks.directory))
     with handle_signals(on_signal, signal.SIGINT, signal.SIGTERM):
         try:
             handles: dict[int, LocalRank | RemoteRank] = {}

@@ -3,7 +3,8 @@
 A rank dies with the launcher (PDEATHSIG), but what the rank started lives on in the rank's process group under
 PID 1. The launcher therefore starts a tiny shell in a session of its own that reads the ranks' process group ids
 from a pipe. The launcher ends normally by writing ``done`` (it has stopped its ranks itself); when it dies any
-other way, the pipe closes without ``done`` and the shell kills every group it was told about. A group id cannot
+other way, the pipe closes without ``done`` and the shell kills every group it was told about (and removes the
+job's private stacks directory, :mod:`hora.runner.stacks`, nobody would clean up otherwise). A group id cannot
 be reused while any process of the group lives, so the groups it kills are the ranks' own.
 """
 
@@ -14,8 +15,8 @@ import subprocess
 __all__ = ["GroupReaper"]
 
 _SCRIPT = (
-    'while read -r p; do [ "$p" = done ] && exit 0; set -- "$@" "$p"; done; '
-    'for p in "$@"; do kill -9 "-$p" 2>/dev/null; done'
+    'd=; while read -r p; do case "$p" in done) exit 0;; dir:*) d="${p#dir:}";; *) set -- "$@" "$p";; esac; done; '
+    'for p in "$@"; do kill -9 "-$p" 2>/dev/null; done; [ -z "$d" ] || rm -rf -- "$d"'
 )
 
 
@@ -37,6 +38,11 @@ class GroupReaper:
 
     def add(self, pgid: int) -> None:
         self._send(f"{pgid}\n")
+
+    def remove_on_death(self, directory: str) -> None:
+        """Also remove ``directory`` (the job's private stacks directory) if this process dies before :meth:`close`."""
+        if "\n" not in directory:
+            self._send(f"dir:{directory}\n")
 
     def close(self) -> None:
         """The launcher has stopped its ranks itself: let the reaper go without killing anything."""

@@ -122,6 +122,7 @@ class ProcessStarter:
         self.network_interface, self.start_timeout = network_interface, start_timeout
         self.capture, self.log = capture, log
         self.reaper = GroupReaper()  # ends the local workers' process groups should the launcher be killed
+        self.reaper.remove_on_death(stacks_dir)
 
     def start(self, slot: RankSlot, size: int, round_: int, index: int) -> Worker:
         remote = not is_local_host(slot.host)
