@@ -1,10 +1,14 @@
-"""The pure parts of hora.ray and hora.spark: host names from Ray's placement, rank order, and reading Spark's
-failure text (no Ray or Spark needed)."""
+"""The pure parts of hora.ray and hora.spark: host names from Ray's placement, rank order, reading Spark's failure
+text, and which of run_elastic's tasks are alive (no Ray or Spark needed)."""
 
 from __future__ import annotations
 
+import json
+
+from hora._runtime.rendezvous import RendezvousServer
 from hora.ray.executor import _host_order, host_names
 from hora.ray.worker import NodeInfo
+from hora.spark.elastic import LOST_AFTER, SparkTaskDiscovery
 from hora.spark.runner import _stage_error
 from hora.spark.task import FAILURE_BEGIN, FAILURE_END
 
@@ -51,3 +55,26 @@ def test_a_lost_executor_names_the_rank_and_the_executor():
 def test_anything_else_is_reported_with_sparks_first_line():
     error = _stage_error(RuntimeError("py4j went away\nmore"), 3)
     assert str(error) == "the Spark barrier stage of 3 ranks failed: py4j went away"
+
+
+def test_run_elastics_hosts_are_the_executors_whose_tasks_still_beat():
+    registry = RendezvousServer(b"k" * 32)  # in-process access only: nothing listens
+    now = [100.0]
+    hosts = SparkTaskDiscovery(registry, "job/tasks/", clock=lambda: now[0])
+    registry.put({
+        "job/tasks/task/t0.0": json.dumps({"host": "10.0.0.1/exec-0", "ip": "10.0.0.1"}),
+        "job/tasks/task/t1.0": json.dumps({"host": "10.0.0.1/exec-0", "ip": "10.0.0.1"}),
+        "job/tasks/task/t2.0": json.dumps({"host": "10.0.0.2/exec-1", "ip": "10.0.0.2"}),
+        "job/tasks/beat/t0.0": "1", "job/tasks/beat/t1.0": "1", "job/tasks/beat/t2.0": "1",
+    })
+    assert hosts.find_available_hosts_and_slots() == {"10.0.0.1/exec-0": 2, "10.0.0.2/exec-1": 1}
+    assert hosts.idle_task("10.0.0.1/exec-0", busy={"t0.0"}) == "t1.0"
+    assert hosts.idle_task("10.0.0.2/exec-1", busy={"t2.0"}) is None
+    now[0] += LOST_AFTER - 0.5
+    registry.put({"job/tasks/beat/t0.0": "2", "job/tasks/beat/t1.0": "2"})  # t2.0's executor went quiet
+    assert hosts.find_available_hosts_and_slots() == {"10.0.0.1/exec-0": 2, "10.0.0.2/exec-1": 1}
+    now[0] += 1.0
+    assert hosts.find_available_hosts_and_slots() == {"10.0.0.1/exec-0": 2}
+    assert not hosts.alive("t2.0") and hosts.alive("t0.0")
+    registry.put({"job/tasks/task/t2.1": json.dumps({"host": "10.0.0.3/exec-2", "ip": "10.0.0.3"})})
+    assert hosts.find_available_hosts_and_slots() == {"10.0.0.1/exec-0": 2, "10.0.0.3/exec-2": 1}  # Spark's retry

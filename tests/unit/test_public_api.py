@@ -140,7 +140,7 @@ def test_the_cluster_engines_public_names_are_pinned():
         "ElasticRayExecutor", "ElasticRaySettings", "RayExecutor", "RayHostDiscovery", "RaySettings", "WorkerState"
     ]
     assert all(hasattr(hora.ray, n) for n in hora.ray.__all__)
-    assert hora.spark.__all__ == ["run"]
+    assert hora.spark.__all__ == ["run", "run_elastic"]
     assert all(hasattr(hora.spark, n) for n in hora.spark.__all__)
 
 

@@ -37,6 +37,14 @@ VARIABLES: tuple[Variable, ...] = (
         "set by hora run for its local ranks: the private directory where a rank dumps its threads' stacks on SIGUSR1 "
         "(read by hora run before it stops or kills a rank)",
     ),
+    Variable(
+        "HOROVOD_SPARK_START_TIMEOUT",
+        "Horovod's: seconds hora.spark.run_elastic waits for its Spark tasks to start when start_timeout is not given",
+    ),
+    Variable(
+        "SPARK_LOCAL_DIRS",
+        "set by Spark for its Python workers: the executor's scratch directories (run_elastic's tasks work there)",
+    ),
     Variable("HORA_JOB_HOME", "where hora job keeps its jobs (default ~/.hora)"),
     Variable("HORA_JOB_ATTEMPT", "set by hora job for a job's ranks: the attempt (1, 2, ... with retries)"),
     Variable(

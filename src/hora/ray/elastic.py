@@ -100,6 +100,11 @@ class _ActorRank:
             self._code, self.reason = -signal.SIGKILL, f"the actor died: {str(exc).strip().splitlines()[0]}"
         return self._code
 
+    @property
+    def tail(self) -> list[str]:
+        """Why it failed, for the job's report (its output went to Ray's logs)."""
+        return [self.reason] if self.reason else []
+
     def signal(self, sig: int) -> None:
         if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
             import ray

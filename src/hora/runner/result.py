@@ -80,12 +80,10 @@ class RunResult:
         lines = ["=" * 78, head]
         rc = self.root_cause
         if rc is not None:
-            lines += [
-                f"  rank  : {rc.rank}",
-                f"  host  : {rc.host}",
-                f"  pid   : {rc.pid}",
-                f"  exit  : {rc.describe()}",
-            ]
+            lines += [f"  rank  : {rc.rank}", f"  host  : {rc.host}"]
+            if rc.pid > 0:  # an engine's worker (a Ray actor, a Spark task's child) is no process of this machine
+                lines.append(f"  pid   : {rc.pid}")
+            lines.append(f"  exit  : {rc.describe()}")
             if rc.reason:
                 lines.append(f"  why   : {rc.reason}")
             if rc.tail:
@@ -108,7 +106,7 @@ class RunResult:
                 outcome = f"{f.describe()} — {f.reason[:120]}"
             else:
                 outcome = f.describe() + (f" — {f.tail[-1][:100]}" if f.tail else "")
-            lines.append(f"  {r:>4}  {f.pid if f else '':>7}  {outcome}")
+            lines.append(f"  {r:>4}  {f.pid if f and f.pid > 0 else '':>7}  {outcome}")
         if self.stacks:
             kept = self.stacks_saved or "RunResult.stacks"
             lines.append(f"  where the ranks still running were (all threads: {kept}):")

@@ -281,7 +281,7 @@ class _ElasticJob:
         discovery.join(5.0)
         self.pump.join(timeout=5.0)
         for f in self.failures:
-            f.tail = list(self.pump.tails.get(f.rank, []))
+            f.tail = list(self.pump.tails.get(f.rank, [])) or f.tail
         codes = [w.code for w in self.workers]
         if timed_out:
             exit_code = 124
@@ -360,15 +360,26 @@ class _ElasticJob:
         if now - self._alone_since < STUCK_AFTER:
             return
         self._alone_since = None
-        workers = [w for w in self.workers if w.code is None and w.sid in stuck and w.stop_by is None]
-        got = self.stacks.capture({w.index: w.proc.pid for w in workers if w.session is None})  # local ones only
+        workers = [
+            w for w in self.workers if w.code is None and w.sid in stuck and w.stop_by is None and not w.stuck_killed
+        ]
+        # local processes only: a remote or engine worker's stack cannot be asked for from here
+        got = self.stacks.capture({w.index: w.proc.pid for w in workers if w.session is None and w.proc.pid > 0})
         for w in workers:
-            frames = where(got.get(w.index, "")) or ["(no stack: it did not answer SIGUSR1)"]
+            dump = got.get(w.index, "")
+            if dump:
+                detail = f"it is stuck at {'; '.join(where(dump))}"
+                if not self.spec.capture:
+                    detail += f" (all its threads: {self.stacks.directory}/rank.{w.index}.stacks)"
+            elif w.session is None and w.proc.pid > 0:
+                detail = "it did not answer SIGUSR1 with its stack"
+            else:
+                detail = "its stack cannot be taken from here (not a process of this machine)"
             self.note(
                 f"worker {w.index} ({w.sid}) did not leave round {self.driver.round} while every other worker did: "
-                f"it is stuck at {'; '.join(frames)} — killing it"
-                + ("" if self.spec.capture else f" (all its threads: {self.stacks.directory}/rank.{w.index}.stacks)")
+                f"{detail} — killing it"
             )
+            w.stuck_killed = True
             w.proc.signal(signal.SIGKILL)
 
     def _drain_leaving(self, now: float) -> None:
@@ -406,7 +417,8 @@ class _ElasticJob:
             if not counted and w.stop_by is not None:
                 self.note(f"worker {w.index} ({w.sid}) left the job")
             if code != 0 and counted:
-                failure = Failure(w.index, w.slot.host, w.proc.pid, code, [], now, stopped=False)
+                tail = list(getattr(w.proc, "tail", []))  # what an engine's worker said (no output pump)
+                failure = Failure(w.index, w.slot.host, w.proc.pid, code, tail, now, stopped=False)
                 self.failures.append(failure)
                 self.note(
                     f"worker {w.index} ({w.sid}, rank {self.driver.members[w.sid].rank} of round "

@@ -1,7 +1,8 @@
 """How an elastic job's workers start and end: a process on this machine, an SSH session running hora's agent on
 another host (:mod:`hora.runner.remote_host`), or — behind the same :class:`WorkerStarter` interface — a Ray actor
-(:mod:`hora.ray.elastic`). Every worker gets ``hora run``'s worker environment for its slot plus the elastic
-variables (``HOROVOD_ELASTIC=1``, its slot, the round it was started for, ``--max-np``)."""
+(:mod:`hora.ray.elastic`) or a Spark task's child process (:mod:`hora.spark.elastic`). Every worker gets ``hora
+run``'s worker environment for its slot plus the elastic variables (``HOROVOD_ELASTIC=1``, its slot, the round it
+was started for, ``--max-np``)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ __all__ = ["JobContext", "ProcessStarter", "Worker", "WorkerHandle", "WorkerStar
 
 
 class WorkerHandle(Protocol):
-    """What the launcher needs of a running worker (a local process, a remote rank, a Ray actor)."""
+    """What the launcher needs of a running worker (a local process, a remote rank, a Ray actor, a Spark task's
+    child). A handle whose output does not reach the launcher's pump may also have ``tail``: the last lines it said,
+    for the failure report."""
 
     pid: int
 
@@ -47,6 +50,7 @@ class Worker:
     session: RemoteHost | None = None  # a remote worker's SSH session (one per worker)
     code: int | None = None
     stop_by: float | None = None  # SIGKILL after this (it was sent SIGTERM)
+    stuck_killed: bool = False  # SIGKILLed for keeping a round from ending
 
     @property
     def sid(self) -> str:
