@@ -78,3 +78,19 @@ def test_run_elastics_hosts_are_the_executors_whose_tasks_still_beat():
     assert not hosts.alive("t2.0") and hosts.alive("t0.0")
     registry.put({"job/tasks/task/t2.1": json.dumps({"host": "10.0.0.3/exec-2", "ip": "10.0.0.3"})})
     assert hosts.find_available_hosts_and_slots() == {"10.0.0.1/exec-0": 2, "10.0.0.3/exec-2": 1}  # Spark's retry
+
+
+def test_ray_logger_outside_a_call_with_callbacks_warns_once_and_drops_the_value():
+    import warnings
+
+    import pytest
+
+    from hora.ray import ray_logger
+
+    ray_logger.configure(None)
+    ray_logger._warned = False
+    with pytest.warns(UserWarning, match="logging is not configured"):
+        ray_logger.log({"loss": 1.0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ray_logger.log({"loss": 0.5})  # once only, as Horovod's

@@ -11,7 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def _loop(out: str, steps: int, after_step: Callable[[object, object], None], until_size: int = 0):
+def _loop(
+    out: str, steps: int, after_step: Callable[[object, object], None], until_size: int = 0, log_to_driver: bool = False
+):
     import numpy as np
 
     import hora.numpy as hvd
@@ -28,6 +30,10 @@ def _loop(out: str, steps: int, after_step: Callable[[object, object], None], un
             if hvd.rank() == 0:
                 with open(Path(out) / "log", "a") as f:
                     f.write(f"{state.step} {hvd.size()}\n")
+                if log_to_driver:  # hora.ray's executors: the same to the driver's callbacks
+                    from hora.ray import ray_logger
+
+                    ray_logger.log((state.step, hvd.size()))
             state.step += 1
             if state.step >= steps:
                 time.sleep(0.1)  # waiting for hosts to come back: no need to spin
@@ -37,9 +43,12 @@ def _loop(out: str, steps: int, after_step: Callable[[object, object], None], un
     return hvd.rank(), hvd.size(), state.total, state.step
 
 
-def train(out: str, kill_host: str = "", kill_step: int = -1, steps: int = 12) -> tuple[int, int, float, int]:
+def train(
+    out: str, kill_host: str = "", kill_step: int = -1, steps: int = 12, log_to_driver: bool = False
+) -> tuple[int, int, float, int]:
     """The worker whose slot starts with ``kill_host`` SIGKILLs itself after the allreduce of step ``kill_step``
-    (once: a marker file ``out/killed`` holds its slot)."""
+    (once: a marker file ``out/killed`` holds its slot); ``log_to_driver``: rank 0 also sends ``(step, size)``
+    through hora.ray.ray_logger."""
     slot = os.environ["HORA_ELASTIC_SLOT"]
     marker = Path(out) / "killed"
 
@@ -48,7 +57,7 @@ def train(out: str, kill_host: str = "", kill_step: int = -1, steps: int = 12) -
             marker.write_text(slot)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    return _loop(out, steps, after_step)
+    return _loop(out, steps, after_step, log_to_driver=log_to_driver)
 
 
 def _executor_above(pid: int) -> int:

@@ -106,3 +106,12 @@ def digits_train():
             except ImportError:
                 pass
     return sys.modules["engines_digits"].train
+
+
+def log_twice(executable: object) -> None:
+    """Send (rank, 0) and (rank, 1) to the driver's callbacks (hora.ray.ray_logger, Horovod's)."""
+    import hora.numpy as hvd
+    from hora.ray import ray_logger
+
+    for i in range(2):
+        ray_logger.log((hvd.rank(), i))

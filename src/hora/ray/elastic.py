@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hora.errors import ConfigError, RunError, UnsupportedError
+from hora.errors import ConfigError, RunError
+from hora.ray import ray_logger
 from hora.ray.worker import RankOutcome, RayWorker, WorkerState
 from hora.runner.elastic.launch import ElasticSpec, launch_elastic
 from hora.runner.elastic.workers import JobContext, Worker, elastic_env, wait_gone
@@ -126,12 +127,13 @@ class _ActorStarter:
         cpus: int,
         gpus: int,
         node_of: Callable[[str], str | None],
+        queue: Any,
         log: Any,
     ) -> None:
         import ray
 
         self.ctx, self.fn, self.env, self.cpus, self.gpus, self.log = ctx, fn, env, cpus, gpus, log
-        self.node_of = node_of
+        self.node_of, self.queue = node_of, queue
         self.actor_cls = ray.remote(RayWorker)
         self.workers: list[Worker] = []
 
@@ -154,6 +156,8 @@ class _ActorStarter:
             slot.rank, size, slot.local_rank, slot.local_size, slot.cross_rank, slot.cross_size, slot.host, ""
         )
         actor.setup.remote(env, state)
+        if self.queue is not None:
+            actor.set_queue.remote(self.queue)
         ref = actor.run.remote((self.fn, (), None))
         self.log(f"started worker {index} for {slot.host}:{slot.local_rank} (rank {slot.rank}) as a Ray actor")
         worker = Worker(index, slot, _ActorRank(actor, ref))
@@ -241,20 +245,19 @@ class ElasticRayExecutor:
 
     def run(self, worker_fn: Callable[[], Any], callbacks: list[Callable[[Any], Any]] | None = None) -> list[Any]:
         """Run ``worker_fn()`` on every worker until one finishes; the finished workers' return values in rank
-        order.
+        order. Every callback is called on the driver with every value a worker sends with
+        ``hora.ray.ray_logger.log`` (Horovod's).
 
         Raises:
             RunError: the job could not go on (reset limit, every worker failed, no slots in time); the report
                 names the reason and the failed workers.
-            UnsupportedError: ``callbacks`` (Horovod's queue of values logged by rank 0) are not supported.
         """
+        with ray_logger.Callbacks(callbacks) as queue:
+            return self._run(worker_fn, queue)
+
+    def _run(self, worker_fn: Callable[[], Any], queue: Any) -> list[Any]:
         import ray
 
-        if callbacks:
-            raise UnsupportedError(
-                "ElasticRayExecutor.run(callbacks=...) is not supported by hora: return the values from the "
-                "function instead (run returns every finished worker's value)"
-            )
         if not self._started:
             self.start()
         s = self.settings
@@ -279,7 +282,7 @@ class ElasticRayExecutor:
         def starter(ctx: JobContext) -> _ActorStarter:
             node_of = getattr(s.discovery, "node_of", {})
             made = _ActorStarter(
-                ctx, worker_fn, self.env_vars, self.cpus_per_slot, self.gpus_per_slot, node_of.get, log
+                ctx, worker_fn, self.env_vars, self.cpus_per_slot, self.gpus_per_slot, node_of.get, queue, log
             )
             starters.append(made)
             return made

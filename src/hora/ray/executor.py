@@ -14,13 +14,15 @@ raises :class:`~hora.errors.RunError` with the rank, its host and its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hora.errors import ConfigError, RunError
+from hora.errors import ConfigError, RunError, UnsupportedError
+from hora.ray import ray_logger
 from hora.ray.worker import NodeInfo, RankOutcome, RayWorker, WorkerState
 from hora.runner.in_process import JobRendezvous, place, rank_env
 from hora.runner.result import Failure, RunResult
@@ -231,9 +233,14 @@ class RayExecutor:
 
     # -- Horovod's calls ----------------------------------------------------------------------------------------
     def run(
-        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        callbacks: Sequence[Callable[[Any], Any]] | None = None,
     ) -> list[Any]:
-        """Run ``fn(*args, **kwargs)`` on every rank; return the values in rank order.
+        """Run ``fn(*args, **kwargs)`` on every rank; return the values in rank order. Every callback is called on
+        the driver with every value a rank sends with ``hora.ray.ray_logger.log`` while it runs.
 
         Raises:
             RunError: a rank raised or its actor died; the message names the rank, its host and the traceback.
@@ -241,22 +248,57 @@ class RayExecutor:
         import ray
 
         call = ray.put((fn, tuple(args), dict(kwargs or {})))
-        return self._gather([w.run.remote(call) for w in self._started()], "running the function")
+        with self._logging(callbacks) as workers:
+            return self._gather([w.run.remote(call) for w in workers], "running the function")
 
-    def execute(self, fn: Callable[[Any], Any]) -> list[Any]:
-        """Run ``fn(executable)`` on every rank (``fn(state)``, a :class:`WorkerState`, without ``executable_cls``)."""
-        return self._gather([w.execute.remote(fn) for w in self._started()], "executing the function")
+    def execute(
+        self, fn: Callable[[Any], Any], callbacks: Sequence[Callable[[Any], Any]] | None = None
+    ) -> list[Any]:
+        """Run ``fn(executable)`` on every rank (``fn(state)``, a :class:`WorkerState`, without ``executable_cls``);
+        ``callbacks`` as in :meth:`run`."""
+        with self._logging(callbacks) as workers:
+            return self._gather([w.execute.remote(fn) for w in workers], "executing the function")
+
+    @contextlib.contextmanager
+    def _logging(self, callbacks: Sequence[Callable[[Any], Any]] | None) -> Iterator[list[Any]]:
+        """The started workers, sending what they log to ``callbacks`` for the length of the ``with``."""
+        workers = self._started()
+        with ray_logger.Callbacks(callbacks) as queue:
+            if queue is None:
+                yield workers
+                return
+            for w in workers:  # calls to an actor run in order: the queue is set before the function starts
+                w.set_queue.remote(queue)
+            try:
+                yield workers
+            finally:
+                for w in workers:
+                    w.set_queue.remote(None)
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """:meth:`execute` on rank 0 only."""
         return self._gather([self._started()[0].execute.remote(fn)], "executing the function")[0]
 
     def run_remote(
-        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        callbacks: Sequence[Callable[[Any], Any]] | None = None,
     ) -> list[Any]:
         """Start ``fn`` on every rank and return its Ray object refs at once (``ray.get`` them; a failed rank
-        raises a ``RunError`` naming it). Failures are not handled for you: call :meth:`shutdown` after one."""
+        raises a ``RunError`` naming it). Failures are not handled for you: call :meth:`shutdown` after one.
+
+        Raises:
+            UnsupportedError: ``callbacks``: the call returns before the ranks log anything (use :meth:`run`).
+        """
         import ray
+
+        if callbacks:
+            raise UnsupportedError(
+                "RayExecutor.run_remote(callbacks=...) is not supported: it returns before the ranks log anything, "
+                "so nothing would call the callbacks; use run(fn, callbacks=...) instead"
+            )
 
         call = ray.put((fn, tuple(args), dict(kwargs or {})))
         return [w.run_remote.remote(call) for w in self._started()]

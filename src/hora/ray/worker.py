@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hora.errors import PeerLostError, RunError, ShutdownError, StallError
+from hora.ray import ray_logger
 from hora.runner.in_process import free_port, run_as_rank, traceback_text
 
 __all__ = ["NodeInfo", "RankOutcome", "RayWorker", "WorkerState"]
@@ -112,6 +113,11 @@ class RayWorker:
         if not outcome.ok:
             raise RunError(_describe(outcome, self.state), None) from outcome.exception
         return outcome.value
+
+    def set_queue(self, queue: Any) -> None:
+        """Where ``hora.ray.ray_logger.log`` sends values from this worker (None: nowhere), for the executor's
+        ``callbacks``."""
+        ray_logger.configure(queue)
 
     def stop(self) -> None:
         """Leave the group cleanly (the executor kills the actor right after)."""

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from hora.errors import ConfigError, RunError
+from hora.errors import ConfigError, RunError, UnsupportedError
 from hora.ray import RayExecutor
 from workers import engines
 
@@ -59,6 +59,12 @@ def test_horovods_calls_execute_run_remote_and_an_executable(local_ray):
         refs = executor.run_remote(engines.topology, kwargs={"tag": 5})
         assert [r["rank"] for r in ray.get(refs)] == [0, 1]
         assert executor.run(lambda: os.environ["HORA_TEST_FLAVOUR"]) == ["mint", "mint"]
+        logged: list[object] = []  # Horovod's ray_logger: what the ranks log reaches the driver's callbacks
+        assert executor.execute(engines.log_twice, callbacks=[logged.append]) == [None, None]
+        assert sorted(logged) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        assert [v for v in logged if v[0] == 0] == [(0, 0), (0, 1)]  # in the order each rank logged them
+        with pytest.raises(UnsupportedError, match="run_remote"):
+            executor.run_remote(engines.topology, callbacks=[logged.append])
     finally:
         executor.shutdown()
     executor.start()  # without executable_cls, execute() gets the worker's state
