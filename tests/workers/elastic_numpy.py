@@ -1,8 +1,10 @@
 """An elastic numpy script for the elastic launcher's tests. Each step allreduces ``rank + 1`` and adds it to the
 state; rank 0 appends ``step size`` to ``OUT/log`` for every step it completes. ``--kill SLOT:STEP`` makes that
 slot's worker SIGKILL itself after the step's allreduce (once: a marker file stops a restarted slot from dying
-again); ``--term SLOT:STEP`` sends it SIGTERM there instead (a preemption), ``--freeze SLOT:STEP`` SIGSTOP; ``--hold-at STEP --hold-size N`` makes the ranks wait at that step, committing, until the job has N ranks
-(a host added to the discovery output)."""
+again); ``--term SLOT:STEP`` sends it SIGTERM there instead (a preemption), ``--freeze SLOT:STEP`` SIGSTOP;
+``--hold-at STEP --hold-size N`` makes the ranks wait at that step, committing, until the job has N ranks
+(a host added to the discovery output); ``--die-at-start HOST`` makes a worker of that host started for a later
+round exit with 3 before ``init()`` (it dies while the round it was started for is being assembled)."""
 
 import argparse
 import os
@@ -22,8 +24,12 @@ p.add_argument("--freeze", default="", help="SLOT:STEP: that worker stops itself
 p.add_argument("--hold-at", type=int, default=-1)
 p.add_argument("--hold-size", type=int, default=0)
 p.add_argument("--step-sleep", type=float, default=0.0)
+p.add_argument("--die-at-start", default="", help="HOST: its workers started after round 1 exit before init()")
 args = p.parse_args()
 
+if args.die_at_start and os.environ["HORA_ELASTIC_SLOT"].startswith(args.die_at_start + ":"):
+    if os.environ["HORA_ELASTIC_ROUND"] != "1":
+        raise SystemExit(3)
 hvd.init()
 state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0, total=np.zeros(2))
 slot = os.environ["HORA_ELASTIC_SLOT"]

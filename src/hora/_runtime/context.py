@@ -22,7 +22,7 @@ from hora._engine.engine import Engine
 from hora._engine.negotiation import format_ranks
 from hora._runtime.bootstrap import Bootstrap, local_addr_towards, start_bootstrap
 from hora._runtime.connections import close_all
-from hora._runtime.elastic_join import Membership, NoticeListener, join, leave_on_sigterm
+from hora._runtime.elastic_join import Membership, NoticeListener, RoundWatch, join, leave_on_sigterm
 from hora._runtime.group import Group, GroupSpec, assemble
 from hora._runtime.peers import Peer, StoreDirectory
 from hora._runtime.rendezvous import RendezvousClient
@@ -269,6 +269,9 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         deadline = time.monotonic() + config.start_timeout
     cleanup: list[Any] = []
     try:
+        watch = RoundWatch(config, boot, member.round) if member is not None else None
+        if watch is not None:
+            cleanup.append(watch)
         store = RendezvousClient(
             boot.addr,
             boot.port,
@@ -293,7 +296,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         )
         group = assemble(
             spec,
-            StoreDirectory(store, rank, size, deadline, missing),
+            StoreDirectory(store, rank, size, deadline, missing, watch.failed if watch is not None else None),
             rank,
             hostname=hostname,
             bind_addr=bind,
@@ -303,7 +306,7 @@ def _start(config: Config, launch: LaunchInfo, generation: int) -> Context:
         assert group is not None
         # Everyone is connected: the bootstrap file (if any) has served its purpose.
         boot.unpublish()
-        store.close()
+        close_all(cleanup)
         notices = NoticeListener(config, boot, member.notices) if member is not None and rank == 0 else None
     except BaseException:
         close_all(cleanup)

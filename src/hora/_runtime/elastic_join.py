@@ -7,7 +7,8 @@ assignment at ``r<N>/<slot>`` (rank, size, local and cross rank and size; or ``{
 the latest round from the one it was started in; every later one (after ``shutdown()``, in ``hvd.elastic.run``'s
 reset) first says it has left its round (``ready/<slot>`` = that round, Horovod's READY), then waits for a newer
 round that names it. The group is assembled under keys of that round (``e<N>``), so a reset never meets stale
-addresses.
+addresses; when a member dies before the group is assembled, the launcher says so (``failed/r<N>``) and the others
+stop waiting for it (:class:`RoundWatch`).
 
 Host-update notices (``notices`` = their count, ``notice/<i>`` = the update flags) are read by a thread on rank 0
 and handed to the registered elastic states, which raise :class:`~hora.errors.HostsUpdatedInterrupt` at the next
@@ -37,6 +38,7 @@ __all__ = [
     "HostUpdateResult",
     "Membership",
     "NoticeListener",
+    "RoundWatch",
     "WorkerNotifications",
     "WorkerRemovedError",
     "join",
@@ -178,6 +180,21 @@ def join(config: Config, boot: Bootstrap) -> Membership:
 
 
 _FIELDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+
+
+class RoundWatch:
+    """Whether the launcher called off the start-up of round ``round_`` (``failed/r<N>``: a member of it died
+    before the group was assembled), for the assembly's waits (:class:`hora._runtime.peers.StoreDirectory`)."""
+
+    def __init__(self, config: Config, boot: Bootstrap, round_: int) -> None:
+        self._key = f"failed/r{round_}"
+        self._store = _store(config, boot, -1, config.start_timeout)
+
+    def failed(self) -> str | None:
+        return self._store.get(self._key)
+
+    def close(self) -> None:
+        self._store.close()
 
 
 def leave_on_sigterm(config: Config, boot: Bootstrap) -> None:

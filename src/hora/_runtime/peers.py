@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from hora._runtime.rendezvous import MissingKeys, RendezvousClient
-from hora.errors import ConfigError, RendezvousError
+from hora.errors import ConfigError, PeerLostError, RendezvousError
 
 __all__ = ["Directory", "Peer", "StoreDirectory", "Topology"]
 
@@ -103,8 +103,16 @@ class Directory(Protocol):
     def barrier(self, key: str) -> None: ...
 
 
+#: How often a wait at the store looks whether the assembly was called off (``abort``).
+ABORT_CHECK_SECONDS = 0.5
+
+
 class StoreDirectory:
-    """A :class:`Directory` on the rendezvous store, for a group whose participants are exactly its members."""
+    """A :class:`Directory` on the rendezvous store, for a group whose participants are exactly its members.
+
+    ``abort`` (an elastic round's watch) is asked every :data:`ABORT_CHECK_SECONDS` while a wait lasts: when it
+    gives a reason (a member died during start-up), the wait ends with :class:`PeerLostError` at once instead of at
+    the start timeout."""
 
     def __init__(
         self,
@@ -113,16 +121,16 @@ class StoreDirectory:
         size: int,
         deadline: float,
         missing: Callable[[list[int]], str],
+        abort: Callable[[], str | None] | None = None,
     ):
         self._store, self._rank, self._size, self._deadline = store, rank, size, deadline
         self._missing = missing  # the message when ranks never publish
+        self._abort = abort
 
     def allgather(self, key: str, value: dict[str, Any] | None) -> list[dict[str, Any]]:
         self._store.set(f"{key}/{self._rank}", json.dumps(value))
         try:
-            raw = self._store.wait(
-                [f"{key}/{r}" for r in range(self._size)], max(0.0, self._deadline - time.monotonic())
-            )
+            raw = self._wait([f"{key}/{r}" for r in range(self._size)])
         except MissingKeys as exc:
             raise RendezvousError(self._missing([int(k.rsplit("/", 1)[1]) for k in exc.missing])) from None
         return [json.loads(raw[f"{key}/{r}"]) for r in range(self._size)]
@@ -130,9 +138,23 @@ class StoreDirectory:
     def barrier(self, key: str) -> None:
         self._store.add(key, 1)
         try:
-            self._store.wait([key], max(0.0, self._deadline - time.monotonic()), at_least=self._size)
+            self._wait([key], at_least=self._size)
         except MissingKeys:
             raise RendezvousError(
                 f"rank {self._rank}: not every rank finished start-up ('{key}') before the start timeout; "
                 "another rank probably failed — see its error"
             ) from None
+
+    def _wait(self, keys: list[str], at_least: int | None = None) -> dict[str, str]:
+        while True:
+            left = max(0.0, self._deadline - time.monotonic())
+            if self._abort is None:
+                return self._store.wait(keys, left, at_least)
+            try:
+                return self._store.wait(keys, min(left, ABORT_CHECK_SECONDS), at_least)
+            except MissingKeys:
+                if left <= ABORT_CHECK_SECONDS:
+                    raise
+            reason = self._abort()
+            if reason is not None:
+                raise PeerLostError(f"rank {self._rank}: start-up called off: {reason}")

@@ -1,8 +1,9 @@
 """The wire format between ``hora run`` and its agent on a remote host (:mod:`hora.runner.host_agent`).
 
 Launcher -> agent, on the SSH session's stdin: a 4-byte length and a JSON object (first the job description, which
-holds the secret; then signal requests). Agent -> launcher, on its stdout: binary frames, a header (kind, rank,
-stream, length) and a payload. Both ends run under the same user over an SSH channel; the launcher parses only JSON.
+holds the secret; then signal and stacks requests). Agent -> launcher, on its stdout: binary frames, a header (kind,
+rank, stream, length) and a payload. Both ends run under the same user over an SSH channel; the launcher parses only
+JSON.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ __all__ = ["HEADER", "MAX_JOB_BYTES", "interface_address", "read_message", "writ
 #: Frame header of agent -> launcher messages: kind, rank, stream (1 stdout, 2 stderr), payload length.
 HEADER = struct.Struct("!BiBI")
 HELLO, STARTED, OUTPUT, CLOSED, EXITED, ERROR = 1, 2, 3, 4, 5, 6
+#: A rank's Python stacks (all threads), the answer to a launcher's ``{"stacks": [ranks]}`` request.
+STACKS = 7
 #: Launcher -> agent messages are a 4-byte length and a JSON object; the job description is the largest.
 MAX_JOB_BYTES = 64 << 20
 _LEN = struct.Struct("!I")

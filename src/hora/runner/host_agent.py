@@ -13,9 +13,12 @@ restarts a server of its host that dies (or stays stopped, SIGSTOP) while the jo
 own (:class:`hora.runner.ps_servers.RestartBudget`): the restart is reported as started under a key of its own
 (``[psI.restartG]``), and past R restarts the server is given up at the job's store so the workers fail naming it.
 
-Later messages on stdin forward signals to ranks. When stdin reaches EOF — the launcher finished, died, or the SSH
-connection broke — the agent stops its ranks (SIGTERM, then SIGKILL after the grace period) and exits, so no rank
-outlives its launcher. The agent's own parent-death signal covers an sshd that goes away without closing stdin.
+Later messages on stdin forward signals to ranks, or ask for the stacks of this host's running ranks: each rank dumps
+its threads (faulthandler, SIGUSR1) into the agent's private stacks directory (``HORA_STACKS_DIR``, removed when the
+agent ends) and the agent sends every dump back, as ``hora run`` takes its local ranks' stacks. When stdin reaches
+EOF — the launcher finished, died, or the SSH connection broke — the agent stops its ranks (SIGTERM, then SIGKILL
+after the grace period) and exits, so no rank outlives its launcher. The agent's own parent-death signal covers an
+sshd that goes away without closing stdin.
 """
 
 from __future__ import annotations
@@ -43,11 +46,13 @@ from hora.runner.agent_protocol import (
     HEADER,
     HELLO,
     OUTPUT,
+    STACKS,
     STARTED,
     interface_address,
     read_message,
 )
 from hora.runner.ps_servers import RestartBudget, server_argv, server_key, server_of
+from hora.runner.stacks import StackDumps
 
 
 class _Agent:
@@ -67,6 +72,7 @@ class _Agent:
         self.server_env: dict[int, dict[str, str]] = {}  # index -> environment of this host's servers
         self.budget: RestartBudget | None = None
         self.pending: list[tuple[int, list[str], dict[str, Any]]] = []  # restarts to start
+        self.stacks = StackDumps("agent")  # private (0700): where this host's ranks dump their stacks
 
     def send(self, kind: int, rank: int = -1, stream: int = 0, payload: bytes = b"") -> None:
         with self.lock:
@@ -82,6 +88,7 @@ class _Agent:
     def start(self) -> None:
         env = environment()
         env.update(self.job["env"])
+        env["HORA_STACKS_DIR"] = str(self.stacks.directory)
         iface = self.job.get("network_interface")
         if iface:
             env["HORA_BIND_ADDR"] = interface_address(iface)
@@ -133,6 +140,14 @@ class _Agent:
         for rank, proc in self.procs.items():
             if (ranks is None or rank in ranks) and rank not in self.codes:
                 kill_group(proc.pid, sig)
+
+    def send_stacks(self, ranks: list[int] | None, wait: float) -> None:
+        """The stacks of the running ranks among ``ranks`` (all with None) that answer within ``wait`` seconds."""
+        pids = {
+            r: p.pid for r, p in self.procs.items() if r >= 0 and r not in self.codes and (ranks is None or r in ranks)
+        }
+        for rank, dump in self.stacks.capture(pids, wait).items():
+            self.send(STACKS, rank, 0, dump.encode())
 
     def stop(self, sig: int) -> None:
         if self.stopping_at is None:
@@ -203,6 +218,13 @@ def main() -> int:
         print(f"hora agent on {socket.gethostname()}: {exc}", file=sys.stderr)
         return 2
     agent = _Agent(job, out)
+    try:
+        return _serve(agent, job, received)
+    finally:
+        agent.stacks.save(None, keep=False)  # removes the stacks directory
+
+
+def _serve(agent: _Agent, job: dict[str, Any], received: list[int]) -> int:
     agent.send(HELLO, -1, 0, json.dumps({"pid": os.getpid(), "hostname": socket.gethostname()}).encode())
     try:
         os.chdir(job["cwd"])
@@ -233,6 +255,8 @@ def main() -> int:
                         agent.signal(signal.SIGTERM, [key for key in agent.procs if key < 0])
                     agent.stop(signal.SIGTERM)
                 else:
+                    if "stacks" in message:
+                        agent.send_stacks(message["stacks"], min(float(message.get("wait", 1.0)), 10.0))
                     if "signal" in message:
                         sig = int(message["signal"])
                         if (

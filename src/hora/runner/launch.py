@@ -436,12 +436,11 @@ def _supervise(
 
 
 def _take_stacks(job: JobProcesses, stacks: StackDumps | None) -> None:
-    """The stacks of the local ranks still running (remote ranks' hosts are not asked yet)."""
+    """The stacks of the ranks still running, here and (through their hosts' agents) on remote hosts."""
     if stacks is None:
         return
-    live = {
-        r: p.pid for r, p in enumerate(job.procs) if job.returncodes[r] is None and isinstance(p, LocalRank)
-    }
-    got = stacks.capture(live)
+    running = [(r, p) for r, p in enumerate(job.procs) if job.returncodes[r] is None]
+    local = {r: p.pid for r, p in running if isinstance(p, LocalRank)}
+    got = stacks.capture(local, remote={r: p.host for r, p in running if isinstance(p, RemoteRank)})
     if got:
         job.log(f"took the stacks of ranks {sorted(got)}")

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from hora._proc import kill_group
 from hora._wire import read_fully
-from hora.runner.agent_protocol import CLOSED, ERROR, EXITED, HEADER, HELLO, OUTPUT, STARTED, write_message
+from hora.runner.agent_protocol import CLOSED, ERROR, EXITED, HEADER, HELLO, OUTPUT, STACKS, STARTED, write_message
 from hora.runner.output import OutputPump
 from hora.runner.ps_servers import report_exit, restarting, server_key, server_label, server_of
 
@@ -88,6 +88,8 @@ class RemoteHost:
         self._started_at = 0.0
         self._open: set[tuple[int, str]] = set()
         self._stdin_closed = False
+        self.stacks: dict[int, str] = {}  # rank -> the dump its host's agent sent back
+        self._stacks_came = threading.Condition()
 
     def start(self) -> None:
         """Start the ssh client (threads come later: the launcher forks every process before starting threads)."""
@@ -150,6 +152,10 @@ class RemoteHost:
             self._pump.close_remote(rank, _STREAMS[stream])
         elif kind == EXITED and rank in self.ranks:
             self.ranks[rank].returncode = int(json.loads(payload)["code"])
+        elif kind == STACKS and rank in self.ranks:
+            with self._stacks_came:
+                self.stacks[rank] = payload.decode(errors="replace")
+                self._stacks_came.notify_all()
         elif kind == ERROR:
             self._fail_all(f"host {self.host}: {payload.decode(errors='replace')}", 1)
 
@@ -229,13 +235,30 @@ class RemoteHost:
             self.kill()
 
     def signal(self, sig: int, ranks: list[int] | None = None) -> None:
+        self._tell({"signal": int(sig), "ranks": ranks})
+
+    def ask_stacks(self, ranks: list[int], wait: float) -> None:
+        """Ask the agent for the stacks of ``ranks`` (those that answer within ``wait`` s); see :meth:`take_stacks`."""
+        with self._stacks_came:
+            for r in ranks:
+                self.stacks.pop(r, None)
+        self._tell({"stacks": list(ranks), "wait": wait})
+
+    def take_stacks(self, ranks: list[int], deadline: float) -> dict[int, str]:
+        """The dumps of ``ranks`` that came back by ``deadline`` (monotonic)."""
+        with self._stacks_came:
+            while not all(r in self.stacks for r in ranks) and (left := deadline - time.monotonic()) > 0:
+                self._stacks_came.wait(left)
+            return {r: self.stacks[r] for r in ranks if r in self.stacks}
+
+    def _tell(self, message: dict[str, Any]) -> None:
         if self.proc is None or self.proc.stdin is None:
             return
         with self._lock:
             if self._stdin_closed:
                 return
             try:
-                write_message(self.proc.stdin, {"signal": int(sig), "ranks": ranks})
+                write_message(self.proc.stdin, message)
             except (BrokenPipeError, OSError, ValueError):
                 pass
 

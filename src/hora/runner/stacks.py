@@ -20,10 +20,11 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 from hora._runtime.stacks import stack_file
 
-__all__ = ["StackDumps", "where"]
+__all__ = ["RemoteStacks", "StackDumps", "where"]
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _INTERNAL = (os.sep + "hora" + os.sep, os.sep + "threading.py", os.sep + "selectors.py", os.sep + "socket.py")
@@ -57,6 +58,14 @@ def _signal_main_thread(pid: int, sig: int) -> None:
     os.kill(pid, sig)
 
 
+class RemoteStacks(Protocol):
+    """A remote host's session (:class:`hora.runner.remote_host.RemoteHost`): its agent takes its ranks' stacks."""
+
+    def ask_stacks(self, ranks: list[int], wait: float) -> None: ...
+
+    def take_stacks(self, ranks: list[int], deadline: float) -> dict[int, str]: ...
+
+
 class StackDumps:
     """A job's stacks directory (0700, under the runtime directory), and the dumps captured in it."""
 
@@ -64,9 +73,25 @@ class StackDumps:
         self.directory = Path(tempfile.mkdtemp(prefix=f"hora-stacks-{job_id}-"))
         self.captured: dict[int, str] = {}  # rank (or worker number) -> its dump
 
-    def capture(self, pids: Mapping[int, int], wait: float = 1.0) -> dict[int, str]:
-        """Ask the ranks ``pids`` (rank -> pid) that registered for their stacks; rank -> dump, for those that
-        answered within ``wait`` seconds."""
+    def capture(
+        self, pids: Mapping[int, int], wait: float = 1.0, remote: Mapping[int, RemoteStacks] | None = None
+    ) -> dict[int, str]:
+        """Ask the ranks ``pids`` (rank -> pid) that registered for their stacks, and at the same time the remote
+        ranks ``remote`` (rank -> its host's session, whose agent does the same there); rank -> dump, for those
+        that answered within ``wait`` seconds (the remote ones get one more second to cross the connection)."""
+        hosts: dict[int, tuple[RemoteStacks, list[int]]] = {}
+        for r, session in (remote or {}).items():
+            hosts.setdefault(id(session), (session, []))[1].append(r)
+        deadline = time.monotonic() + wait + 1.0
+        for session, ranks in hosts.values():
+            session.ask_stacks(ranks, wait)
+        got = self._capture_local(pids, wait)
+        for session, ranks in hosts.values():
+            got.update(session.take_stacks(ranks, deadline))
+        self.captured.update(got)
+        return got
+
+    def _capture_local(self, pids: Mapping[int, int], wait: float) -> dict[int, str]:
         files = {r: stack_file(self.directory, pid) for r, pid in pids.items()}
         asked = {}
         for r, path in files.items():
@@ -93,7 +118,6 @@ class StackDumps:
                         f.seek(before)
                         got[r] = f.read()
                     del asked[r]
-        self.captured.update(got)
         return got
 
     def save(self, output_dir: str | None, keep: bool = True) -> str:

@@ -101,6 +101,29 @@ def test_a_host_added_to_the_discovery_output_joins_at_the_next_commit(tmp_path)
     assert finished == [f"finished rank {r} of 3 max_size 3 total 45" for r in range(3)]
 
 
+def test_a_worker_dying_while_its_round_assembles_does_not_hold_the_others_for_the_start_timeout(tmp_path):
+    """A host added mid-job has a worker that dies before init(): the launcher calls the round's start-up off, so
+    the others stop waiting for it at once (not after --start-timeout, here longer than the job's time limit)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.2\n127.0.0.3\n")
+
+    def add_host():
+        while not (tmp_path / "log").exists():
+            time.sleep(0.05)
+        with hosts.open("a") as f:
+            f.write("127.0.0.4\n")
+
+    adder = threading.Thread(target=add_host, daemon=True)
+    adder.start()
+    command = [sys.executable, str(WORKERS / "elastic_numpy.py"), "--out", str(tmp_path), "--steps", "12",
+               "--step-sleep", "0.1", "--die-at-start", "127.0.0.4"]  # fmt: skip
+    result = run_command(command, np=2, capture=True, timeout=120, start_timeout=300,
+                         elastic={"max_np": 3, "host_discovery_script": f"cat {hosts}"})  # fmt: skip
+    adder.join(5)
+    assert result.exit_code == 0, result.report() + output(result, "stderr")
+    assert {size for _, size in steps(tmp_path)} == {2} and steps(tmp_path)[-1] == (11, 2)
+
+
 def test_past_the_reset_limit_the_job_ends_with_horovods_message(tmp_path):
     result = elastic_run(
         "elastic_numpy.py",
@@ -261,7 +284,7 @@ def test_a_frozen_worker_is_shown_where_it_was_then_killed_and_the_job_goes_on(t
     assert result.exit_code == 0, result.report() + output(result, "stderr")
     said = capsys.readouterr().err
     assert "worker 1 (127.0.0.3:0) did not leave round 1 while every other worker did: it is stuck at " in said
-    assert "elastic_numpy.py:36 in think_very_hard" in said
+    assert "elastic_numpy.py:42 in think_very_hard" in said
     assert steps(tmp_path)[-1] == (19, 2)
 
 

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -22,6 +23,7 @@ import pytest
 from hora.errors import ConfigError, HostError
 from hora.runner import run, run_command
 from support import netns_hosts as netns
+from support import paths
 from support.harness import run_failing, run_ranks
 from workers.multihost import (
     killed_on_second_host_worker,
@@ -274,6 +276,19 @@ def test_worker_killed_on_the_second_host_stops_every_rank(netns_cluster):
     assert all(code is not None for code in result.returncodes)
     assert "rank 3 failed first" in result.report() and f"host  : {c.hosts[1].addr}" in result.report()
     assert_hosts_clean(c, result.job_id)
+
+
+def test_the_report_shows_where_a_stuck_remote_rank_was(netns_cluster):
+    """Rank 1 freezes on the second host: its host's agent takes its stack (and the others') before the kill."""
+    c = netns_cluster
+    command = [sys.executable, str(paths.SCRIPTS / "frozen_rank.py")]
+    result = run_command(command, np=3, hosts=hosts_of(c, 1, 2), capture=True, timeout=LIMIT, op_timeout=2,
+                         grace_period=2, **c.ssh_kwargs())  # fmt: skip
+    assert result.exit_code == 1, result.report()
+    assert "in think_hard" in result.stacks[1]  # through the agent of the host it ran on
+    assert f"rank 1: {paths.SCRIPTS / 'frozen_rank.py'}:13 in think_hard" in result.report()
+    assert_hosts_clean(c, result.job_id)
+    assert not list(Path(tempfile.gettempdir()).glob("hora-stacks-agent-*"))  # each agent removed its directory
 
 
 def _start_sleeping_job(c: netns.Cluster, marker: str) -> subprocess.Popen[str]:

@@ -201,6 +201,11 @@ class ElasticDriver:
         cut = len(f"{self._prefix}ready/")
         return [k[cut:] for k, v in marks.items() if v == str(self.round) and k[cut:] in self.members]
 
+    def call_off(self, why: str) -> None:
+        """A member of the current round failed: members still assembling the round stop waiting for it (they
+        reset and join the next one) instead of waiting for the start timeout."""
+        self._store.put({f"{self._prefix}failed/r{self.round}": why})
+
     def record(self, sid: str, state: str) -> bool:
         """Record a member's report (a failure overrides READY); False when ``sid`` is not a member whose report
         counts (not in this round, or its host is blacklisted)."""

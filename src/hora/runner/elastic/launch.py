@@ -273,7 +273,7 @@ class _ElasticJob:
             finally:
                 self._stop_discovery.set()
                 if timed_out:
-                    self.stacks.capture({w.index: w.proc.pid for w in self.workers if w.code is None and not w.session})
+                    self._take_stacks([w for w in self.workers if w.code is None])
                 self._stop_all(signal.SIGTERM if self.interrupted is None else self.interrupted)
                 self.starter.close()
                 release()
@@ -363,24 +363,29 @@ class _ElasticJob:
         workers = [
             w for w in self.workers if w.code is None and w.sid in stuck and w.stop_by is None and not w.stuck_killed
         ]
-        # local processes only: a remote or engine worker's stack cannot be asked for from here
-        got = self.stacks.capture({w.index: w.proc.pid for w in workers if w.session is None and w.proc.pid > 0})
+        got = self._take_stacks(workers)
         for w in workers:
             dump = got.get(w.index, "")
             if dump:
                 detail = f"it is stuck at {'; '.join(where(dump))}"
                 if not self.spec.capture:
                     detail += f" (all its threads: {self.stacks.directory}/rank.{w.index}.stacks)"
-            elif w.session is None and w.proc.pid > 0:
+            elif w.session is not None or w.proc.pid > 0:
                 detail = "it did not answer SIGUSR1 with its stack"
             else:
-                detail = "its stack cannot be taken from here (not a process of this machine)"
+                detail = "its stack cannot be taken (an engine's worker: a Ray actor, a Spark task's child)"
             self.note(
                 f"worker {w.index} ({w.sid}) did not leave round {self.driver.round} while every other worker did: "
                 f"{detail} — killing it"
             )
             w.stuck_killed = True
             w.proc.signal(signal.SIGKILL)
+
+    def _take_stacks(self, workers: list[Worker]) -> dict[int, str]:
+        """The stacks of ``workers``: local processes directly, SSH hosts' workers through their agents (an
+        engine's workers have none to give)."""
+        local = {w.index: w.proc.pid for w in workers if w.session is None and w.proc.pid > 0}
+        return self.stacks.capture(local, remote={w.index: w.session for w in workers if w.session is not None})
 
     def _drain_leaving(self, now: float) -> None:
         """Workers that got SIGTERM (preempted) said so at the store: their host leaves at the next commit."""
@@ -420,6 +425,7 @@ class _ElasticJob:
                 tail = list(getattr(w.proc, "tail", []))  # what an engine's worker said (no output pump)
                 failure = Failure(w.index, w.slot.host, w.proc.pid, code, tail, now, stopped=False)
                 self.failures.append(failure)
+                self.driver.call_off(f"worker {w.sid} of round {self.driver.round} failed ({failure.describe()})")
                 self.note(
                     f"worker {w.index} ({w.sid}, rank {self.driver.members[w.sid].rank} of round "
                     f"{self.driver.round}) failed: {failure.describe()}; the others go on without it"
