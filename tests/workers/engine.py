@@ -136,9 +136,10 @@ def stall_worker(cached: bool, sleep: float) -> str:
     return "completed"
 
 
-def stall_warning_worker(sleep: float) -> tuple[list[float], list[str]]:
-    """Rank 1 is late by ``sleep`` seconds (more than the check time, no shutdown time): rank 0 logs the stall
-    report, then the collective completes. Returns the result and the warnings hora logged on this rank."""
+def stall_warning_worker(sleep: float) -> tuple[list[float], list[str], float]:
+    """Rank 1 is late by ``sleep`` seconds (more than the check time, less than the shutdown time): rank 0 logs the
+    stall report, then the collective completes. Returns the result, the warnings hora logged on this rank, and the
+    CPU time this process used while it waited in the collective, as a fraction of the wait."""
     records: list[str] = []
 
     class Collect(logging.Handler):
@@ -149,9 +150,11 @@ def stall_warning_worker(sleep: float) -> tuple[list[float], list[str]]:
     hvd.init()
     if hvd.rank() == 1:
         time.sleep(sleep)
+    cpu, wall = time.process_time(), time.monotonic()
     out = hvd.allreduce(np.ones(3), name="slow.tensor", op=hvd.Sum)
+    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
     hvd.shutdown()
-    return out.tolist(), records
+    return out.tolist(), records, cpu / wall
 
 
 def stall_timing_worker(cached: bool, sleep: float) -> tuple[float, float | None]:

@@ -42,6 +42,7 @@ from hora._engine.execute import run_responses, transport_activity
 from hora._engine.handle import Entry, Handle
 from hora._engine.messages import Kind, Request, Response
 from hora._engine.negotiation import Coordinator
+from hora._engine.pacing import IDLE_MAX, Pacing
 from hora._engine.settings import EngineSettings
 from hora._engine.stall import StallInspector
 from hora._engine.timeline import Timeline, tensor_names
@@ -53,7 +54,6 @@ __all__ = ["Engine", "EngineSettings"]
 
 log = logging.getLogger("hora")
 
-_IDLE_MAX = 0.02  # the longest pause between cycles when no rank has anything in flight
 
 
 class Engine:
@@ -100,7 +100,7 @@ class Engine:
         self._marked: dict[int, int] = {}  # slot -> offset of this rank's direct-path data in this cycle
         # min and max over ranks of how many slots they marked: equal to this rank's count means same layout
         self._agreed_marks = (0, 0)
-        self._idle = settings.cycle_time
+        self._pacing = Pacing(settings)
         self._timeline: Timeline | None = None
         if rank == 0 and settings.timeline:
             self._timeline = Timeline(settings.timeline, settings.timeline_mark_cycles)
@@ -226,12 +226,13 @@ class Engine:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return
+                stalled = self._pacing.rest(handle, left)  # a long wait sleeps between cycles (their waits block)
                 if not self._drive.acquire(timeout=-1 if left is None else left):
                     return
                 try:
                     if handle.done() or not self._cycling:
                         return
-                    self._guarded_cycle(eager=True)
+                    self._guarded_cycle(eager=not stalled)
                 finally:
                     self._drive.release()
         finally:
@@ -242,20 +243,22 @@ class Engine:
                 self._wake()  # the engine thread takes over what is still in flight
 
     def _pause(self) -> None:
-        """Wait for local work, at most the idle period. Work in flight goes straight to the next exchange, which
-        waits for the peers itself. While a user thread drives, sleep until it leaves (it wakes this thread if
-        work remains): waking up only to find the cycle taken would steal the GIL from the spinning driver.
-
-        Woken by new asynchronous work, wait HORA_CYCLE_TIME before the cycle (Horovod's cycle time), so that a
-        burst of submissions (a backward pass) is negotiated and fused together rather than one by one. A thread
-        that waits for its handle does not pay this: it drives the cycle itself at once."""
+        """Wait for local work, at most the idle period (:mod:`.pacing`). Work in flight goes straight to the next
+        exchange, which waits for the peers itself, unless it has waited long. While a user thread drives, sleep
+        until it leaves (it wakes this thread if work remains): waking up only to find the cycle taken would steal
+        the GIL from the spinning driver. Woken by new asynchronous work, wait HORA_CYCLE_TIME before the cycle
+        (Horovod's cycle time), so that a burst of submissions (a backward pass) is negotiated and fused together
+        rather than one by one. A thread that waits for its handle does not pay this: it drives the cycle itself."""
         with self._lock:
             driven = self._user_drivers > 0
-            busy = (bool(self._pending) and not driven) or self._stopping
+            stopping = self._stopping
+            busy = (bool(self._pending) and not driven) or stopping
         if not busy:
-            woken = self._wakeup.wait(_IDLE_MAX if driven else self._idle)
+            woken = self._wakeup.wait(IDLE_MAX if driven else self._pacing.idle)
             if woken and not driven and self._s.cycle_time > 0:
                 time.sleep(self._s.cycle_time)
+        elif not stopping and (pause := self._pacing.stalled_pause()):
+            self._wakeup.wait(pause)  # in flight for long: a late peer, no need to spin for it
         self._wakeup.drain()  # before the cycle: a later enqueue wakes again, an earlier one is served
 
     def _cycle(self) -> bool:
@@ -314,11 +317,11 @@ class Engine:
             byes = {r: code for r in range(self.size) if (code := flags[self._layout.BYE - F + r])}
             self._on_bye(byes, stopping)
             return False
-        self._idle = self._s.cycle_time if busy_anywhere else min(max(self._idle, 1e-3) * 2, _IDLE_MAX)
         if timeline is not None and busy_anywhere:
             timeline.mark_cycle()
 
         ready: list[tuple[Response, Entry | None]] = []
+        direct_ran = False
         if cap and self._cached_ready:
             assert self._cache is not None
             if any_invalid:
@@ -343,6 +346,7 @@ class Engine:
                 if direct:
                     assert rows is not None
                     self._run_direct(direct, rows, timeline)
+                    direct_ran = True
         elif cap and any_invalid:
             assert self._cache is not None
             for slot in np.flatnonzero(vec[cap : 2 * cap]).tolist():
@@ -351,6 +355,7 @@ class Engine:
             ready.extend(self._full_round(timeline))
         if ready:
             self._execute_all(ready, timeline)
+        self._pacing.after_cycle(now, bool(busy_anywhere), bool(ready) or direct_ran, busy)
         # a point carried by this cycle's full round reached every rank: all switch here, between the same cycles
         point = self.autotune.after_cycle(self._cycles, self._s, self._transport)
         if point is not None and self._cache is not None and point.cache_enabled != self._cache_on:

@@ -51,6 +51,13 @@ class Handle:
             raise self._error.with_traceback(None)  # the engine thread's frames would only confuse
         return self._result
 
+    def settle(self, timeout: float) -> bool:
+        """Sleep until the result is in or ``timeout`` passes, driving nothing; whether it is in."""
+        if self._gate.acquire(timeout=timeout):
+            self._gate.release()
+            return True
+        return self._done
+
     def _complete(self) -> None:
         self._done = True
         try:

@@ -19,7 +19,10 @@ class EngineSettings:
         self.cache_capacity: int = config.cache_capacity
         self.stall_check: bool = not config.stall_check_disable
         self.stall_check_time: float = config.stall_check_time
-        self.stall_shutdown_time: float = config.stall_shutdown_time
+        # 0 is never; a shutdown time below the check time can only be the default (a given one is refused):
+        # it follows the check time
+        shutdown = config.stall_shutdown_time
+        self.stall_shutdown_time: float = max(shutdown, config.stall_check_time) if shutdown > 0 else 0.0
         self.timeline: str = config.timeline
         self.timeline_mark_cycles: bool = config.timeline_mark_cycles
         # autotune (the global engine only: process sets keep their settings)

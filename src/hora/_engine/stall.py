@@ -54,10 +54,11 @@ class StallInspector:
             log.warning(
                 "Stalled collectives: %d waited more than %gs for other ranks. This may indicate that different "
                 "ranks are trying to submit different tensors or that only a subset of ranks is submitting "
-                "tensors, which will cause deadlock.\nMissing ranks:\n%s",
+                "tensors, which will cause deadlock.\nMissing ranks:\n%s\n%s",
                 len(stalled),
                 check,
                 lines,
+                self._what_next(stalled),
             )
         if stop > 0:
             over = sorted(n for n, (t, _) in stalled.items() if t > stop)
@@ -72,6 +73,17 @@ class StallInspector:
                     "check for a rank that skips a step or names a tensor differently."
                 )
         return None
+
+    def _what_next(self, stalled: dict[str, tuple[float, list[int]]]) -> str:
+        """What happens to the waiting ranks, and the setting that decides it."""
+        setting = "--stall-check-shutdown-time-seconds (HORA_STALL_SHUTDOWN_TIME_SECONDS)"
+        if self._stop <= 0:
+            return f"Nothing ends this wait: {setting} is 0 (never); set it to shut the job down instead."
+        longest = max(t for t, _ in stalled.values())
+        return (
+            f"The job is shut down with a StallError if they still wait {max(0.0, self._stop - longest):.0f}s "
+            f"from now ({self._stop:g}s in all, {setting}; 0 never)."
+        )
 
 
 def _group_missing(missing: dict[int, list[str]], names: set[str]) -> list[tuple[list[int], list[str]]]:

@@ -79,12 +79,14 @@ class EngineSettings:
         ),
     )
     stall_shutdown_time: float = setting(
-        0.0,
+        1800.0,
         parsers.non_negative_float,
         "HORA_STALL_SHUTDOWN_TIME_SECONDS",
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
         help="Seconds a collective may wait for the missing ranks before the stall check shuts the job down "
-        "(0: never). If set, it must not be less than the stall check time.",
+        "(0: never, Horovod's default). Default 1800, PyTorch's collective timeout: past any step, checkpoint or "
+        "evaluation a rank does alone. If set, it must not be less than the stall check time; the default "
+        "follows a longer check time.",
         flag=Flag(
             "--stall-check-shutdown-time-seconds",
             "shut the job down when a collective has waited S seconds for some ranks; 0 never, else at least "

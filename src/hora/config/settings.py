@@ -113,7 +113,10 @@ def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str], with_def
         return None
 
     problems = []
-    shutdown, check = get("stall_shutdown_time"), get("stall_check_time")
+    # a shutdown time left at its default follows a longer check time (the engine takes the larger), so only a
+    # given one is checked
+    shutdown = get("stall_shutdown_time") if "stall_shutdown_time" in values else None
+    check = get("stall_check_time")
     if shutdown is not None and check is not None and 0 < shutdown[0] < check[0]:
         problems.append(
             f"{shutdown[1]} is less than {check[1]}: the stall shutdown time must be 0 (never) or not less "

@@ -107,16 +107,22 @@ def test_stall_shutdown_fails_every_rank_and_names_the_missing_rank(cached):
         assert "rank 1 never submitted 'late.grad'" in r, r
 
 
-def test_stall_warning_lists_missing_ranks_then_the_job_completes():
-    results = run_ranks(stall_warning_worker, 3, 3.0, stall_check_time=1.0, timeout=60)
-    for out, _ in results:
-        assert out == [3.0, 3.0, 3.0]
+def test_stall_warning_lists_missing_ranks_and_the_shutdown_then_the_job_completes_and_waiting_ranks_sleep():
+    results = run_ranks(stall_warning_worker, 2, 6.0, stall_check_time=1.0, timeout=60)
+    for out, _, _ in results:
+        assert out == [2.0, 2.0, 2.0]
     warnings = [w for w in results[0][1] if "Stalled collectives" in w]
     assert warnings, results[0][1]
     report = warnings[0]
     assert "waited more than 1s for other ranks" in report
-    assert re.search(r"Missing ranks:\n1: \[slow\.tensor\]  \(rank 1 \(host \S+, pid \d+\)\)$", report), report
-    assert results[1][1] == [] and results[2][1] == []  # only the coordinator reports
+    assert re.search(r"Missing ranks:\n1: \[slow\.tensor\]  \(rank 1 \(host \S+, pid \d+\)\)\n", report), report
+    # the default shutdown (finite) and the setting that changes it are named
+    assert re.search(r"shut down with a StallError if they still wait \d+s from now \(1800s in all, "
+                     r"--stall-check-shutdown-time-seconds \(HORA_STALL_SHUTDOWN_TIME_SECONDS\); 0 never\)", report)
+    assert results[1][1] == []  # only the coordinator reports
+    # rank 0 waited 6 s for rank 1: after the first second it sleeps between cycles instead of spinning (measured
+    # here: 0.37 CPU seconds per second spinning, 0.1 with the pauses)
+    assert results[0][2] < 0.2, results[0][2]
 
 
 @pytest.mark.parametrize("cached", [False, True])
@@ -132,7 +138,7 @@ def test_the_stall_warning_comes_at_the_check_time_counted_from_the_first_submis
 
 def test_no_stall_check_means_no_report():
     results = run_ranks(stall_warning_worker, 2, 2.5, stall_check_time=1.0, stall_check_disable=True, timeout=60)
-    assert all("Stalled" not in w for _, ws in results for w in ws)
+    assert all("Stalled" not in w for _, ws, _ in results for w in ws)
 
 
 def _events(path):

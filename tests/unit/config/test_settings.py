@@ -25,7 +25,7 @@ def test_defaults_without_environment():
     assert cfg.cache_capacity == 1024
     assert cfg.stall_check_disable is False
     assert cfg.stall_check_time == 60.0
-    assert cfg.stall_shutdown_time == 0.0
+    assert cfg.stall_shutdown_time == 1800.0  # Horovod's is 0 (never): a stalled job must end
     assert cfg.timeline == ""
     assert cfg.timeline_mark_cycles is False
     assert cfg.log_level == "WARNING"
@@ -505,6 +505,15 @@ def test_stall_shutdown_time_below_check_time_is_rejected(env, named):
 )
 def test_stall_shutdown_time_accepted(env):
     Config.resolve(env=env)
+
+
+def test_the_default_stall_shutdown_follows_a_longer_check_time():
+    from hora._engine.settings import EngineSettings
+
+    cfg = Config.resolve(env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "3600"})  # not refused: the default follows
+    assert EngineSettings(cfg).stall_shutdown_time == 3600.0
+    assert EngineSettings(Config.resolve(env={})).stall_shutdown_time == 1800.0
+    assert EngineSettings(Config.resolve(env={"HORA_STALL_SHUTDOWN_TIME_SECONDS": "0"})).stall_shutdown_time == 0.0
 
 
 def test_stall_check_by_argument():
