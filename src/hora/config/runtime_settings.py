@@ -57,6 +57,19 @@ class RuntimeSettings:
             group="run",
         ),
     )
+    oversubscribe: bool = setting(
+        False,
+        parsers.parse_bool,
+        "HORA_OVERSUBSCRIBE",
+        help="Let hora run and hora job start more than 16 processes per usable CPU on one machine (ranks and "
+        "parameter servers together); without it such counts are refused before anything starts.",
+        flag=Flag(
+            "--oversubscribe",
+            "allow more than 16 processes (ranks and servers) per CPU on one machine",
+            action="store_true",
+            group="run",
+        ),
+    )
     op_timeout: float = setting(
         300.0,
         parsers.positive_float,

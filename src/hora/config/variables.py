@@ -45,6 +45,10 @@ VARIABLES: tuple[Variable, ...] = (
         "SPARK_LOCAL_DIRS",
         "set by Spark for its Python workers: the executor's scratch directories (run_elastic's tasks work there)",
     ),
+    Variable(
+        "HORA_OVERSUBSCRIBE",
+        "the oversubscribe setting, read by hora job for its spec's process count before the job's settings exist",
+    ),
     Variable("HORA_JOB_HOME", "where hora job keeps its jobs (default ~/.hora)"),
     Variable("HORA_JOB_ATTEMPT", "set by hora job for a job's ranks: the attempt (1, 2, ... with retries)"),
     Variable(

@@ -19,11 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hora.config import parse_value
+from hora.config.variables import read
 from hora.errors import ConfigError, SpecError
 from hora.jobs.checks import Checker as _Checker
 from hora.jobs.checks import type_name as _type_name
 from hora.jobs.checks import unknown_field as _unknown
 from hora.jobs.distribution import parse_distribution
+from hora.runner.limits import process_count_problem
 
 __all__ = ["ChannelSpec", "JobSpec", "MetricDefinition", "SpecError", "load_spec", "parse_spec", "spec_from_dict"]
 
@@ -316,6 +319,13 @@ def parse_spec(
             else:
                 environment[k] = str(v).lower() if isinstance(v, bool) else str(v)
 
+    per_host = pph + (1 if strategy == "parameter_server" else 0)  # a parameter server beside each host's ranks
+    problem = process_count_problem(
+        instance_count * per_host, "the job", _oversubscribe(dist.run_settings, environment)
+    )
+    if problem:  # every host of the job is a process tree on this machine
+        c.add(f"instance_count {instance_count} x processes_per_host {pph}: {problem}")
+
     use_spot, max_wait, interruptions = _spot(data, max_run, c)
 
     job_name = c.str_(data, "job_name")
@@ -353,6 +363,21 @@ def parse_spec(
         max_wait=max_wait,
         spot_interruptions=interruptions,
     )
+
+
+def _oversubscribe(run_settings: Mapping[str, Any], environment: Mapping[str, str]) -> bool:
+    """Whether the spec (``custom_mpi_options: --oversubscribe``, its ``environment``) or the supervisor's
+    environment allows more processes than the bound (``HORA_OVERSUBSCRIBE``)."""
+    if "oversubscribe" in run_settings:
+        return bool(run_settings["oversubscribe"])
+    for env in (environment, None):
+        raw = read("HORA_OVERSUBSCRIBE", env)
+        if raw:
+            try:
+                return bool(parse_value("oversubscribe", raw))
+            except ConfigError:
+                return False
+    return False
 
 
 def _spot(data: Mapping[str, Any], max_run: float, c: _Checker) -> tuple[bool, float | None, tuple[float, ...]]:

@@ -42,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     stopping = []
 
     def stop(signum: int, frame: object) -> None:
+        # only noted here: shutting down inside the handler could take a lock the interrupted main thread holds
+        # (its wait below), and the server would never stop
         stopping.append(signum)
-        server.shutdown(timeout=0)
 
     try:
         store, secret = open_store(config, -1 - args.index)
@@ -76,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     except (HoraError, OSError, ValueError, KeyError) as exc:
         print(f"parameter server {args.index}: {exc}", file=sys.stderr)
         return 1
-    while not server.wait(1.0):
-        pass
+    while not server.wait(0.1):
+        if stopping:
+            server.shutdown(timeout=0)
     return 0
 
 

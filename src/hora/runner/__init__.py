@@ -118,9 +118,9 @@ def run_command(
     env = without_launcher_variables(outer)
     try:
         resolved = Config.resolve(env=outer, overrides=dict(settings))
-        start_timeout, grace = resolved.start_timeout, resolved.grace_period
+        start_timeout, grace, oversubscribe = resolved.start_timeout, resolved.grace_period, resolved.oversubscribe
     except (ConfigError, TypeError):
-        start_timeout, grace = 30.0, 30.0  # the workers report the bad setting themselves
+        start_timeout, grace, oversubscribe = 30.0, 30.0, False  # the workers report the bad setting themselves
     ssh = SshOptions(ssh_port, ssh_identity_file, tuple(ssh_options), start_timeout)
     if elastic:
         return _run_elastic(
@@ -158,6 +158,7 @@ def run_command(
         ssh=ssh,
         network_interface=network_interface,
         start_timeout=start_timeout,
+        oversubscribe=oversubscribe,
     )
     return launch(spec)
 

@@ -39,6 +39,7 @@ from hora._proc import die_with_parent, kill_group, set_parent_death_signal, usa
 from hora.config import Config
 from hora.config.variables import environment
 from hora.config.worker_env import thread_defaults
+from hora.errors import ConfigError
 from hora.runner.agent_protocol import (
     CLOSED,
     ERROR,
@@ -51,8 +52,9 @@ from hora.runner.agent_protocol import (
     interface_address,
     read_message,
 )
+from hora.runner.limits import process_count_problem
 from hora.runner.ps_servers import RestartBudget, server_argv, server_key, server_of
-from hora.runner.stacks import StackDumps
+from hora.runner.stacks import agent_stacks
 
 
 class _Agent:
@@ -72,7 +74,7 @@ class _Agent:
         self.server_env: dict[int, dict[str, str]] = {}  # index -> environment of this host's servers
         self.budget: RestartBudget | None = None
         self.pending: list[tuple[int, list[str], dict[str, Any]]] = []  # restarts to start
-        self.stacks = StackDumps("agent")  # private (0700): where this host's ranks dump their stacks
+        self.stacks = agent_stacks()  # private (0700): where this host's ranks dump their stacks
 
     def send(self, kind: int, rank: int = -1, stream: int = 0, payload: bytes = b"") -> None:
         with self.lock:
@@ -93,6 +95,14 @@ class _Agent:
         if iface:
             env["HORA_BIND_ADDR"] = interface_address(iface)
         self.workers = int(self.job.get("workers", 0))
+        try:
+            allowed = Config.resolve(env=env).oversubscribe
+        except ConfigError:
+            allowed = False  # the ranks report the bad setting themselves
+        count = len(self.job["ranks"]) + len(self.job.get("servers", []))
+        problem = process_count_problem(count, f"hora run on {socket.gethostname()}", allowed)
+        if problem:
+            raise ConfigError(problem)
         for e in self.job["ranks"]:
             self._spawn(int(e["rank"]), list(self.job["command"]), {**env, **e["env"]})
         for s in self.job.get("servers", []):
@@ -237,6 +247,9 @@ def _serve(agent: _Agent, job: dict[str, Any], received: list[int]) -> int:
         return 1
     try:
         agent.start()
+    except ConfigError as exc:
+        agent.send(ERROR, payload=str(exc).encode())
+        return 1
     except OSError as exc:
         agent.send(ERROR, payload=f"cannot start {job['command'][0]!r}: {exc.strerror or exc}".encode())
         agent.signal(signal.SIGKILL)

@@ -40,6 +40,7 @@ from hora.config.worker_env import worker_env
 from hora.errors import ConfigError
 from hora.runner.contradictions import check_launch
 from hora.runner.hosts import HostSlots, RankSlot, assign_ranks, is_local_host, place_servers
+from hora.runner.limits import check_process_count
 from hora.runner.output import OutputPump
 from hora.runner.ps_servers import PsServers
 from hora.runner.reaper import GroupReaper
@@ -71,6 +72,7 @@ class LaunchSpec:
     network_interface: str | None = None
     start_timeout: float = 30.0
     local_hosts: Sequence[str] = ()  # host names that are this machine whatever they resolve to (hora job's algo-1)
+    oversubscribe: bool = False  # allow more than MAX_PER_CPU processes per CPU here (the oversubscribe setting)
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -155,6 +157,9 @@ def _plan(spec: LaunchSpec, base_env: Mapping[str, str]) -> _Plan:
     hosts = list(dict.fromkeys(s.host for s in slots))
     ps_hosts = _server_hosts(spec, hosts, base_env)  # a bad combination fails before any SSH check
     remote = [h for h in hosts if h not in spec.local_hosts and not is_local_host(h)]
+    here = sum(s.host not in remote for s in slots) + sum(h not in remote for h in ps_hosts)
+    servers = f" with {len(ps_hosts)} parameter server(s)" if ps_hosts else ""
+    check_process_count(here, f"-np {spec.np}{servers}", spec.oversubscribe)
     if remote:
         ssh = spec.ssh or SshOptions()
         seen = preflight(remote, ssh)
@@ -224,10 +229,12 @@ def launch(spec: LaunchSpec) -> RunResult:
     reaper = GroupReaper()  # ends the ranks' process groups should this process be killed
     stacks = StackDumps(job_id)  # where the local ranks dump their stacks when asked
     reaper.remove_on_death(str(stacks.directory))
+    handles: dict[int, LocalRank | RemoteRank] = {}
     with handle_signals(on_signal, signal.SIGINT, signal.SIGTERM):
         try:
-            handles: dict[int, LocalRank | RemoteRank] = {}
             for slot in plan.slots:
+                if job.interrupted is not None:  # Ctrl-C or SIGTERM while starting: start nothing more
+                    raise _StartInterrupted
                 if slot.host not in plan.remote_hosts:
                     env = _worker_env(
                         spec, slot, rdv, secret, job_id, master, plan.bind[slot.host], base_env, usable_cpus()
@@ -237,10 +244,14 @@ def launch(spec: LaunchSpec) -> RunResult:
                     reaper.add(handles[slot.rank].pid)
             forwarded = forwarded_env(base_env)
             for name in plan.remote_hosts:
+                if job.interrupted is not None:
+                    raise _StartInterrupted
                 host = _start_remote(spec, name, plan, ps_hosts, rdv, secret, job_id, master, forwarded, job)
                 hosts.append(host)
                 handles.update(host.ranks)
             job.procs = [handles[r] for r in range(spec.np)]
+            if job.interrupted is not None:
+                raise _StartInterrupted
             if servers is not None:
                 servers.on_start = reaper.add
                 for pid in servers.start(spec.cwd):
@@ -251,13 +262,20 @@ def launch(spec: LaunchSpec) -> RunResult:
                 host.start_threads()
             exits = ExitWatcher({r: h.pid for r, h in handles.items() if isinstance(h, LocalRank)})
             timed_out = _supervise(spec, job, hosts, exits, servers, stacks)
+        except _StartInterrupted:  # what started goes the way a stopped job's ranks go: the signal, then SIGKILL
+            assert job.interrupted is not None
+            _end_started([h for h in handles.values() if isinstance(h, LocalRank)], job.interrupted, spec.grace)
+            if servers is not None:
+                servers.stop(spec.grace)
         except BaseException:
-            job.signal_all(signal.SIGKILL)
+            for h in handles.values():
+                if isinstance(h, LocalRank):
+                    h.signal(signal.SIGKILL)
             if servers is not None:
                 servers.stop(0.0)
-            for p in job.procs:
-                if isinstance(p, LocalRank):
-                    p.proc.wait()
+            for h in handles.values():
+                if isinstance(h, LocalRank):
+                    h.proc.wait()
             raise
         finally:
             if exits is not None:
@@ -293,6 +311,23 @@ def launch(spec: LaunchSpec) -> RunResult:
         stacks=stacks.captured,
         stacks_saved=saved,
     )
+
+
+class _StartInterrupted(Exception):
+    """A signal came while the job's processes were being started."""
+
+
+def _end_started(ranks: list[LocalRank], sig: int, grace: float) -> None:
+    """``sig`` to the ranks started so far, SIGKILL to those still running after ``grace`` seconds."""
+    for r in ranks:
+        r.signal(sig)
+    end = time.monotonic() + grace
+    while any(r.poll() is None for r in ranks) and time.monotonic() < end:
+        time.sleep(0.02)
+    for r in ranks:
+        if r.poll() is None:
+            r.signal(signal.SIGKILL)
+        r.proc.wait()
 
 
 def _start_local(spec: LaunchSpec, slot: RankSlot, env: dict[str, str], job: JobProcesses) -> LocalRank:

@@ -24,7 +24,7 @@ from typing import Protocol
 
 from hora._runtime.stacks import stack_file
 
-__all__ = ["RemoteStacks", "StackDumps", "where"]
+__all__ = ["RemoteStacks", "StackDumps", "agent_stacks", "where"]
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _INTERNAL = (os.sep + "hora" + os.sep, os.sep + "threading.py", os.sep + "selectors.py", os.sep + "socket.py")
@@ -56,6 +56,22 @@ def _signal_main_thread(pid: int, sig: int) -> None:
         if ctypes.get_errno() == errno.ESRCH:
             raise ProcessLookupError(pid)
     os.kill(pid, sig)
+
+
+def agent_stacks() -> StackDumps:
+    """A host agent's stacks directory (``hora-stacks-agent-<pid>-*``), after removing those of agents that are
+    gone: an agent killed outright (SIGKILL, a lost host) cannot remove its own."""
+    for stale in Path(tempfile.gettempdir()).glob("hora-stacks-agent-*-*"):
+        try:
+            pid = int(stale.name.split("-")[3])
+            if stale.stat().st_uid != os.getuid():
+                continue
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except (ValueError, IndexError, OSError):
+            continue
+    return StackDumps(f"agent-{os.getpid()}")
 
 
 class RemoteStacks(Protocol):

@@ -130,6 +130,51 @@ def test_signals_reach_every_worker_and_leave_no_orphans(tmp_path, sig, mode):
     assert not survivors, f"processes outlived hora run: {survivors}"
 
 
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_bytes()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(b")") + 2 :].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def test_sigterm_while_the_ranks_start_stops_them_all_at_once():
+    """SIGTERM as soon as the first of 150 ranks exists (the launcher is still starting the others): no rank is
+    started after it, and every one started is stopped now, not after the 60 s grace period."""
+    marker = f"hora-start-signal-{os.getpid()}"
+    launcher = subprocess.Popen([sys.executable, "-m", "hora", "run", "-np", "150", "--oversubscribe",
+                                 "--grace-period", "60", "sh", "-c", f"exec sleep 600 # {marker}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not _children(launcher.pid):
+            assert time.monotonic() < deadline and launcher.poll() is None, "no rank started"
+            time.sleep(0.001)
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    left = [int(e.name) for e in Path("/proc").iterdir()
+            if e.name.isdigit() and marker.encode() in _cmdline(int(e.name))]  # fmt: skip
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert left == []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_workers_die_with_a_killed_launcher(tmp_path):
     launcher, pids = _start_lingering(tmp_path, 2, "sleep")
     workers = pids[0::2]

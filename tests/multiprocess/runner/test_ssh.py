@@ -281,6 +281,7 @@ def test_worker_killed_on_the_second_host_stops_every_rank(netns_cluster):
 def test_the_report_shows_where_a_stuck_remote_rank_was(netns_cluster):
     """Rank 1 freezes on the second host: its host's agent takes its stack (and the others') before the kill."""
     c = netns_cluster
+    before = set(Path(tempfile.gettempdir()).glob("hora-stacks-agent-*"))
     command = [sys.executable, str(paths.SCRIPTS / "frozen_rank.py")]
     result = run_command(command, np=3, hosts=hosts_of(c, 1, 2), capture=True, timeout=LIMIT, op_timeout=2,
                          grace_period=2, **c.ssh_kwargs())  # fmt: skip
@@ -288,7 +289,7 @@ def test_the_report_shows_where_a_stuck_remote_rank_was(netns_cluster):
     assert "in think_hard" in result.stacks[1]  # through the agent of the host it ran on
     assert f"rank 1: {paths.SCRIPTS / 'frozen_rank.py'}:13 in think_hard" in result.report()
     assert_hosts_clean(c, result.job_id)
-    assert not list(Path(tempfile.gettempdir()).glob("hora-stacks-agent-*"))  # each agent removed its directory
+    assert set(Path(tempfile.gettempdir()).glob("hora-stacks-agent-*")) <= before  # each agent removed its own
 
 
 def _start_sleeping_job(c: netns.Cluster, marker: str) -> subprocess.Popen[str]:

@@ -258,6 +258,7 @@ def _non_default_config() -> Config:
         start_timeout=12.5,
         elastic_timeout=45.0,
         grace_period=7.5,
+        oversubscribe=True,
         op_timeout=60.25,
         thread_defaults=False,
         transport="tcp",

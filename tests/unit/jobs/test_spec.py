@@ -208,3 +208,22 @@ def test_values_no_process_can_be_given_are_spec_errors(code):
     assert "environment variable name 'BAD\\x00NAME' is not valid" in text
     assert "environment variable HUGE cannot be passed to a process" in text
     assert "environment variable NUL cannot be passed to a process" in text
+
+
+def test_an_absurd_process_count_is_refused_unless_allowed(code, monkeypatch):
+    """Issue 27, item 4: processes_per_host 4096 started thousands of processes on a 2-core machine."""
+    monkeypatch.delenv("HORA_OVERSUBSCRIBE", raising=False)
+    monkeypatch.setattr("hora.runner.limits.usable_cpus", lambda: 2)
+    [problem] = problems({"entry_point": "train.py", "processes_per_host": 4096}, code)
+    assert problem.startswith("instance_count 1 x processes_per_host 4096: the job would start 4096 processes")
+    assert "more than 16 per CPU (32 here)" in problem and "HORA_OVERSUBSCRIBE=1" in problem
+    [problem] = problems({"entry_point": "train.py", "instance_count": 3, "processes_per_host": 11}, code)
+    assert "would start 33 processes" in problem
+    assert parse_spec({"entry_point": "train.py", "instance_count": 2, "processes_per_host": 16}, base_dir=code)
+    allowed = {"entry_point": "train.py", "processes_per_host": 4096, "environment": {"HORA_OVERSUBSCRIBE": "1"}}
+    assert parse_spec(allowed, base_dir=code).processes_per_host == 4096
+    flagged = {"entry_point": "train.py", "processes_per_host": 64,
+               "distribution": {"mpi": {"enabled": True, "custom_mpi_options": "--oversubscribe"}}}  # fmt: skip
+    assert parse_spec(flagged, base_dir=code).processes_per_host == 64
+    monkeypatch.setenv("HORA_OVERSUBSCRIBE", "1")  # the supervisor's environment
+    assert parse_spec({"entry_point": "train.py", "processes_per_host": 64}, base_dir=code).processes_per_host == 64

@@ -138,7 +138,7 @@ ENGINE_DEFAULTS = {
     "cache_capacity": 1024,
     "stall_check_disable": False,
     "stall_check_time": 60.0,
-    "stall_shutdown_time": 0.0,
+    "stall_shutdown_time": 1800.0,
     "timeline": "",
     "timeline_mark_cycles": False,
 }
