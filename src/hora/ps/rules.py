@@ -59,6 +59,9 @@ class UpdateRule:
 
     name: ClassVar[str]
     slot_names: ClassVar[tuple[str, ...]] = ()
+    #: Decay factors, which must be below 1 (PyTorch's rule for Adam's betas; a momentum of 1 or more makes the
+    #: buffer grow without bound).
+    below_one: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -66,12 +69,20 @@ class UpdateRule:
             if isinstance(f.default, bool):
                 if not isinstance(value, bool):
                     raise ConfigError(f"{self.name}.{f.name} must be true or false, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ConfigError(f"{self.name}.{f.name} must be a finite number, got {value!r}")
-            elif value < 0:
+                continue
+            try:
+                number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+            except OverflowError:  # an int beyond a float's range
+                number = None
+            if number is None or not math.isfinite(number):
+                too_big = isinstance(value, int) and not isinstance(value, bool) and number is None
+                shown = f"an integer of {len(str(value))} digits" if too_big else repr(value)
+                raise ConfigError(f"{self.name}.{f.name} must be a finite number, got {shown}")
+            if number < 0:
                 raise ConfigError(f"{self.name}.{f.name} must be >= 0, got {value!r}")
-            else:
-                object.__setattr__(self, f.name, float(value))  # frozen: the one place it is set
+            if f.name in self.below_one and number >= 1:
+                raise ConfigError(f"{self.name}.{f.name} must be in [0, 1), got {value!r}")
+            object.__setattr__(self, f.name, number)  # frozen: the one place it is set
 
     def to_json(self) -> dict[str, Any]:
         """The wire form: ``{"rule": name, **hyperparameters}``."""
@@ -113,6 +124,7 @@ class Momentum(UpdateRule):
 
     name: ClassVar[str] = "momentum"
     slot_names: ClassVar[tuple[str, ...]] = ("buf",)
+    below_one: ClassVar[tuple[str, ...]] = ("momentum",)
     lr: float = 0.01
     momentum: float = 0.9
     nesterov: bool = False
@@ -156,6 +168,7 @@ class Adam(UpdateRule):
 
     name: ClassVar[str] = "adam"
     slot_names: ClassVar[tuple[str, ...]] = ("m", "v")
+    below_one: ClassVar[tuple[str, ...]] = ("beta1", "beta2")
     lr: float = 0.001
     beta1: float = 0.9
     beta2: float = 0.999

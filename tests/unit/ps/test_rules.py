@@ -128,6 +128,11 @@ def test_rules_are_checked_data_with_one_wire_form():
         ({"rule": "momentum", "nesterov": 1}, "true or false"),
         ({"lr": 0.1}, "'rule' key"),
         ({"rule": "adam", "lr": -1.0}, ">= 0"),
+        # issue 27, item 9: ranges, and a number too big for a float, named with the rule
+        ({"rule": "adam", "beta1": 5.0}, r"adam.beta1 must be in \[0, 1\), got 5.0"),
+        ({"rule": "adam", "beta2": 1}, r"adam.beta2 must be in \[0, 1\)"),
+        ({"rule": "momentum", "momentum": 1.5}, r"momentum.momentum must be in \[0, 1\)"),
+        ({"rule": "sgd", "lr": 10**400}, "sgd.lr must be a finite number, got an integer of 401 digits"),
     ]:
         with pytest.raises(ConfigError, match=words):
             parse_rule(bad)
