@@ -332,7 +332,9 @@ class JobSupervisor(Attempts):
         for host in self.hosts:
             layout = self.layouts[host]
             write_host_config(self.spec, layout, host, self.interface)
-            shutil.copytree(self.spec.source_dir, layout.code_dir, dirs_exist_ok=True, ignore=self._ignore_in_source)
+            # symlinks stay links: a link in the source dir never copies what it points to (a whole /etc)
+            shutil.copytree(self.spec.source_dir, layout.code_dir, symlinks=True, dirs_exist_ok=True,
+                            ignore=self._ignore_in_source)
             env = sm_environment(self.spec, layout, host, cpus, gpus)
             # the spec's environment
             write_private(self.job_dir / "hora" / f"env-{host}.json", json.dumps(env, indent=1))

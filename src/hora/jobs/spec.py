@@ -157,17 +157,36 @@ def load_spec(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None 
             [f"the top level must be a mapping of fields, got {type(data).__name__}"], f"job spec {str(p)!r}"
         )
     data = {**data, **(overrides or {})}
-    return parse_spec(data, base_dir=p.resolve().parent, source=f"job spec {str(p)!r}")
+    return parse_spec(data, base_dir=p.resolve().parent, source=f"job spec {str(p)!r}", confine=True)
 
 
 def _local(path: str, base: Path) -> str:
     return str((base / os.path.expanduser(path)).resolve())
 
 
+def _outside(what: str, path: str, base: Path) -> str | None:
+    """Why the relative code path ``path`` (the field ``what``) of a spec file is refused: it leaves the spec's
+    directory tree (an absolute or ``~`` path is the user's deliberate choice)."""
+    if os.path.isabs(os.path.expanduser(path)):
+        return None
+    where = Path(_local(path, base))
+    if where.is_relative_to(base):
+        return None
+    return (
+        f"{what} {path!r} resolves to {where}, outside the spec's directory {base}: its directory would be copied to "
+        f"every host. Move the code under {base}, or give the path absolute if you mean it"
+    )
+
+
 def parse_spec(
-    data: Mapping[str, Any], base_dir: str | os.PathLike[str] | None = None, source: str = "the job spec"
+    data: Mapping[str, Any],
+    base_dir: str | os.PathLike[str] | None = None,
+    source: str = "the job spec",
+    confine: bool = False,
 ) -> JobSpec:
-    """Check a spec given as a mapping and return the :class:`JobSpec`.
+    """Check a spec given as a mapping and return the :class:`JobSpec`. With ``confine`` (a spec file), a relative
+    ``entry_point`` or ``source_dir`` must stay inside ``base_dir``'s tree: the code directory is copied to every
+    host, and ``../../etc/passwd`` would copy ``/etc``; an absolute path says the user means it.
 
     Raises:
         SpecError: listing every problem found (unknown fields with a did-you-mean, wrong types, a missing entry
@@ -187,10 +206,16 @@ def parse_spec(
     if entry is None and "entry_point" not in data:
         c.add("entry_point is missing: name the training script, e.g. entry_point: train.py")
     elif entry is not None:
-        if source_dir is not None:
+        named = ("source_dir", source_dir) if source_dir is not None else ("entry_point", entry)
+        outside = _outside(*named, base) if confine else None
+        if outside:
+            c.add(outside)
+        elif source_dir is not None:
             src = _local(source_dir, base)
             if not os.path.isdir(src):
                 c.add(f"source_dir {source_dir!r} is not a directory (looked at {src})")
+            elif not Path(src, entry).resolve().is_relative_to(src):
+                c.add(f"entry_point {entry!r} leaves source_dir {src}: it must name a file inside it (SageMaker's rule)")
             elif not os.path.isfile(os.path.join(src, entry)):
                 c.add(f"entry_point {entry!r} is not a file in source_dir {src}")
             entry_rel = entry

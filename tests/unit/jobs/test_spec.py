@@ -227,3 +227,29 @@ def test_an_absurd_process_count_is_refused_unless_allowed(code, monkeypatch):
     assert parse_spec(flagged, base_dir=code).processes_per_host == 64
     monkeypatch.setenv("HORA_OVERSUBSCRIBE", "1")  # the supervisor's environment
     assert parse_spec({"entry_point": "train.py", "processes_per_host": 64}, base_dir=code).processes_per_host == 64
+
+
+def test_a_spec_files_code_paths_stay_in_its_tree_unless_absolute(tmp_path):
+    """Issue 27, item 11: ``entry_point: ../../../etc/passwd`` copied /etc (shadow included) into the job."""
+    from hora.jobs import load_spec
+
+    spec_dir = tmp_path / "specs"
+    (spec_dir / "code").mkdir(parents=True)
+    (spec_dir / "code" / "train.py").write_text("print(1)\n")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "train.py").write_text("print(2)\n")
+
+    def load(text: str):
+        (spec_dir / "job.yaml").write_text(text)
+        return load_spec(spec_dir / "job.yaml")
+
+    with pytest.raises(SpecError, match=r"entry_point '\.\./\.\./\.\./\.\./\.\./etc/passwd' resolves to /etc/passwd, "
+                                        r"outside the spec's directory"):
+        load("entry_point: ../../../../../etc/passwd\n")
+    with pytest.raises(SpecError, match=r"source_dir '\.\./elsewhere' resolves to .*, outside the spec's directory"):
+        load("entry_point: train.py\nsource_dir: ../elsewhere\n")
+    with pytest.raises(SpecError, match=r"entry_point '\.\./\.\./elsewhere/train.py' leaves source_dir"):
+        load("entry_point: ../../elsewhere/train.py\nsource_dir: code\n")
+    assert load("entry_point: code/train.py\n").source_dir == str(spec_dir / "code")
+    deliberate = load(f"entry_point: train.py\nsource_dir: {tmp_path / 'elsewhere'}\n")  # absolute: meant
+    assert deliberate.source_dir == str(tmp_path / "elsewhere")
