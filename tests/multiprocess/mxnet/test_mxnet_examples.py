@@ -1,4 +1,4 @@
-"""examples/mxnet_digits.py under ``hora run -np 2``, and examples/jobs/mxnet_job.yaml as a hora job whose output
+"""examples/mxnet_digits.py under ``hora run -np 2``, and examples/mxnet_job.yaml as a hora job whose output
 archive holds the timeline and the autotune log that custom_mpi_options' ``-x`` asked for. Run in .venv-mxnet."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def test_example_trains_on_two_ranks_and_rank_0_saves(tmp_path):
 
 def test_job_archives_the_timeline_and_the_autotune_log(tmp_path):
     store = JobStore(tmp_path / "home")
-    spec = load_spec(REPO / "examples" / "jobs" / "mxnet_job.yaml", {"job_name": "mxnet-job"})
+    spec = load_spec(REPO / "examples" / "mxnet_job.yaml", {"job_name": "mxnet-job"})
     assert spec.mpi_exports == {
         "HOROVOD_TIMELINE": "/opt/ml/output/data/timeline.json",
         "HOROVOD_AUTOTUNE": "1",
