@@ -4,12 +4,38 @@ only: the flags come from :mod:`hora.runner.flags`, the work from :mod:`hora.run
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 from hora import __version__
 from hora.errors import HoraError
 from hora.jobs.cli import add_job_parser, job_main
 from hora.runner.flags import add_run_arguments, check_settings, elastic_options, run_epilog, settings_from_args
+
+
+def _leaf(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser that parsed the command given (``hora run``, ``hora job logs`` ...)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(args, action.dest, None)
+            if chosen in action.choices:
+                return _leaf(action.choices[chosen], args)
+    return parser
+
+
+def _unknown(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> int:
+    """Unrecognized arguments: the usage of the command given, and the flag meant where one is close."""
+    leaf = _leaf(parser, args)
+    flags = [o for a in leaf._actions for o in a.option_strings if o.startswith("--")]
+    lines = []
+    for extra in extras:
+        name = extra.split("=", 1)[0]
+        close = difflib.get_close_matches(name, flags, n=2, cutoff=0.7) if name.startswith("-") else []
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        lines.append(f"{leaf.prog}: error: unrecognized argument {extra!r}{hint}")
+    lines.append(f"(`{leaf.prog} --help` lists its flags)")
+    print("\n".join(lines), file=sys.stderr)
+    return 2
 
 
 def _run_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     _run_parser(sub)
     add_job_parser(sub)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        return _unknown(parser, args, extras)
     if args.cmd == "run":
         return _run(parser, args)
     if args.cmd == "job":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -118,3 +119,37 @@ def interrupt_job(store: JobStore, name: str, host: str | None = None) -> JobRec
 
     request_interrupt(store, name, host, _supervisor_alive(store.get(name)))
     return store.get(name)
+
+
+def remove_job(store: JobStore, name: str, artifacts: bool = False) -> tuple[list[str], list[str]]:
+    """Delete an ended job from the store (``hora job rm``), so its name can be used again. Its artifacts are kept:
+    those in the job's directory move to ``<home>/artifacts/<name>/`` first, those under a local ``output_path``
+    stay where they are; with ``artifacts`` they are deleted too (``s3://`` ones are never touched). Returns (the
+    artifacts kept, where; the artifacts deleted).
+
+    Raises:
+        ConfigError: the job is still running (stop it first).
+    """
+    record = reconcile(store, store.get(name))
+    if not record.done:
+        raise ConfigError(f"job {name} is {record.status}: stop it first (hora job stop {name} --wait), then remove it")
+    job_dir = Path(record.job_dir).resolve()
+    kept: list[str] = []
+    removed: list[str] = []
+    for where in sorted(record.artifacts.values()):
+        path = Path(where)
+        if where.startswith("s3://") or not path.exists():
+            kept += [where] if where.startswith("s3://") else []
+            continue
+        if artifacts:
+            path.unlink()
+            removed.append(where)
+        elif path.resolve().is_relative_to(job_dir):
+            target = store.home / "artifacts" / f"{name}-{int(record.created)}" / path.name
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            shutil.move(str(path), target)
+            kept.append(str(target))
+        else:
+            kept.append(where)
+    store.remove(name)
+    return kept, removed

@@ -42,6 +42,9 @@ def add_job_parser(sub: argparse._SubParsersAction) -> None:
     it.add_argument("job")
     it.add_argument("--host", help="the reclaimed host (default algo-1); as on SageMaker, the whole job restarts")
     jsub.add_parser("reindex", help="rebuild a lost or damaged job index (jobs.db) from the job directories")
+    rm = jsub.add_parser("rm", help="delete an ended job (its artifacts are kept unless --artifacts)")
+    rm.add_argument("job", nargs="+")
+    rm.add_argument("--artifacts", action="store_true", help="also delete its local model.tar.gz and output.tar.gz")
 
 
 def _progress(message: str) -> None:
@@ -50,7 +53,7 @@ def _progress(message: str) -> None:
 
 def job_main(args: argparse.Namespace) -> int:
     from hora.jobs import views
-    from hora.jobs.api import interrupt_job, reconcile, start_job, stop_job, wait_job
+    from hora.jobs.api import interrupt_job, reconcile, remove_job, start_job, stop_job, wait_job
     from hora.jobs.spec import load_spec
     from hora.jobs.states import JobStatus
     from hora.jobs.store import JobStore
@@ -93,6 +96,12 @@ def job_main(args: argparse.Namespace) -> int:
             print(views.metrics_table(store, args.job))
             if args.plot:
                 print(f"plotted to {views.plot_metrics(store, args.job, args.plot)}")
+        elif args.job_cmd == "rm":
+            for name in args.job:
+                kept, removed = remove_job(store, name, args.artifacts)
+                said = [f"kept {', '.join(kept)}"] if kept else []
+                said += [f"deleted {', '.join(removed)}"] if removed else []
+                print(f"removed job {name}" + (f" ({'; '.join(said)})" if said else ""))
         elif args.job_cmd == "interrupt":
             record = interrupt_job(store, args.job, args.host)
             print(f"interrupting job {record.name} ({args.host or 'algo-1'} reclaimed); it restarts from its "

@@ -229,6 +229,14 @@ class JobStore:
                 raise
         return self.get(name)
 
+    def remove(self, name: str) -> None:
+        """Forget job ``name``: its index entries (record, transitions, metrics) and its directory."""
+        with self._db() as db:
+            for sql in ("DELETE FROM metrics WHERE job = ?", "DELETE FROM transitions WHERE job = ?",
+                        "DELETE FROM jobs WHERE name = ?"):
+                db.execute(sql, (name,))
+        shutil.rmtree(self.job_dir(name), ignore_errors=True)
+
     def save_record(self, name: str) -> None:
         """Copy the job's final row into its directory (``hora/record.json``), for :func:`hora.jobs.reindex.rebuild`."""
         record = self.get(name)

@@ -14,6 +14,7 @@ import pytest
 
 from hora.cli import main
 from hora.jobs import JobStore, load_spec, parse_spec, start_job, stop_job, wait_job
+from hora.jobs.states import JobStatus, SecondaryStatus
 from support import paths
 
 REPO = paths.REPO
@@ -303,6 +304,21 @@ def test_cli_run_wait_prints_progress_and_summary(tmp_path, capfd):
     assert "has 2 problems" in err and "did you mean 'max_run'?" in err
     assert main(["job", "--home", str(tmp_path / "home"), "describe", "nope"]) == 2
     assert "no job named 'nope'" in capfd.readouterr().err
+    assert main(["job", "--home", str(tmp_path / "home"), "logs", "cli", "--folow"]) == 2  # issue 27, item 3
+    assert "hora job logs: error: unrecognized argument '--folow'; did you mean --follow?" in capfd.readouterr().err
+    # hora job rm: the name is free again, the artifacts kept unless asked (issue 27, item 3)
+    store = JobStore(tmp_path / "home")
+    created = int(store.get("cli").created)
+    assert main(["job", "--home", str(tmp_path / "home"), "rm", "cli"]) == 0
+    kept = tmp_path / "home" / "artifacts" / f"cli-{created}"
+    assert f"removed job cli (kept {kept / 'model.tar.gz'}, {kept / 'output.tar.gz'})" in capfd.readouterr().out
+    assert members(str(kept / "model.tar.gz")) and not store.job_dir("cli").exists()
+    store.create("cli", {})  # the name can be used again; a job that has not ended is not removed
+    assert main(["job", "--home", str(tmp_path / "home"), "rm", "cli"]) == 2
+    assert "job cli is InProgress: stop it first (hora job stop cli --wait)" in capfd.readouterr().err
+    store.transition("cli", JobStatus.Failed, SecondaryStatus.Failed)
+    assert main(["job", "--home", str(tmp_path / "home"), "rm", "cli", "--artifacts"]) == 0
+    assert [r.name for r in store.jobs()] == []
 
 
 def test_output_path_gets_the_sagemaker_layout(tmp_path):
