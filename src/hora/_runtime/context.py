@@ -15,12 +15,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hora._engine import outputs
 from hora._engine.engine import Engine
 from hora._engine.negotiation import format_ranks
-from hora._runtime.bootstrap import Bootstrap, local_addr_towards, start_bootstrap
+from hora._runtime import excepthook
+from hora._runtime.bootstrap import Bootstrap, local_addr_towards, runtime_dir, start_bootstrap
 from hora._runtime.connections import close_all
 from hora._runtime.elastic_join import Membership, NoticeListener, RoundWatch, join, leave_on_sigterm
 from hora._runtime.group import Group, GroupSpec, assemble
@@ -30,7 +32,7 @@ from hora._runtime.stacks import register_stack_dump
 from hora.config import Config, launchers
 from hora.config.launchers import LaunchInfo, detect
 from hora.config.variables import read
-from hora.errors import NotInitializedError
+from hora.errors import HoraError, NotInitializedError
 
 __all__ = [
     "Context",
@@ -130,6 +132,11 @@ def init(**settings: Any) -> None:
         job = config.job_id or launch.job_key
         _generations[job] = _generations.get(job, 0) + 1
         _current = _start(config, launch, _generations[job])
+        try:  # an uncaught error through hora shows the script's frames; the full one is kept here
+            keep: Path | None = runtime_dir(config)
+        except HoraError:
+            keep = None  # no private directory: the short form names no file
+        excepthook.install(keep, f"rank {_current.rank} of {_current.size}, job {job}")
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True

@@ -309,3 +309,20 @@ def test_the_report_shows_where_a_stuck_rank_was_before_it_was_stopped(tmp_path)
     assert "where the ranks still running were (all threads:" in report
     assert f"rank 1: {SCRIPTS / 'frozen_rank.py'}:13 in think_hard" in report
     assert "in think_hard" in (out / "rank.1" / "stacks").read_text()
+
+
+def test_a_rank_that_loses_its_peer_shows_its_own_frames_and_keeps_the_full_traceback():
+    """Issue 27, item 2: the surviving rank's error shows the script's line and hora's reason, not the engine."""
+    code = ("import os, numpy as np, hora.numpy as hvd\nhvd.init()\nif hvd.rank() == 1:\n    os._exit(3)\n"
+            "hvd.allreduce(np.ones(2), name='x')\n")
+    proc = hora_run("-np", "2", sys.executable, "-c", code)
+    assert proc.returncode == 3
+    said = [line.removeprefix("[0]<stderr>: ") for line in proc.stderr.splitlines() if line.startswith("[0]<stderr>")]
+    assert said[:2] == ["Traceback (most recent call last):", '  File "<string>", line 5, in <module>'], said
+    assert said[-1].startswith("hora.errors.PeerLostError: rank 1 (host "), said
+    assert not any("/hora/_engine/" in line or "/hora/_frontend/" in line for line in said), said
+    saved = Path(said[-2].split("the full traceback is in ")[1].rstrip("]"))
+    try:
+        assert "/hora/_frontend/" in saved.read_text() and "PeerLostError" in saved.read_text()
+    finally:
+        saved.unlink()
