@@ -164,3 +164,16 @@ def test_run_command_refuses_the_same_contradictions_before_any_rank_starts(clea
     with pytest.raises(ConfigError, match=r"^--strategy parameter_server needs parameter servers"):
         run_command([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], np=1, strategy="parameter_server")
     assert not marker.exists()
+
+
+def test_ctrl_c_anywhere_in_the_command_ends_it_with_one_line_and_130(monkeypatch, capsys):
+    """Issue 27, item 2: a Ctrl-C that reached the top printed dozens of KeyboardInterrupt frames."""
+    import hora.cli
+    from hora.__main__ import run
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hora.cli, "main", interrupted)
+    assert run() == 130
+    assert capsys.readouterr().err == "hora: interrupted\n"
