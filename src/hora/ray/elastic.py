@@ -288,6 +288,8 @@ class ElasticRayExecutor:
             return made
 
         result = launch_elastic(spec, s.discovery, ray.util.get_node_ip_address(), starter)
+        if result.interrupted is not None:  # the workers are stopped: Ctrl-C (or SIGTERM) goes on to the caller
+            signal.raise_signal(result.interrupted)
         if result.exit_code != 0:
             raise RunError(result.report() or f"the elastic job failed with exit code {result.exit_code}", result)
         done = [w for started in starters for w in started.workers if w.code == 0]

@@ -330,19 +330,23 @@ class RayExecutor:
         failures: list[RankOutcome] = []
         first = None
         pending = list(refs)
-        while pending:
-            if first is not None:
-                settle = SETTLE_FOR_CAUSE if all(f.consequence for f in failures) else SETTLE
-                if time.monotonic() - first > settle:
-                    break
-            ready, pending = ray.wait(pending, num_returns=1, timeout=0.2)
-            for ref in ready:
-                outcome = self._answer(ref, rank_of[ref])
-                if outcome.ok:
-                    values[outcome.rank] = outcome.value
-                else:
-                    failures.append(outcome)
-                    first = first or time.monotonic()
+        try:
+            while pending:
+                if first is not None:
+                    settle = SETTLE_FOR_CAUSE if all(f.consequence for f in failures) else SETTLE
+                    if time.monotonic() - first > settle:
+                        break
+                ready, pending = ray.wait(pending, num_returns=1, timeout=0.2)
+                for ref in ready:
+                    outcome = self._answer(ref, rank_of[ref])
+                    if outcome.ok:
+                        values[outcome.rank] = outcome.value
+                    else:
+                        failures.append(outcome)
+                        first = first or time.monotonic()
+        except KeyboardInterrupt:  # Ctrl-C in the driver: the workers stop now, not when the driver exits
+            self._kill()
+            raise
         if failures:
             self._kill()
             raise _failure_error(failures, self.states, self.nodes, what)

@@ -259,6 +259,8 @@ def run_elastic(
         job.finish(END_WAIT)
         values = registry.snapshot(f"{prefix}result/")
         registry.shutdown()
+    if result.interrupted is not None:  # the workers are stopped: Ctrl-C (or SIGTERM) goes on to the caller
+        signal.raise_signal(result.interrupted)
     if result.exit_code != 0:
         raise RunError(result.report() or f"the elastic job failed with exit code {result.exit_code}", result)
     done = [w for made in starters for w in made.workers if w.code == 0]

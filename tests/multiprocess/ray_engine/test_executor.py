@@ -124,6 +124,31 @@ def test_a_worker_sigkilled_mid_allreduce_is_a_clear_error(local_ray, tmp_path):
         executor.shutdown()
 
 
+def test_ctrl_c_in_run_stops_the_workers_at_once(local_ray, tmp_path):
+    """Issue 27, item 10: a KeyboardInterrupt in run() left the actors training until the driver exited."""
+    executor = RayExecutor(num_workers=2)
+    executor.start()
+
+    def interrupt_once_both_train():
+        engines.wait_for(tmp_path / "started.0")
+        engines.wait_for(tmp_path / "started.1")
+        os.kill(os.getpid(), signal.SIGINT)  # the driver's Ctrl-C, delivered to its main thread
+
+    interrupter = threading.Thread(target=interrupt_once_both_train)
+    interrupter.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            executor.run(engines.allreduce_loop, args=(str(tmp_path), 10**9))
+    finally:
+        interrupter.join()
+    assert _gone(list(engines.pids(tmp_path).values())) == []  # while this driver lives on
+    executor.start()  # and the executor can start again
+    try:
+        assert [r["rank"] for r in executor.run(engines.topology)] == [0, 1]
+    finally:
+        executor.shutdown()
+
+
 def test_more_workers_than_the_cluster_holds_is_refused(local_ray):
     settings = RayExecutor.create_settings(placement_group_timeout_s=2)
     executor = RayExecutor(settings, num_workers=9)
