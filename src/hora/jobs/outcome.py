@@ -59,6 +59,12 @@ def failure_reason(job_dir: Path, hosts: list[str], processes_per_host: int, att
     rc = _root_cause_with_tails(result, ends)
     if rc is None:
         return f"AlgorithmError: the ranks ended with exit code {result.exit_code}", result.exit_code
+    if rc.label:  # a parameter server of hora run's, not a rank
+        lines = [f"AlgorithmError: {rc.label} (pid {rc.pid}) failed first: {describe_code(rc.returncode)}; the "
+                 "workers that needed it were stopped"]
+        tb = traceback_tail(list(rc.tail))
+        lines += ["last lines of its stderr:", *[f"  {t}" for t in tb]] if tb else []
+        return "\n".join(lines), rc.exit_code
     host = hosts[host_index_of_rank(rc.rank, processes_per_host)]
     end = ends.get(rc.rank)
     tail, code, pid = (end.tail, end.returncode, end.pid or rc.pid) if end else ((), rc.returncode, rc.pid)

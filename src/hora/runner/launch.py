@@ -292,7 +292,9 @@ def launch(spec: LaunchSpec) -> RunResult:
     job.pump.join(timeout=5.0)
     for f in job.failures:
         f.tail = list(job.pump.tails.get(f.rank, []))
-    root = root_cause(job.failures)
+    # a parameter server that died while the workers ran (not restarted) is a failure too: usually the first
+    server_failures = (servers.failures if servers is not None else []) + [f for h in hosts for f in h.server_failures]
+    root = root_cause(job.failures + server_failures)
     if timed_out:
         exit_code = 124
     elif job.interrupted is not None:

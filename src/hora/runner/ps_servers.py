@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ from hora.config import Config
 from hora.errors import HoraError
 from hora.ps.directory import open_store
 from hora.runner.output import OutputPump
+from hora.runner.result import Failure
 
 __all__ = ["FROZEN_AFTER", "PsServers", "report_exit"]
 
@@ -143,6 +145,12 @@ class RestartBudget:
         return how, None, reason
 
 
+def server_failure(index: int, key: int, host: str, pid: int, code: int, tail: list[str]) -> Failure:
+    """Server ``index`` ended while the workers ran and is not restarted: a failure that can be the job's root cause
+    (the workers' errors that follow name it)."""
+    return Failure(key, host, pid, code, tail, time.monotonic(), label=f"parameter server {index}")
+
+
 def give_up(env: Mapping[str, str], index: int, generation: int, reason: str) -> str | None:
     """Tell the workers waiting for server ``index``'s restart ``generation`` that none comes (the store key
     ``<index>@<generation>``, :mod:`hora.ps.reconnect`); ``env``: the server's. Returns why that failed, or None."""
@@ -186,6 +194,7 @@ class PsServers:
         self.on_start: Callable[[int], None] = lambda pid: None  # the launcher's reaper learns restarted pids
         self._cwd: str | None = None
         self._reported: set[int] = set()
+        self.failures: list[Failure] = []  # servers that ended while the workers ran and were not restarted
 
     def start(self, cwd: str | None = None) -> list[int]:
         """Start every server of this machine; returns their pids (each the leader of its process group)."""
@@ -237,6 +246,9 @@ class PsServers:
                 continue
             self._reported.add(i)
             print(f"{said}; {reason}", file=sys.stderr, flush=True)
+            key = server_key(i, self.budget.restarts[i])
+            tail = list(self._pump.tails.get(key, []))
+            self.failures.append(server_failure(i, key, socket.gethostname(), p.pid, code, tail))
 
     def stop(self, grace: float) -> None:
         """SIGTERM every server, SIGKILL what is left after ``grace`` seconds, and reap them all."""

@@ -24,7 +24,8 @@ from hora._proc import kill_group
 from hora._wire import read_fully
 from hora.runner.agent_protocol import CLOSED, ERROR, EXITED, HEADER, HELLO, OUTPUT, STACKS, STARTED, write_message
 from hora.runner.output import OutputPump
-from hora.runner.ps_servers import report_exit, restarting, server_key, server_label, server_of
+from hora.runner.ps_servers import report_exit, restarting, server_failure, server_key, server_label, server_of
+from hora.runner.result import Failure
 
 __all__ = ["RemoteHost", "RemoteRank"]
 
@@ -73,6 +74,7 @@ class RemoteHost:
         self.servers = list(servers)  # indexes of the host's parameter servers
         self.server_pids: dict[int, int] = {}  # output key (server_key) -> pid, restarts included
         self.server_codes: dict[int, int] = {}
+        self.server_failures: list[Failure] = []  # its servers that ended while the workers ran, not restarted
         self.argv = argv
         self._job = job
         self._pump = pump
@@ -177,6 +179,9 @@ class RemoteHost:
         if over:
             return
         pid, where = self.server_pids.get(key, 0), f" on host {self.host}"
+        if "restart" not in info:  # not restarted: the workers fail naming it, and it is the root cause
+            tail = list(self._pump.tails.get(key, []))
+            self.server_failures.append(server_failure(index, key, self.host, pid, code, tail))
         if "how" not in info:
             report_exit(index, pid, code, where)
             return

@@ -23,6 +23,11 @@ class Failure:
     when: float
     stopped: bool = False  # hora run's own stop signal ended it
     reason: str = ""  # why, when the rank's host failed rather than the rank (a lost SSH connection, say)
+    label: str = ""  # not a rank: "parameter server 0" (``rank`` is then its output key, below 0)
+
+    @property
+    def who(self) -> str:
+        return self.label or f"rank {self.rank}"
 
     @property
     def exit_code(self) -> int:
@@ -74,13 +79,13 @@ class RunResult:
             )
         else:
             head = (
-                f"hora run: rank {self.root_cause.rank} failed first (the root cause, below); "
+                f"hora run: {self.root_cause.who} failed first (the root cause, below); "
                 "the other ranks were stopped."
             )
         lines = ["=" * 78, head]
         rc = self.root_cause
         if rc is not None:
-            lines += [f"  rank  : {rc.rank}", f"  host  : {rc.host}"]
+            lines += [f"  what  : {rc.label}" if rc.label else f"  rank  : {rc.rank}", f"  host  : {rc.host}"]
             if rc.pid > 0:  # an engine's worker (a Ray actor, a Spark task's child) is no process of this machine
                 lines.append(f"  pid   : {rc.pid}")
             lines.append(f"  exit  : {rc.describe()}")

@@ -39,4 +39,10 @@ def test_a_killed_server_fails_every_worker_naming_it_and_nothing_is_left_runnin
     for rank in range(2):
         err = stderr_of(result, rank)
         assert "PeerLostError" in err and "parameter server 0" in err and "'emb' shard 0" in err, err[-2000:]
+    # the root cause is the server, not a worker that failed for want of it (issue 27, item 12)
+    rc = result.root_cause
+    assert rc is not None and rc.label == "parameter server 0" and rc.describe() == "killed by SIGKILL", result.report()
+    report = result.report()
+    assert "hora run: parameter server 0 failed first" in report and "what  : parameter server 0" in report
+    assert result.exit_code == 128 + 9
     # the hygiene fixture checks that the surviving server was stopped with the job

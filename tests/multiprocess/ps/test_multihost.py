@@ -88,12 +88,12 @@ def test_a_killed_remote_server_is_reported_by_the_launcher_and_fails_every_work
     remote = c.hosts[0]
     result = run_failing(killed_server, 2, hosts=f"{remote.addr}:1,{c.root_addr}:1", timeout=LIMIT, ps_per_host=1,
                          **c.ssh_kwargs())  # fmt: skip
-    # the first rank to step again fails naming the server, its address and its shard; the job stops
-    assert result.root_cause is not None and result.root_cause.exit_code == 1
-    err = stderr_of(result, result.root_cause.rank)
-    assert f"PeerLostError: parameter server 0 at {remote.addr}:" in err and "'emb' shard 0" in err, err[
-        -2000:
-    ]
+    # the root cause is the server (its host's agent reported it); the first rank to step again fails naming the
+    # server, its address and its shard; the job stops
+    rc = result.root_cause
+    assert rc is not None and (rc.label, rc.host, rc.exit_code) == ("parameter server 0", remote.addr, 137), rc
+    err = "\n".join(stderr_of(result, r) for r in range(2))
+    assert f"PeerLostError: parameter server 0 at {remote.addr}:" in err and "'emb' shard 0" in err, err[-2000:]
     launcher = capfd.readouterr().err
     assert re.search(rf"hora run: parameter server 0 \(pid \d+\) on host {re.escape(remote.addr)} exited with -9 "
                      "while the workers were running", launcher), launcher[-3000:]  # fmt: skip
