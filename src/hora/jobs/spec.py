@@ -161,7 +161,13 @@ def load_spec(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None 
 
 
 def _local(path: str, base: Path) -> str:
-    return str((base / os.path.expanduser(path)).resolve())
+    """``path`` made absolute against ``base``, symlinks resolved; a symlink loop stays unresolved (the callers'
+    existence checks then name it)."""
+    joined = base / os.path.expanduser(path)
+    try:
+        return str(joined.resolve())
+    except RuntimeError:  # "Symlink loop from ..." (Python < 3.13)
+        return str(joined)
 
 
 def _outside(what: str, path: str, base: Path) -> str | None:
@@ -456,7 +462,8 @@ def _channel(name: str, value: Any, job_mode: str, base: Path, c: _Checker) -> C
             return None
         path = _local(uri, base)
         if not os.path.exists(path):
-            c.add(f"channel {name!r}: the path {uri!r} does not exist (looked at {path})")
+            kind = "is a symlink loop or a broken symlink" if os.path.islink(path) else "does not exist"
+            c.add(f"channel {name!r}: the path {uri!r} {kind} (looked at {path})")
             return None
         uri = path
     mode = c.str_(opts, "input_mode", f" of channel {name!r}") or job_mode

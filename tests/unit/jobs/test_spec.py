@@ -253,3 +253,10 @@ def test_a_spec_files_code_paths_stay_in_its_tree_unless_absolute(tmp_path):
     assert load("entry_point: code/train.py\n").source_dir == str(spec_dir / "code")
     deliberate = load(f"entry_point: train.py\nsource_dir: {tmp_path / 'elsewhere'}\n")  # absolute: meant
     assert deliberate.source_dir == str(tmp_path / "elsewhere")
+
+
+def test_a_channel_that_is_a_symlink_loop_is_a_spec_problem_not_a_traceback(code):
+    """Issue 27, item 11: a symlink loop raised a raw RuntimeError (exit 1) instead of a spec error (exit 2)."""
+    (code / "loop").symlink_to(code / "loop")
+    [problem] = problems({"entry_point": "train.py", "inputs": {"train": "loop"}}, code)
+    assert problem == f"channel 'train': the path 'loop' is a symlink loop or a broken symlink (looked at {code / 'loop'})"
