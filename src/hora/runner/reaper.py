@@ -4,19 +4,22 @@ A rank dies with the launcher (PDEATHSIG), but what the rank started lives on in
 PID 1. The launcher therefore starts a tiny shell in a session of its own that reads the ranks' process group ids
 from a pipe. The launcher ends normally by writing ``done`` (it has stopped its ranks itself); when it dies any
 other way, the pipe closes without ``done`` and the shell kills every group it was told about (and removes the
-job's private stacks directory, :mod:`hora.runner.stacks`, nobody would clean up otherwise). A group id cannot
+job's private stacks directory, :mod:`hora.runner.stacks`, and runs the commands it was given, such as ``hora
+job``'s removal of its network namespaces: nobody would clean those up otherwise). A group id cannot
 be reused while any process of the group lives, so the groups it kills are the ranks' own.
 """
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 
 __all__ = ["GroupReaper"]
 
 _SCRIPT = (
-    'd=; while read -r p; do case "$p" in done) exit 0;; dir:*) d="${p#dir:}";; *) set -- "$@" "$p";; esac; done; '
-    'for p in "$@"; do kill -9 "-$p" 2>/dev/null; done; [ -z "$d" ] || rm -rf -- "$d"'
+    'd=; c=; while read -r p; do case "$p" in done) exit 0;; dir:*) d="${p#dir:}";; cmd:*) c="$c${p#cmd:};";; '
+    '*) set -- "$@" "$p";; esac; done; '
+    'for p in "$@"; do kill -9 "-$p" 2>/dev/null; done; [ -z "$d" ] || rm -rf -- "$d"; eval "$c"'
 )
 
 
@@ -43,6 +46,13 @@ class GroupReaper:
         """Also remove ``directory`` (the job's private stacks directory) if this process dies before :meth:`close`."""
         if "\n" not in directory:
             self._send(f"dir:{directory}\n")
+
+    def run_on_death(self, argv: list[str]) -> None:
+        """Also run ``argv`` (after the kills) if this process dies before :meth:`close`: ``hora job`` removes its
+        network namespaces and bridge this way (they would stay until the next job otherwise)."""
+        line = shlex.join(argv)
+        if "\n" not in line:
+            self._send(f"cmd:{line}\n")
 
     def close(self) -> None:
         """The launcher has stopped its ranks itself: let the reaper go without killing anything."""
