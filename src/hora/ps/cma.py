@@ -10,8 +10,10 @@ back, so a dense push_pull moves each byte once each way.
 The kernel allows it where it allows ptrace: the same user (and Yama's ``ptrace_scope`` 0), or root. Whether it
 does is found out once per segment: the worker writes a random token into its segment and announces, on its
 authenticated connection, its pid and the token's address in its own memory; the server reads those bytes from
-that pid and compares them with the segment it mapped. A match proves both that the kernel allows the reads and
-that the pid is the segment's owner, the peer the handshake authenticated; otherwise the segment's copies are used.
+that pid and compares them with the segment it mapped. It grants single copy only when that pid also holds the
+other end of the connection (:func:`connection_owners`): a worker cannot name another process that maps the
+segment (one of the same user could), so the server only ever reads and writes the memory of the process that
+connected and authenticated. Otherwise the segment's copies are used.
 The server reads the token again before each request, so a pid that a dead worker left to another process is never
 read or written. Every request's addresses are checked by the kernel (a bad one fails the call, and the server
 drops the connection).
@@ -22,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import os
 import secrets
+import socket
 import struct
 
 import numpy as np
@@ -29,7 +32,7 @@ import numpy as np
 from hora.errors import ProtocolError
 from hora.ps.segment import TOKEN_AT
 
-__all__ = ["ADDRESSES", "CMA_FLAG", "TOKEN", "RemoteMemory", "available", "new_token"]
+__all__ = ["ADDRESSES", "CMA_FLAG", "TOKEN", "RemoteMemory", "available", "connection_owners", "new_token"]
 
 #: The bit of a hot request's op code that says "the payload and the reply are in the worker's memory".
 CMA_FLAG = 0x80
@@ -72,6 +75,50 @@ def _calls() -> tuple[object, object] | None:
 def available() -> bool:
     """Whether this system has the calls (Linux with glibc); whether they are allowed is known only by trying."""
     return os.name == "posix" and _calls() is not None
+
+
+def _proc_address(host: str, port: int) -> str:
+    """``host:port`` as ``/proc/net/tcp(6)`` writes it: the address in host order, 32 bits at a time, in hex."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    raw = socket.inet_pton(family, host)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return f"{words.hex().upper()}:{port:04X}"
+
+
+def connection_owners(sock: socket.socket) -> set[int] | None:
+    """The pids of the processes that hold the other end of ``sock``, a connection from a process of this host
+    (``SO_PEERCRED`` for a Unix socket; for TCP, the socket inode ``/proc/net/tcp`` gives its end, then the
+    processes whose descriptors point at it). None when it cannot be told (not Linux, not a local peer)."""
+    if sock.family == socket.AF_UNIX:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return {struct.unpack("3i", creds)[0]}
+    try:
+        peer, mine = sock.getpeername()[:2], sock.getsockname()[:2]
+        theirs, ours = _proc_address(*peer), _proc_address(*mine)
+        table = "/proc/net/tcp6" if sock.family == socket.AF_INET6 else "/proc/net/tcp"
+        with open(table) as f:
+            rows = [line.split() for line in f.readlines()[1:]]
+    except OSError:
+        return None
+    inode = next((r[9] for r in rows if len(r) > 9 and r[1] == theirs and r[2] == ours), None)
+    if inode is None:
+        return None
+    target, owners = f"socket:[{inode}]", set()
+    for proc in os.listdir("/proc"):
+        if not proc.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{proc}/fd")
+        except OSError:  # another user's, or gone
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{proc}/fd/{fd}") == target:
+                    owners.add(int(proc))
+                    break
+            except OSError:
+                continue
+    return owners
 
 
 def new_token(segment: np.ndarray) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 
 from hora._transport import futex
 from hora.errors import HoraError, MismatchError, PeerLostError, ProtocolError
-from hora.ps.cma import ADDRESSES, CMA_FLAG, RemoteMemory
+from hora.ps.cma import ADDRESSES, CMA_FLAG, RemoteMemory, connection_owners
 from hora.ps.messages import OPS, AttachSegment, Op, SegmentReply, parse_control
 from hora.ps.protocol import (
     MAX_HEADER,
@@ -119,7 +119,9 @@ class WorkerLink:
         self.segment = Segment.attach(request.name, request.size)
         self.remote = None
         if request.pid is not None and request.token_at is not None:
-            self.remote = RemoteMemory.verify(request.pid, request.token_at, self.segment.u8)
+            owners = connection_owners(self.sock)  # the grant is for the connected process's memory only
+            if owners is not None and request.pid in owners:
+                self.remote = RemoteMemory.verify(request.pid, request.token_at, self.segment.u8)
         return SegmentReply(self.remote is not None)
 
     # -- waiting for the next request ---------------------------------------------------------------------------

@@ -312,19 +312,36 @@ def test_single_copy_is_granted_only_to_the_segments_owner_and_never_taken_unask
     access (its requests go through the segment, correct); a single-copy request the server did not grant drops the
     connection, and the server serves on."""
     import dataclasses
+    import os
     import subprocess
     import sys
 
     from hora.errors import PeerLostError
     from hora.ps import server_link
+    from hora.ps.segment import _DIR, TOKEN_AT
 
     real = server_link.announce
     big = np.ones(1 << 17, np.float32)  # 512 KiB: above the single-copy threshold
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    mappers: list[subprocess.Popen[str]] = []
+
+    def another_mapper(m):
+        """Issue 27, item 8: another process of this user maps the worker's very segment, and the worker names it
+        (and where the token is in it): the token matches there, but that process is not the connection's."""
+        code = ("import ctypes, mmap, os, sys, time\n"
+                "f = os.open(sys.argv[1], os.O_RDWR); mm = mmap.mmap(f, 0)\n"
+                "print(ctypes.addressof(ctypes.c_char.from_buffer(mm)), flush=True); time.sleep(120)")
+        mapper = subprocess.Popen([sys.executable, "-c", code, os.path.join(_DIR, m.name)],
+                                  stdout=subprocess.PIPE, text=True)  # fmt: skip
+        mappers.append(mapper)
+        at = int(mapper.stdout.readline())  # type: ignore[union-attr]
+        return dataclasses.replace(m, pid=mapper.pid, token_at=at + TOKEN_AT)
+
     try:
         forgeries = {
             "pid": lambda m: dataclasses.replace(m, pid=other.pid),
             "token": lambda m: dataclasses.replace(m, token_at=m.token_at + 64),
+            "mapper": another_mapper,
         }
         for what, forge in forgeries.items():
             monkeypatch.setattr(server_link, "announce", lambda shm, single, forge=forge: forge(real(shm, single)))
@@ -341,8 +358,9 @@ def test_single_copy_is_granted_only_to_the_segments_owner_and_never_taken_unask
             with pytest.raises(PeerLostError, match=r"closed the connection|was lost"):
                 c.push_pull("owner.unasked", big)
     finally:
-        other.kill()
-        other.wait()
+        for proc in [other, *mappers]:
+            proc.kill()
+            proc.wait()
     monkeypatch.setattr(server_link, "announce", real)
     with two_servers.client(0, shm=True, partitioner=FixedShardsPartitioner(1)) as c:
         c.register("owner.after", np.zeros_like(big), rule="sum")
