@@ -13,10 +13,13 @@ shard's last checkpoint are lost, as when TensorFlow or SageMaker restart from a
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import logging
 import os
 import threading
+import zipfile
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,6 +58,9 @@ class ShardSaver:
         self._closed = False
         self.error: str = ""
         os.makedirs(self.dir, exist_ok=True)
+        for stale in glob.glob(os.path.join(glob.escape(self.dir), ".tmp-*")):  # a write a killed server left
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
         self._thread = threading.Thread(target=self._write_loop, name=f"hora-ps-{index}-save", daemon=True)
         self._thread.start()
 
@@ -135,28 +141,22 @@ def restore_server(server: ParameterServer, saver: ShardSaver) -> int:
     try:
         with open(path, "rb") as f:
             manifest = json.loads(f.read())
+        entries = list(manifest["shards"])
     except FileNotFoundError:
         return 0
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"restore: the checkpoint manifest {path} cannot be read ({exc}); {_DAMAGED}") from None
     shards = {}
-    for e in manifest["shards"]:
+    for e in entries:
         fname = str(e["file"])
         if os.path.basename(fname) != fname:
             raise ValueError(f"restore: {fname!r} in {path} is not a file name of the checkpoint")
-        with np.load(os.path.join(saver.dir, fname), allow_pickle=False) as data:
-            value = data["value"].astype(str(e["dtype"]), copy=True)
-            if list(value.shape) != list(e["shape"]):
-                raise ValueError(f"restore: {fname} holds shape {value.shape}, {path} says {e['shape']}")
-            rule = parse_rule(e["rule"], "restore")
-            shard = Shard(
-                str(e["name"]),
-                int(e["shard"]),
-                value,
-                rule,
-                str(e["consistency"]),
-                int(e["staleness"]),
-                server.workers,
-            )
-            shard.assign(value, {k: data[f"slot_{k}"] for k in shard.slots}, int(data["t"]))
+        try:
+            shard = _restored_shard(server, os.path.join(saver.dir, fname), e, path)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            # numpy says "allow_pickle=False" of any file that is not an .npz archive: misleading here
+            why = "not an .npz archive" if "allow_pickle" in str(exc) else f"{type(exc).__name__}: {exc}"
+            raise ValueError(f"restore: {os.path.join(saver.dir, fname)} cannot be read ({why}); {_DAMAGED}") from None
         shards[(shard.name, shard.index)] = shard
         saver._saved_t[(shard.name, shard.index)] = shard.t
         saver._entries[f"{shard.name}\0{shard.index}"] = dict(e)
@@ -165,3 +165,24 @@ def restore_server(server: ParameterServer, saver: ShardSaver) -> int:
     }
     server.adopt(shards, layouts)
     return len(shards)
+
+
+#: What to do about a checkpoint that cannot be read.
+_DAMAGED = (
+    "the checkpoint is damaged (a disk error, or a file replaced by hand); restore it from a copy, or remove the "
+    "server's directory to start it from scratch (its shards' values are then lost)"
+)
+
+
+def _restored_shard(server: ParameterServer, file: str, e: dict[str, Any], manifest: str) -> Shard:
+    """The shard the manifest entry ``e`` describes, read from ``file`` (``.npz``, no pickles)."""
+    with np.load(file, allow_pickle=False) as data:
+        value = data["value"].astype(str(e["dtype"]), copy=True)
+        if list(value.shape) != list(e["shape"]):
+            raise ValueError(f"it holds shape {value.shape}, {manifest} says {e['shape']}")
+        rule = parse_rule(e["rule"], "restore")
+        shard = Shard(
+            str(e["name"]), int(e["shard"]), value, rule, str(e["consistency"]), int(e["staleness"]), server.workers
+        )
+        shard.assign(value, {k: data[f"slot_{k}"] for k in shard.slots}, int(data["t"]))
+    return shard

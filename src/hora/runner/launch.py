@@ -42,7 +42,7 @@ from hora.runner.contradictions import check_launch
 from hora.runner.hosts import HostSlots, RankSlot, assign_ranks, is_local_host, place_servers
 from hora.runner.limits import check_process_count
 from hora.runner.output import OutputPump
-from hora.runner.ps_servers import PsServers
+from hora.runner.ps_servers import PsServers, check_checkpoint_dir
 from hora.runner.reaper import GroupReaper
 from hora.runner.remote_host import RemoteHost, RemoteRank
 from hora.runner.result import Failure, RunResult, root_cause
@@ -429,7 +429,8 @@ def _parameter_servers(
     when the job has none. Each gets the environment of its host's first rank, so it binds its host's address."""
     if not ps_hosts:
         return None
-    max_restarts = Config.resolve(env=base_env, overrides=spec.settings).ps_max_restarts  # remote hosts: agents'
+    config = Config.resolve(env=base_env, overrides=spec.settings)
+    max_restarts = config.ps_max_restarts  # remote hosts: their agents'
     first: dict[str, RankSlot] = {}
     for slot in plan.slots:
         first.setdefault(slot.host, slot)
@@ -438,6 +439,8 @@ def _parameter_servers(
         for i, h in enumerate(ps_hosts)
         if h not in plan.remote_hosts
     }
+    if local and config.ps_checkpoint_dir:  # found out now, not when the first checkpoint fails mid-job
+        check_checkpoint_dir(config.ps_checkpoint_dir)
     return PsServers(len(ps_hosts), spec.np, {}, job.pump, job.log, max_restarts=max_restarts, local=local)
 
 

@@ -16,6 +16,7 @@ servers it starts.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from hora._proc import die_with_parent, kill_group
 from hora.config import Config
-from hora.errors import HoraError
+from hora.errors import ConfigError, HoraError
 from hora.ps.directory import open_store
 from hora.runner.output import OutputPump
 from hora.runner.result import Failure
@@ -143,6 +144,20 @@ class RestartBudget:
             if failed:
                 log(failed)
         return how, None, reason
+
+
+def check_checkpoint_dir(directory: str) -> None:
+    """``--ps-checkpoint-dir`` must be a directory this user can create and write."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        problem = "" if os.access(directory, os.W_OK | os.X_OK) else "it is not writable"
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    if problem:
+        raise ConfigError(
+            f"--ps-checkpoint-dir {directory} cannot be used ({problem}): the parameter servers save their shards "
+            "there; choose a directory you can write"
+        )
 
 
 def server_failure(index: int, key: int, host: str, pid: int, code: int, tail: list[str]) -> Failure:

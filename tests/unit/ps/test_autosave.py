@@ -62,3 +62,33 @@ def test_a_restored_server_holds_the_last_checkpoint_and_trains_on_from_it(tmp_p
         assert restore_server(fresh, fresh.saver) == 0
     finally:
         fresh.shutdown()
+
+
+def test_a_damaged_checkpoint_is_named_and_a_killed_writes_leftover_is_removed(tmp_path):
+    """Issue 27, item 7: a corrupt .npz gave numpy's misleading allow_pickle message, naming no file; a server
+    killed mid-write left a 0-byte .tmp-*.npz behind."""
+    import pytest
+
+    secret = new_secret()
+    server = _server(secret, tmp_path, steps=1)
+    try:
+        with Client([server.start()], secret, 0, timeout=30.0, shm=False) as c:
+            c.register("w", np.zeros(4, np.float32), rule="sgd")
+        assert server.saver.flush(30.0) and not server.saver.error
+    finally:
+        server.shutdown()
+    [npz] = [n for n in os.listdir(tmp_path / "ps0") if n.endswith(".npz")]
+    (tmp_path / "ps0" / npz).write_bytes(b"not a zip file at all")
+    (tmp_path / "ps0" / ".tmp-half.npz").write_bytes(b"")
+    restarted = _server(secret, tmp_path, steps=1)
+    try:
+        assert not (tmp_path / "ps0" / ".tmp-half.npz").exists()
+        with pytest.raises(ValueError) as info:
+            restore_server(restarted, restarted.saver)
+        assert str(info.value).startswith(f"restore: {tmp_path / 'ps0' / npz} cannot be read (")
+        assert "the checkpoint is damaged" in str(info.value) and "allow_pickle" not in str(info.value)
+        (tmp_path / "ps0" / SERVER_MANIFEST).write_text("{not json")
+        with pytest.raises(ValueError, match=r"the checkpoint manifest .*server.json cannot be read|manifest .* cannot"):
+            restore_server(restarted, restarted.saver)
+    finally:
+        restarted.shutdown()

@@ -43,3 +43,17 @@ def test_setting_errors_name_both_flags_and_the_fix():
         ConfigError, match=r"--num-ps 3 and --ps-per-host 1 disagree: .* \(node-a\.invalid, node-b"
     ):
         launch(spec)
+
+
+def test_an_unusable_checkpoint_directory_is_refused_before_the_job_starts(tmp_path):
+    """Issue 27, item 7: an unwritable --ps-checkpoint-dir failed only after 33 s, through a RendezvousError."""
+    import pytest
+
+    from hora.errors import ConfigError
+    from hora.runner.ps_servers import check_checkpoint_dir
+
+    check_checkpoint_dir(str(tmp_path / "new" / "dir"))  # made
+    assert (tmp_path / "new" / "dir").is_dir()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=r"--ps-checkpoint-dir .*/file/ckpt cannot be used \(Not a directory\)"):
+        check_checkpoint_dir(str(tmp_path / "file" / "ckpt"))
