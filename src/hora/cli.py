@@ -8,6 +8,7 @@ import difflib
 import sys
 
 from hora import __version__
+from hora._orphans import become_subreaper, end_adopted
 from hora.errors import HoraError
 from hora.jobs.cli import add_job_parser, job_main
 from hora.runner.flags import add_run_arguments, check_settings, elastic_options, run_epilog, settings_from_args
@@ -76,6 +77,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if problem:
         print(f"hora run: {problem}", file=sys.stderr)
         return 2
+    become_subreaper()  # a rank's double-forked daemon is ended with the job, not left under PID 1
     try:
         result = run_command(
             command,
@@ -102,6 +104,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"hora run: cannot start {command[0]!r}: {exc.strerror} (is it an executable file? "
               f"`chmod +x {command[0]}`, or name its interpreter: `hora run ... python {command[0]}`)", file=sys.stderr)
         return 126
+    left = end_adopted()
+    if left:
+        print(f"hora run: ended {len(left)} process(es) the ranks left running: {', '.join(left)}", file=sys.stderr)
     report = result.report()
     if report:
         print(report, file=sys.stderr, flush=True)

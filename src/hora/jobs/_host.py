@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hora._orphans import become_subreaper, end_adopted
 from hora._proc import die_with_parent
 from hora._runtime.auth import Role, server_handshake
 from hora._runtime.gate import RejectLog
@@ -247,7 +248,12 @@ def main() -> None:
 
     # algo-K resolves, is the host name, and its tree is /opt/ml (as root; see cluster.py)
     enter_host(host, job_dir / "hora" / "hosts", job_dir / "hosts" / host)
+    become_subreaper()  # what the scripts double-fork is this host's to end with the job
     code = run_master(job_dir, plan, host, attempt) if index == 0 else serve(job_dir, plan, host, attempt)
+    left = end_adopted()
+    if left:
+        print(f"hora job: {host}: ended {len(left)} process(es) the job's scripts left running: {', '.join(left)}",
+              file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

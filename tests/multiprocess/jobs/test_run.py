@@ -558,3 +558,28 @@ def test_horovods_never_ending_stall_stays_reachable():
     assert unattended_settings({"stall_shutdown_time": 0.0}, {}) == {"stall_shutdown_time": 0.0}
     assert "stall_shutdown_time" not in unattended_settings({}, {"HORA_STALL_SHUTDOWN_TIME_SECONDS": "0"})
     assert "stall_shutdown_time" not in unattended_settings({"stall_check_disable": True}, {})
+
+
+def test_a_daemon_the_script_double_forks_is_ended_with_the_job(tmp_path, capfd):
+    """Issue 27, item 6: the job reported Completed while a setsid daemon kept running in its deleted namespace."""
+    import os
+
+    marker = f"hora-jobdaemon-{os.getpid()}"
+    script = f"""
+        import subprocess
+        subprocess.Popen(['setsid', 'sh', '-c', 'exec sleep 600 # {marker}'])
+    """
+    _, record = run_script(tmp_path, script, "daemon")
+    left = [int(e.name) for e in Path("/proc").iterdir()
+            if e.name.isdigit() and marker.encode() in _proc_cmdline(int(e.name))]  # fmt: skip
+    for pid in left:
+        os.kill(pid, 9)
+    assert record.status == "Completed" and left == []
+    assert "hora job: algo-1: ended 1 process(es) the job's scripts left running:" in capfd.readouterr().err
+
+
+def _proc_cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -326,3 +326,15 @@ def test_a_rank_that_loses_its_peer_shows_its_own_frames_and_keeps_the_full_trac
         assert "/hora/_frontend/" in saved.read_text() and "PeerLostError" in saved.read_text()
     finally:
         saved.unlink()
+
+
+def test_a_daemon_a_rank_double_forks_is_ended_with_the_job_and_named():
+    """Issue 27, item 6: a setsid daemon escaped the rank's process group and outlived the job under PID 1."""
+    marker = f"hora-daemon-{os.getpid()}"
+    code = f"import subprocess; subprocess.Popen(['setsid', 'sh', '-c', 'exec sleep 600 # {marker}'])"
+    proc = hora_run("-np", "1", sys.executable, "-c", code)
+    left = [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and marker.encode() in _cmdline(int(e.name))]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert proc.returncode == 0 and left == []
+    assert "hora run: ended 1 process(es) the ranks left running: " in proc.stderr and "(sleep 600" in proc.stderr
