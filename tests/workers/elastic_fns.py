@@ -60,7 +60,7 @@ def train(
     return _loop(out, steps, after_step, log_to_driver=log_to_driver)
 
 
-def _executor_above(pid: int) -> int:
+def executor_above(pid: int) -> int:
     """The Spark executor JVM (CoarseGrainedExecutorBackend) above process ``pid``."""
     while pid > 1:
         if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes():
@@ -80,7 +80,7 @@ def train_through_a_lost_executor(out: str, kill_step: int, steps: int, until_si
     def after_step(hvd, state):
         if hvd.rank() == 1 and state.step == kill_step and not marker.exists():
             marker.write_text(slot)
-            os.kill(_executor_above(os.getpid()), signal.SIGKILL)
+            os.kill(executor_above(os.getpid()), signal.SIGKILL)
 
     return _loop(out, steps, after_step, until_size)
 

@@ -27,9 +27,9 @@ p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--die-at-start", default="", help="HOST: its workers started after round 1 exit before init()")
 args = p.parse_args()
 
-if args.die_at_start and os.environ["HORA_ELASTIC_SLOT"].startswith(args.die_at_start + ":"):
-    if os.environ["HORA_ELASTIC_ROUND"] != "1":
-        raise SystemExit(3)
+slot_host = os.environ["HORA_ELASTIC_SLOT"].rpartition(":")[0]
+if args.die_at_start and slot_host == args.die_at_start and os.environ["HORA_ELASTIC_ROUND"] != "1":
+    raise SystemExit(3)
 hvd.init()
 state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0, total=np.zeros(2))
 slot = os.environ["HORA_ELASTIC_SLOT"]

@@ -53,7 +53,6 @@ from hora.jobs.sagemaker_env import (
 from hora.jobs.spec import JobSpec
 from hora.jobs.states import JobStatus, SecondaryStatus
 from hora.jobs.store import JobRecord, JobStore, write_private
-from hora.runner.reaper import GroupReaper
 from hora.runner.result import RunResult
 
 __all__ = ["JobSupervisor", "entry_command", "failure_reason", "layouts_of"]
@@ -143,7 +142,6 @@ class JobSupervisor(Attempts):
         self._closers: list[ChannelHandle] = []
         self._log_file: Any = None
         self._net: netns.HostNetwork | None = None
-        self._net_reaper: GroupReaper | None = None
         self.addresses: list[str] = []
         self.interface = LOOPBACK_INTERFACE
         self._trees = HostTrees(self.job_dir, self.hosts, spec.stop_grace, self.say)
@@ -198,8 +196,6 @@ class JobSupervisor(Attempts):
                 if self._net is not None:
                     self._net.remove()
                     self._net = None
-                if self._net_reaper is not None:
-                    self._net_reaper.close()
                 shutil.rmtree(runtime_dir(self.job_dir), ignore_errors=True)
                 (self.job_dir / "hora" / RESERVE_NAME).unlink(missing_ok=True)
                 self._log_file = None
@@ -318,11 +314,6 @@ class JobSupervisor(Attempts):
                 self.say(f"removed {name}, left behind by a job supervisor that is gone")
             try:
                 self._net = netns.create(len(self.hosts))
-                self._net_reaper = GroupReaper()  # should this supervisor be SIGKILLed, its network goes too
-                for name in self._net.namespaces:
-                    self._net_reaper.run_on_death(["ip", "netns", "del", name])
-                for link in [*self._net.links, self._net.bridge]:
-                    self._net_reaper.run_on_death(["ip", "link", "del", link])
             except HoraError as exc:
                 if self.spec.network == "namespace":
                     raise

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from hora._proc import process_alive, process_start_time
 from hora.errors import HoraError
+from hora.runner.reaper import GroupReaper
 
 __all__ = ["HostNetwork", "create", "enter", "free_subnet", "sweep", "unavailable"]
 
@@ -69,6 +70,9 @@ class HostNetwork:
     namespaces: list[str] = field(default_factory=list)
     addresses: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
+    # deletes them should this process be killed before remove() (SIGKILL included): they would stay until the next
+    # job's sweep otherwise
+    reaper: GroupReaper = field(default_factory=GroupReaper)
 
     def remove(self) -> None:
         """Delete the namespaces (their veth ends go with them) and the bridge; never raises."""
@@ -76,6 +80,7 @@ class HostNetwork:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
         for link in [*self.links, self.bridge]:
             subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=20)
+        self.reaper.close()
 
 
 def free_subnet() -> str:
@@ -97,12 +102,14 @@ def create(count: int) -> HostNetwork:
     prefix = free_subnet()
     net = HostNetwork(bridge=f"hjb{owner}", gateway=f"{prefix}.254")
     try:
+        net.reaper.run_on_death(["ip", "link", "del", net.bridge])
         _ip("link", "add", net.bridge, "type", "bridge")
         _ip("addr", "add", f"{net.gateway}/24", "dev", net.bridge)
         _ip("link", "set", net.bridge, "up")
         for k in range(1, count + 1):
             name = f"hj{owner}.{start}-algo-{k}"
             addr = f"{prefix}.{k}"
+            net.reaper.run_on_death(["ip", "netns", "del", name])
             _ip("netns", "add", name)
             net.namespaces.append(name)
             outer, inner = f"hjv{owner}k{k}", f"hjp{owner}k{k}"

@@ -221,7 +221,7 @@ def parse_spec(
             if not os.path.isdir(src):
                 c.add(f"source_dir {source_dir!r} is not a directory (looked at {src})")
             elif not Path(src, entry).resolve().is_relative_to(src):
-                c.add(f"entry_point {entry!r} leaves source_dir {src}: it must name a file inside it (SageMaker's rule)")
+                c.add(f"entry_point {entry!r} leaves source_dir {src}: it must name a file inside it")
             elif not os.path.isfile(os.path.join(src, entry)):
                 c.add(f"entry_point {entry!r} is not a file in source_dir {src}")
             entry_rel = entry

@@ -67,11 +67,13 @@ def test_a_worker_killed_mid_step_leaves_and_the_rest_finish_as_a_clean_run_from
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_host_added_to_the_discovery_output_joins_at_the_next_commit(tmp_path):
+def _third_host_once_running(tmp_path: Path) -> tuple[Path, threading.Thread]:
+    """A discovery file with hosts 127.0.0.2 and .3, and a thread that adds 127.0.0.4 once the job runs (rank 0
+    logged a step)."""
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.2\n127.0.0.3\n")
 
-    def add_host():  # once the job runs (rank 0 logged a step), a third host appears
+    def add_host():
         while not (tmp_path / "log").exists():
             time.sleep(0.05)
         with hosts.open("a") as f:
@@ -79,6 +81,11 @@ def test_a_host_added_to_the_discovery_output_joins_at_the_next_commit(tmp_path)
 
     adder = threading.Thread(target=add_host, daemon=True)
     adder.start()
+    return hosts, adder
+
+
+def test_a_host_added_to_the_discovery_output_joins_at_the_next_commit(tmp_path):
+    hosts, adder = _third_host_once_running(tmp_path)
     result = elastic_run(
         "elastic_numpy.py",
         "--out",
@@ -104,17 +111,7 @@ def test_a_host_added_to_the_discovery_output_joins_at_the_next_commit(tmp_path)
 def test_a_worker_dying_while_its_round_assembles_does_not_hold_the_others_for_the_start_timeout(tmp_path):
     """A host added mid-job has a worker that dies before init(): the launcher calls the round's start-up off, so
     the others stop waiting for it at once (not after --start-timeout, here longer than the job's time limit)."""
-    hosts = tmp_path / "hosts"
-    hosts.write_text("127.0.0.2\n127.0.0.3\n")
-
-    def add_host():
-        while not (tmp_path / "log").exists():
-            time.sleep(0.05)
-        with hosts.open("a") as f:
-            f.write("127.0.0.4\n")
-
-    adder = threading.Thread(target=add_host, daemon=True)
-    adder.start()
+    hosts, adder = _third_host_once_running(tmp_path)
     command = [sys.executable, str(WORKERS / "elastic_numpy.py"), "--out", str(tmp_path), "--steps", "12",
                "--step-sleep", "0.1", "--die-at-start", "127.0.0.4"]  # fmt: skip
     result = run_command(command, np=2, capture=True, timeout=120, start_timeout=300,

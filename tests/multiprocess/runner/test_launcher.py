@@ -130,6 +130,21 @@ def test_signals_reach_every_worker_and_leave_no_orphans(tmp_path, sig, mode):
     assert not survivors, f"processes outlived hora run: {survivors}"
 
 
+def _sigterm_once(launcher: subprocess.Popen, ready, poll: float = 0.05) -> None:
+    """SIGTERM to ``launcher`` once ``ready()`` (within 60 s); it must exit with 128+SIGTERM within 30 s."""
+    try:
+        deadline = time.monotonic() + 60
+        while not ready():
+            assert time.monotonic() < deadline and launcher.poll() is None, "the ranks never started"
+            time.sleep(poll)
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
@@ -150,17 +165,7 @@ def test_sigterm_while_the_ranks_start_stops_them_all_at_once():
     launcher = subprocess.Popen([sys.executable, "-m", "hora", "run", "-np", "150", "--oversubscribe",
                                  "--grace-period", "60", "sh", "-c", f"exec sleep 600 # {marker}"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not _children(launcher.pid):
-            assert time.monotonic() < deadline and launcher.poll() is None, "no rank started"
-            time.sleep(0.001)
-        launcher.send_signal(signal.SIGTERM)
-        assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
+    _sigterm_once(launcher, lambda: bool(_children(launcher.pid)), poll=0.001)
     left = [int(e.name) for e in Path("/proc").iterdir()
             if e.name.isdigit() and marker.encode() in _cmdline(int(e.name))]  # fmt: skip
     for p in left:
@@ -283,17 +288,7 @@ def test_sigterm_is_forwarded_and_the_grace_period_lets_a_script_checkpoint(tmp_
          str(tmp_path)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "up").exists():
-            assert time.monotonic() < deadline and launcher.poll() is None, "the rank never started"
-            time.sleep(0.05)
-        launcher.send_signal(signal.SIGTERM)
-        assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
+    _sigterm_once(launcher, (tmp_path / "up").exists)
     assert (tmp_path / "ckpt").read_text() == "saved"
 
 

@@ -15,7 +15,7 @@ pytest.importorskip("pyspark")
 
 import hora.spark
 from hora.errors import ConfigError, RunError
-from workers import engines
+from workers import elastic_fns, engines
 
 
 def _alive(pid: int) -> bool:
@@ -32,16 +32,6 @@ def _gone(pids) -> list[int]:
     while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
-
-
-def _executor_of(pid: int) -> int:
-    """The executor JVM (CoarseGrainedExecutorBackend) above the Python worker ``pid``."""
-    while pid > 1:
-        if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return pid
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-        pid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-    raise AssertionError("no executor JVM above the Python worker")
 
 
 @pytest.mark.parametrize("n", [2, 1])
@@ -85,7 +75,7 @@ def test_a_sigkilled_executor_fails_the_stage_naming_the_rank(spark, tmp_path):
 
     def kill_rank_1_executor():
         engines.wait_for(tmp_path / "started.1")
-        os.kill(_executor_of(engines.pids(tmp_path)[1]), signal.SIGKILL)
+        os.kill(elastic_fns.executor_above(engines.pids(tmp_path)[1]), signal.SIGKILL)
 
     killer = threading.Thread(target=kill_rank_1_executor)
     killer.start()
