@@ -15,7 +15,7 @@ SRC = paths.SRC
 #: Lowest first; a package may import from its own layer's packages and from lower layers.
 LAYERS = [
     ["hora.errors"],
-    ["hora.config", "hora._wire", "hora._dtypes", "hora._proc"],
+    ["hora.config", "hora._wire", "hora._dtypes", "hora._proc", "hora._orphans"],
     ["hora._transport", "hora.data"],
     ["hora._engine"],
     ["hora._runtime"],

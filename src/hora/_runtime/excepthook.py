@@ -37,15 +37,16 @@ def install(directory: Path | None, label: str) -> None:
 def short_traceback(
     etype: type[BaseException], value: BaseException, tb: TracebackType | None, saved: str | None
 ) -> str | None:
-    """The traceback without hora's frames (the script's frames down to its call into hora, then the error), or
-    None when no hora frame is below a script frame (Python's own is then as short)."""
+    """The traceback without hora's innermost frames (everything down to the script's last frame, its call into
+    hora, then the error), or None when the error was raised in the script's own code, or never left hora (Python's
+    own traceback is then as short). Hora frames further out (a runner that called the script's function) stay."""
     frames = traceback.extract_tb(tb)
-    first = next((i for i, f in enumerate(frames) if f.filename.startswith(_HORA)), None)
-    if not first:  # no hora frame, or hora's own entry point (python -m hora...)
+    last = max((i for i, f in enumerate(frames) if not f.filename.startswith(_HORA)), default=None)
+    if last is None or last == len(frames) - 1:
         return None
-    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames[:first])]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames[: last + 1])]
     where = f"; the full traceback is in {saved}" if saved else ""
-    lines.append(f"  [{len(frames) - first} frame(s) inside hora left out{where}]\n")
+    lines.append(f"  [{len(frames) - last - 1} frame(s) inside hora left out{where}]\n")
     return "".join(lines + traceback.format_exception_only(etype, value))
 
 

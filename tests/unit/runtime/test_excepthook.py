@@ -42,3 +42,21 @@ def test_without_a_file_the_note_names_none():
     etype, value, tb = _caught()
     short = short_traceback(etype, value, tb, None)  # type: ignore[arg-type]
     assert short is not None and "frame(s) inside hora left out]" in short and "full traceback" not in short
+
+
+def test_an_error_raised_in_the_scripts_own_code_under_a_hora_runner_keeps_its_frames():
+    """A hora frame further out (hora.runner.function_worker calling the script's function) is not cut: the error
+    was raised in the script's own code, and Python's traceback shows it."""
+    from hora._runtime import excepthook
+
+    runner: dict = {}
+    exec(compile("def call(f):\n    f()\n", excepthook._HORA + "runner_like.py", "exec"), runner)
+
+    def scripts_own():
+        raise ValueError("the script's own error")
+
+    try:
+        runner["call"](scripts_own)
+    except ValueError:
+        etype, value, tb = sys.exc_info()
+    assert short_traceback(etype, value, tb, None) is None  # type: ignore[arg-type]
