@@ -45,6 +45,9 @@ from hora.jobs.store import JobStore
 
 TAIL_LINES = 60
 FLUSH_SECONDS = 1.0
+#: Metric values one rank may store for its job (each row is about 75 bytes in jobs.db): a script that prints a
+#: matching line per batch for days would otherwise grow the index without bound (2 M rows took 151 MB).
+MAX_METRIC_VALUES = 100_000
 DRAIN_SECONDS = 5.0
 #: How long a script gets to end after SIGTERM (its host's parameter server died) before SIGKILL.
 SCRIPT_GRACE = 5.0
@@ -101,6 +104,7 @@ class _Pump:
         self.store = JobStore(plan.home) if self.metrics else None
         self.job = plan.job_name
         self.pending: list[tuple[str, float, float, str, int, int]] = []
+        self.stored = 0  # metric values kept so far (at most MAX_METRIC_VALUES)
         self.last_flush = time.monotonic()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
 
@@ -131,6 +135,12 @@ class _Pump:
             try:
                 value = float(m.group(1) if regex.groups else m.group(0))
             except (ValueError, IndexError, TypeError):
+                continue
+            self.stored += 1
+            if self.stored > MAX_METRIC_VALUES:
+                if self.stored == MAX_METRIC_VALUES + 1:
+                    _stderr(f"{self.tag} hora job: this rank has stored {MAX_METRIC_VALUES} metric values, the "
+                            "most one rank keeps; later ones are in the logs only")
                 continue
             self.pending.append((name, value, now, self.host, self.rank, self.attempt))
         if self.pending and time.monotonic() - self.last_flush >= FLUSH_SECONDS:

@@ -93,7 +93,8 @@ def job_main(args: argparse.Namespace) -> int:
             for line in lines:
                 print(line, flush=args.follow)
         elif args.job_cmd == "metrics":
-            print(views.metrics_table(store, args.job))
+            for line in views.metrics_table(store, args.job):
+                print(line)
             if args.plot:
                 print(f"plotted to {views.plot_metrics(store, args.job, args.plot)}")
         elif args.job_cmd == "rm":

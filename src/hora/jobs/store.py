@@ -298,10 +298,19 @@ class JobStore:
             db.executemany("INSERT INTO metrics VALUES (?,?,?,?,?,?,?)", [(job, *r) for r in rows])
 
     def metrics(self, job: str) -> list[tuple[str, float, float, str, int, int]]:
-        return [tuple(r) for r in self._query(
-            "SELECT name, value, timestamp, host, rank, attempt FROM metrics WHERE job = ? ORDER BY timestamp, rowid",
-            (job,),
-        )[1]]
+        return list(self.iter_metrics(job))
+
+    def iter_metrics(self, job: str) -> Iterator[tuple[str, float, float, str, int, int]]:
+        """The job's metric values in time order, read as they are consumed (a job may hold many)."""
+        with self._db() as db:
+            yield from db.execute(
+                "SELECT name, value, timestamp, host, rank, attempt FROM metrics WHERE job = ? "
+                "ORDER BY timestamp, rowid",
+                (job,),
+            )
+
+    def metric_names(self, job: str) -> list[str]:
+        return [str(r[0]) for r in self._query("SELECT DISTINCT name FROM metrics WHERE job = ?", (job,))[1]]
 
 
 def write_private(path: Path, text: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 import signal
 import time
@@ -173,13 +174,32 @@ def _log_files(record: JobRecord, host: str | None) -> list[Path]:
     return [logs / f"{h}.log" for h in hosts]
 
 
-def read_logs(store: JobStore, name: str, host: str | None = None) -> list[str]:
-    """Every host's log lines merged in time order (each line starts with its UTC timestamp)."""
-    lines: list[str] = []
-    for f in _log_files(store.get(name), host):
-        if f.is_file():
-            lines += f.read_text(errors="replace").splitlines()
-    return sorted(lines, key=lambda line: line[:24])  # stable: one host's order is kept within a millisecond
+def read_logs(store: JobStore, name: str, host: str | None = None) -> Iterator[str]:
+    """Every host's log lines merged in time order (each line starts with its UTC timestamp; each file is in time
+    order already), read as they are consumed: a job's logs may be far larger than memory should hold."""
+    files = [f for f in _log_files(store.get(name), host) if f.is_file()]
+    yield from heapq.merge(*(_in_order(_lines(f)) for f in files), key=lambda line: line[:24])
+
+
+#: Lines a host's log may be out of order by: its ranks stamp a line, then append it, so two ranks' lines can land a
+#: moment out of order; this many are held to put them back (one host's order is kept within a millisecond).
+_REORDER = 4096
+
+
+def _in_order(lines: Iterator[str]) -> Iterator[str]:
+    held: list[tuple[str, int, str]] = []
+    for n, line in enumerate(lines):
+        heapq.heappush(held, (line[:24], n, line))
+        if len(held) > _REORDER:
+            yield heapq.heappop(held)[2]
+    while held:
+        yield heapq.heappop(held)[2]
+
+
+def _lines(path: Path) -> Iterator[str]:
+    with open(path, errors="replace") as f:
+        for line in f:
+            yield line.rstrip("\n")
 
 
 def follow_logs(store: JobStore, name: str, host: str | None = None, poll: float = 0.5) -> Iterator[str]:
@@ -207,17 +227,22 @@ def follow_logs(store: JobStore, name: str, host: str | None = None, poll: float
         time.sleep(poll)
 
 
-def metrics_table(store: JobStore, name: str) -> str:
+def metrics_table(store: JobStore, name: str) -> Iterator[str]:
+    """The job's metric values as table lines, read from the store as they are printed."""
     store.get(name)
-    rows = store.metrics(name)
-    if not rows:
-        return f"job {name} has no metric values (metric_definitions match no log line yet)"
-    out = [("TIME", "METRIC", "VALUE", "HOST", "RANK", "ATTEMPT")]
-    for metric, value, ts, host, rank, attempt in rows:
+    names = store.metric_names(name)
+    if not names:
+        yield f"job {name} has no metric values (metric_definitions match no log line yet)"
+        return
+    widths = (12, max(6, *map(len, names)), 12, 8, 4, 7)
+
+    def row(cells: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    yield row(("TIME", "METRIC", "VALUE", "HOST", "RANK", "ATTEMPT"))
+    for metric, value, ts, host, rank, attempt in store.iter_metrics(name):
         stamp = time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts % 1 * 1000):03d}"
-        out.append((stamp, metric, f"{value:g}", host, str(rank), str(attempt)))
-    widths = [max(len(r[i]) for r in out) for i in range(len(out[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in out)
+        yield row((stamp, metric, f"{value:g}", host, str(rank), str(attempt)))
 
 
 def plot_metrics(store: JobStore, name: str, path: str) -> str:

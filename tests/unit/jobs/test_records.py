@@ -79,3 +79,28 @@ def test_other_records_hora_did_not_write_name_the_wrong_field(tmp_path):
         MasterRecord.read(tmp_path, 1)
     with pytest.raises(FileNotFoundError):
         HostReport.read(tmp_path, 1, "algo-2")
+
+
+def test_a_rank_stores_a_bounded_number_of_metric_values_and_says_so_once(tmp_path, monkeypatch, capfd):
+    """Issue 27, item 11: 200 MB of matching log lines stored 2 M metric rows (151 MB) and `metrics` then took
+    1.6 GB; a rank now keeps at most MAX_METRIC_VALUES (the rest stay in the logs), and `metrics` streams."""
+    from types import SimpleNamespace
+
+    from hora.jobs import _entry, views
+    from hora.jobs.store import JobStore
+
+    monkeypatch.setattr(_entry, "MAX_METRIC_VALUES", 3)
+    (tmp_path / "job" / "logs").mkdir(parents=True)
+    store = JobStore(tmp_path / "home")
+    store.create("bounded", {})
+    plan = SimpleNamespace(echo=False, home=str(tmp_path / "home"), job_name="bounded",
+                           metric_definitions=[SimpleNamespace(name="loss", regex=r"loss=([0-9.]+)")])  # fmt: skip
+    pump = _entry._Pump(plan, tmp_path / "job", "algo-1", 0, 1)
+    for step in range(10):
+        pump.line("stdout", f"step {step} loss={1.0 / (step + 1)}")
+    pump.flush()
+    assert [round(v, 3) for _, v, *_ in store.iter_metrics("bounded")] == [1.0, 0.5, 0.333]
+    assert capfd.readouterr().err.count("has stored 3 metric values, the most one rank keeps") == 1
+    table = list(views.metrics_table(store, "bounded"))
+    assert table[0].split() == ["TIME", "METRIC", "VALUE", "HOST", "RANK", "ATTEMPT"] and len(table) == 4
+    assert len((tmp_path / "job" / "logs" / "algo-1.log").read_text().splitlines()) == 10  # the logs keep them all
