@@ -188,3 +188,28 @@ def restarted_server_worker(ckpt_dir: str, every: int, steps: int) -> None:
     for step in range(100_000):
         for n, (s, d) in variables.items():
             ps.push_pull(n, _restart_grad(s, d, step, hvd.rank()))
+
+
+def corrupt_checkpoint_worker(directory: str) -> None:
+    """Server 0 checkpoints every update; after a few steps rank 0 damages its shard file and SIGKILLs it: the
+    restart cannot restore, the launcher gives the server up, and every rank must fail at once naming why."""
+    import glob
+    import signal
+    import time
+
+    import hora.numpy as hvd
+    import hora.ps
+
+    hvd.init()
+    ps = hora.ps.connect(consistency="sync")
+    ps.register("w", np.zeros(8, np.float32), rule="sgd")
+    for step in range(100_000):
+        if hvd.rank() == 0 and step == 3:
+            # no update happens before this rank's next push (sync): once the saver has written step 2's
+            # checkpoint (it writes in a thread of its own), nothing rewrites the damaged file
+            time.sleep(1.0)
+            for shard in glob.glob(os.path.join(directory, "ps0", "*.npz")):
+                with open(shard, "wb") as f:
+                    f.write(b"damaged")
+            os.kill(_server_pid(0), signal.SIGKILL)
+        ps.push_pull("w", np.ones(8, np.float32))

@@ -140,7 +140,10 @@ class RestartBudget:
             return how, generation, ""
         reason = self.given_up(index)
         if self.max_restarts:
-            failed = give_up(env, index, self.restarts[index] + 1, f"it {how} and {reason}")
+            # the workers wait for the next generation, or for the last restart if it died before it was up (a
+            # checkpoint it could not restore, say): both are told at once, not after their wait times out
+            generations = [g for g in (self.restarts[index], self.restarts[index] + 1) if g > 0]
+            failed = give_up(env, index, generations, f"it {how} and {reason}")
             if failed:
                 log(failed)
         return how, None, reason
@@ -166,13 +169,16 @@ def server_failure(index: int, key: int, host: str, pid: int, code: int, tail: l
     return Failure(key, host, pid, code, tail, time.monotonic(), label=f"parameter server {index}")
 
 
-def give_up(env: Mapping[str, str], index: int, generation: int, reason: str) -> str | None:
-    """Tell the workers waiting for server ``index``'s restart ``generation`` that none comes (the store key
-    ``<index>@<generation>``, :mod:`hora.ps.reconnect`); ``env``: the server's. Returns why that failed, or None."""
+def give_up(env: Mapping[str, str], index: int, generations: Iterable[int], reason: str) -> str | None:
+    """Tell the workers waiting for server ``index``'s restart of one of ``generations`` that none comes (the store
+    keys ``<index>@<generation>`` not published yet, :mod:`hora.ps.reconnect`); ``env``: the server's. Returns why
+    that failed, or None."""
     try:
         store, _ = open_store(Config.resolve(env=env), -1 - index)
         try:
-            store.set(f"{index}@{generation}", json.dumps({"failed": reason}))
+            for generation in generations:
+                if store.get(f"{index}@{generation}") is None:  # a restart that came up keeps its address
+                    store.set(f"{index}@{generation}", json.dumps({"failed": reason}))
         finally:
             store.close()
     except HoraError as exc:  # the workers then fail when their wait for the restart times out

@@ -12,7 +12,7 @@ import pytest
 from hora.errors import ConfigError
 from hora.runner import run
 from support.harness import run_failing, stderr_of
-from workers.ps import push_pull_worker, restarted_server_worker
+from workers.ps import corrupt_checkpoint_worker, push_pull_worker, restarted_server_worker
 
 
 def test_a_killed_server_restarts_from_its_checkpoint_and_past_max_restarts_the_job_fails(tmp_path):
@@ -39,3 +39,18 @@ def test_a_killed_server_restarts_from_its_checkpoint_and_past_max_restarts_the_
 def test_max_restarts_without_a_checkpoint_directory_is_refused_before_anything_starts():
     with pytest.raises(ConfigError, match="--ps-checkpoint-dir"):
         run(push_pull_worker, (1,), np=1, capture=True, num_ps=1, ps_max_restarts=2)
+
+
+def test_a_restart_that_cannot_restore_fails_the_workers_at_once_naming_why(tmp_path):
+    """Issue 27, item 7: the launcher gave the server up at once, but the workers waited the start timeout for the
+    restart that never came up, then said only that it was not restarted in time."""
+    result = run_failing(
+        corrupt_checkpoint_worker, 2, str(tmp_path), timeout=90, num_ps=1, ps_max_restarts=1,
+        ps_checkpoint_dir=str(tmp_path), ps_checkpoint_steps=1, start_timeout=300,
+    )  # fmt: skip
+    for rank in range(2):
+        err = stderr_of(result, rank)
+        assert "PeerLostError" in err and "parameter server 0" in err, err[-3000:]
+        assert "not restarted within" not in err and "--max-restarts 1" in err, err[-3000:]
+    restarted = "\n".join(result.lines[-1 - 1000]["stderr"])  # the restart's own output
+    assert "cannot be read (not an .npz archive); the checkpoint is damaged" in restarted, restarted
