@@ -302,12 +302,28 @@ class JobStore:
 
     def iter_metrics(self, job: str) -> Iterator[tuple[str, float, float, str, int, int]]:
         """The job's metric values in time order, read as they are consumed (a job may hold many)."""
-        with self._db() as db:
-            yield from db.execute(
-                "SELECT name, value, timestamp, host, rank, attempt FROM metrics WHERE job = ? "
-                "ORDER BY timestamp, rowid",
-                (job,),
-            )
+        yield from self._stream(
+            "SELECT name, value, timestamp, host, rank, attempt FROM metrics WHERE job = ? ORDER BY timestamp, rowid",
+            (job,),
+        )
+
+    def _stream(self, sql: str, params: tuple[Any, ...]) -> Iterator[Any]:
+        """The rows of a read as they are consumed; on a full disk, from the file as it is (as :meth:`_query`)."""
+        try:
+            with self._db() as db:
+                yield from db.execute(sql, params)
+            return
+        except _Unwritable:  # raised while opening, before any row
+            if not self.db_path.is_file():
+                raise
+        try:
+            conn = sqlite3.connect(f"file:{urllib.parse.quote(str(self.db_path))}?immutable=1", uri=True)
+            try:
+                yield from conn.execute(sql, params)
+            finally:
+                conn.close()
+        except sqlite3.DatabaseError as exc:
+            raise self.problem(exc) from None
 
     def metric_names(self, job: str) -> list[str]:
         return [str(r[0]) for r in self._query("SELECT DISTINCT name FROM metrics WHERE job = ?", (job,))[1]]
