@@ -367,6 +367,8 @@ def test_lost_host_is_reported_and_the_rest_of_the_job_stopped(netns_cluster):
     kept = re.search(r"where the ranks still running were \(all threads: (\S+)\):", stderr)
     assert kept is not None, stderr
     shutil.rmtree(kept.group(1))
+    for stale in Path(tempfile.gettempdir()).glob(f"hora-stacks-agent-{agents[0]}-*"):  # the killed agent's own
+        shutil.rmtree(stale)  # (the next agent's start would sweep it)
     assert_hosts_clean(c, marker=marker)
 
 
