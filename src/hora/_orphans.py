@@ -8,25 +8,14 @@ below it are reparented to it instead, and when its own work is done every child
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import time
 from pathlib import Path
 
-__all__ = ["become_subreaper", "end_adopted"]
+from hora._proc import parent_pid
 
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-def become_subreaper() -> bool:
-    """Make this process the reaper of its orphaned descendants; False where the system cannot (not Linux)."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return False
-    return bool(prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
-
+__all__ = ["end_adopted"]
 
 def _children() -> list[int]:
     me, out = os.getpid(), []
@@ -34,8 +23,7 @@ def _children() -> list[int]:
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = (entry / "stat").read_bytes()
-            if int(stat[stat.rindex(b")") + 2 :].split()[1]) == me:
+            if parent_pid(int(entry.name)) == me:
                 out.append(int(entry.name))
     return out
 

@@ -12,9 +12,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = [
+    "become_subreaper",
     "die_with_parent",
     "handle_signals",
     "kill_group",
+    "parent_pid",
     "process_alive",
     "process_start_time",
     "set_parent_death_signal",
@@ -22,6 +24,7 @@ __all__ = [
 ]
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 _prctl: Any
 try:
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -29,23 +32,32 @@ except (OSError, AttributeError):  # pragma: no cover - not Linux
     _prctl = None
 
 
+def _stat(pid: int) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` after the command name (field 3 first: state, parent pid, ...); OSError
+    when it cannot be read."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    # The command name (field 2) may contain spaces and parentheses; fields after it follow the last ')'.
+    return data[data.rindex(b")") + 2 :].split()
+
+
 def process_start_time(pid: int) -> int:
     """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22); 0 where unknown."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        return int(_stat(pid)[19])
     except OSError:
         return 0
-    # The command name (field 2) may contain spaces and parentheses; fields after it follow the last ')'.
-    fields = data[data.rindex(b")") + 2 :].split()
-    return int(fields[19])
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of ``pid`` (``/proc/PID/stat`` field 4); OSError when it is gone or unreadable."""
+    return int(_stat(pid)[1])
 
 
 def process_alive(pid: int, start_time: int) -> bool:
     """False when ``pid`` is gone, a zombie, or a different process that reused the pid."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        fields = _stat(pid)
     except FileNotFoundError:
         return False
     except OSError:
@@ -56,7 +68,6 @@ def process_alive(pid: int, start_time: int) -> bool:
         except PermissionError:
             pass
         return True
-    fields = data[data.rindex(b")") + 2 :].split()
     if fields[0] in (b"Z", b"X"):
         return False
     return not start_time or int(fields[19]) == start_time
@@ -66,6 +77,12 @@ def set_parent_death_signal(sig: int) -> None:
     """Ask the kernel to send this process ``sig`` when its parent dies (Linux PR_SET_PDEATHSIG; no-op elsewhere)."""
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``): a daemon a
+    child double-forks is reparented here, not to PID 1 (:mod:`hora._orphans`); False where the system cannot."""
+    return _prctl is not None and _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 def die_with_parent() -> None:

@@ -8,7 +8,8 @@ import difflib
 import sys
 
 from hora import __version__
-from hora._orphans import become_subreaper, end_adopted
+from hora._orphans import end_adopted
+from hora._proc import become_subreaper
 from hora.errors import HoraError
 from hora.jobs.cli import add_job_parser, job_main
 from hora.runner.flags import add_run_arguments, check_settings, elastic_options, run_epilog, settings_from_args

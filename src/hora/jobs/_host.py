@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hora._orphans import become_subreaper, end_adopted
-from hora._proc import die_with_parent
+from hora._orphans import end_adopted
+from hora._proc import become_subreaper, die_with_parent
 from hora._runtime.auth import Role, server_handshake
 from hora._runtime.gate import RejectLog
 from hora._wire import recv_exact, send_frame

@@ -138,10 +138,11 @@ def remove_job(store: JobStore, name: str, artifacts: bool = False) -> tuple[lis
     removed: list[str] = []
     for where in sorted(record.artifacts.values()):
         path = Path(where)
-        if where.startswith("s3://") or not path.exists():
-            kept += [where] if where.startswith("s3://") else []
+        if where.startswith("s3://"):
+            kept.append(where)
+        elif not path.exists():
             continue
-        if artifacts:
+        elif artifacts:
             path.unlink()
             removed.append(where)
         elif path.resolve().is_relative_to(job_dir):

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from hora._proc import die_with_parent
+from hora._proc import die_with_parent, parent_pid
 from hora._runtime.rendezvous import RendezvousClient
 from hora.config.variables import environment, read
 from hora.errors import RendezvousError
@@ -51,14 +51,13 @@ def executor_of_this_worker() -> tuple[str, str]:
     while pid > 1:
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{pid}/stat").read_bytes()
+            if any(a.endswith(b"CoarseGrainedExecutorBackend") for a in argv):
+                opts = dict(itertools.pairwise(argv))
+                executor = opts.get(b"--executor-id", b"?").decode()
+                return executor, opts.get(b"--hostname", socket.gethostname().encode()).decode()
+            pid = parent_pid(pid)
         except OSError:
             break
-        if any(a.endswith(b"CoarseGrainedExecutorBackend") for a in argv):
-            opts = dict(itertools.pairwise(argv))
-            executor = opts.get(b"--executor-id", b"?").decode()
-            return executor, opts.get(b"--hostname", socket.gethostname().encode()).decode()
-        pid = int(stat[stat.rindex(b")") + 2 :].split()[1])
     return "driver", socket.gethostname()
 
 
