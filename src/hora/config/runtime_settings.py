@@ -70,6 +70,20 @@ class RuntimeSettings:
             group="run",
         ),
     )
+    merge_stderr: bool = setting(
+        False,
+        parsers.parse_bool,
+        "HORA_MERGE_STDERR",
+        help="Give each rank (and parameter server) one pipe for stdout and stderr, as mpirun's "
+        "--merge-stderr-to-stdout does: everything it writes keeps its order and shows as <stdout>. By default "
+        "the two streams are separate pipes, so lines written to both within the same instant may swap.",
+        flag=Flag(
+            "--merge-stderr-to-stdout",
+            "send each rank's stderr into its stdout, keeping the order of everything it writes (mpirun's flag)",
+            action="store_true",
+            group="run",
+        ),
+    )
     op_timeout: float = setting(
         300.0,
         parsers.positive_float,

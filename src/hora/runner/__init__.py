@@ -119,8 +119,10 @@ def run_command(
     try:
         resolved = Config.resolve(env=outer, overrides=dict(settings))
         start_timeout, grace, oversubscribe = resolved.start_timeout, resolved.grace_period, resolved.oversubscribe
+        merge_stderr = resolved.merge_stderr
     except (ConfigError, TypeError):
         start_timeout, grace, oversubscribe = 30.0, 30.0, False  # the workers report the bad setting themselves
+        merge_stderr = False
     ssh = SshOptions(ssh_port, ssh_identity_file, tuple(ssh_options), start_timeout)
     if elastic:
         return _run_elastic(
@@ -159,6 +161,7 @@ def run_command(
         network_interface=network_interface,
         start_timeout=start_timeout,
         oversubscribe=oversubscribe,
+        merge_stderr=merge_stderr,
     )
     return launch(spec)
 

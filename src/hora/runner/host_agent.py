@@ -121,17 +121,20 @@ class _Agent:
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.STDOUT if self.job.get("merge_stderr") else subprocess.PIPE,
             start_new_session=True,
             preexec_fn=die_with_parent,  # the forked rank dies with the agent
         )
         self.procs[key] = proc
         for stream, pipe in ((1, proc.stdout), (2, proc.stderr)):
-            assert pipe is not None
+            if pipe is None:
+                continue
             os.set_blocking(pipe.fileno(), False)
             self.sel.register(pipe, selectors.EVENT_READ, (key, stream))
             self.open_streams += 1
         self.send(STARTED, key, 0, json.dumps({"pid": proc.pid, **(info or {})}).encode())
+        if proc.stderr is None:  # merged into stdout: the launcher learns there is nothing more on stderr
+            self.send(CLOSED, key, 2)
 
     def _server_ended(self, key: int, code: int) -> dict[str, Any]:
         """A server ended: while the job runs, restart it if the budget allows (``--max-restarts``), else give it

@@ -73,6 +73,7 @@ class LaunchSpec:
     start_timeout: float = 30.0
     local_hosts: Sequence[str] = ()  # host names that are this machine whatever they resolve to (hora job's algo-1)
     oversubscribe: bool = False  # allow more than MAX_PER_CPU processes per CPU here (the oversubscribe setting)
+    merge_stderr: bool = False  # one pipe for each process's stdout and stderr (the merge_stderr setting)
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -339,7 +340,7 @@ def _start_local(spec: LaunchSpec, slot: RankSlot, env: dict[str, str], job: Job
         cwd=spec.cwd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.STDOUT if spec.merge_stderr else subprocess.PIPE,
         start_new_session=True,
         preexec_fn=die_with_parent,
     )
@@ -380,6 +381,7 @@ def _start_remote(
         "workers": spec.np,
         "grace": spec.grace,
         "network_interface": spec.network_interface,
+        "merge_stderr": spec.merge_stderr,
     }
     argv = ssh_command(name, spec.ssh or SshOptions(), remote_agent_command(sys.executable, agent_path))
     host = RemoteHost(
@@ -441,7 +443,9 @@ def _parameter_servers(
     }
     if local and config.ps_checkpoint_dir:  # found out now, not when the first checkpoint fails mid-job
         check_checkpoint_dir(config.ps_checkpoint_dir)
-    return PsServers(len(ps_hosts), spec.np, {}, job.pump, job.log, max_restarts=max_restarts, local=local)
+    return PsServers(
+        len(ps_hosts), spec.np, {}, job.pump, job.log, max_restarts, local=local, merge_stderr=spec.merge_stderr
+    )
 
 
 def _supervise(

@@ -69,10 +69,13 @@ class OutputPump:
                 d.mkdir(parents=True, exist_ok=True)
                 self._files[(rank, stream)] = open(d / stream, "wb")  # noqa: SIM115 - closed in _close
 
-    def add(self, rank: int, stdout: IO[bytes], stderr: IO[bytes]) -> None:
+    def add(self, rank: int, stdout: IO[bytes], stderr: IO[bytes] | None) -> None:
+        """A local rank's pipes; ``stderr`` None when the rank writes both streams into ``stdout``."""
         with self._lock:
             self._add_rank(rank)
             for stream, pipe in (("stdout", stdout), ("stderr", stderr)):
+                if pipe is None:
+                    continue
                 os.set_blocking(pipe.fileno(), False)
                 self._sel.register(pipe, selectors.EVENT_READ, (rank, stream))
                 self._open += 1

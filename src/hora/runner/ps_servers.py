@@ -202,8 +202,10 @@ class PsServers:
         log: Callable[[str], None],
         max_restarts: int = 0,
         local: Mapping[int, Mapping[str, str]] | None = None,
+        merge_stderr: bool = False,
     ) -> None:
         self.count = count
+        self._merge_stderr = merge_stderr
         self._local = {i: dict(e) for i, e in local.items()} if local is not None else {i: {} for i in range(count)}
         self.indices: list[int] = []  # the index of each of procs
         self._workers = workers
@@ -233,7 +235,7 @@ class PsServers:
             cwd=self._cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.STDOUT if self._merge_stderr else subprocess.PIPE,
             start_new_session=True,
             preexec_fn=die_with_parent,
         )

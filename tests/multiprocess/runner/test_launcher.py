@@ -47,6 +47,15 @@ def test_output_filename_writes_per_rank_files(tmp_path):
         assert (tmp_path / "logs" / f"rank.{r}" / "stderr").read_text() == "oops\n"
 
 
+def test_merge_stderr_to_stdout_keeps_the_order_of_everything_a_rank_writes():
+    # Interleaved writes to two pipes can swap; with one pipe (mpirun's flag) the order is the order written.
+    code = "import sys\nfor i in range(300): print(i, file=(sys.stdout, sys.stderr)[i % 2], flush=True)"
+    proc = hora_run("-np", "1", "--merge-stderr-to-stdout", sys.executable, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"[0]<stdout>: {i}" for i in range(300)]
+    assert "[0]<stderr>" not in proc.stderr
+
+
 def test_exit_code_is_the_first_failing_ranks_and_the_report_names_it():
     code = ("import os, sys, time\nr = int(os.environ['HORA_RANK'])\n"
             "if r == 2: print('disk full', file=sys.stderr); sys.exit(5)\ntime.sleep(60)")

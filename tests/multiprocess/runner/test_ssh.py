@@ -117,11 +117,12 @@ def test_cli_hostfile_interface_and_prefixed_output(netns_cluster, tmp_path):
     code = (
         "import os, hora.numpy as hvd, numpy as np; hvd.init(); "
         "s = hvd.allreduce(np.array([hvd.rank()]), op=hvd.Sum)[0]; "
-        "print('rank', hvd.rank(), 'on', os.environ['HORA_HOSTNAME'], 'bind', os.environ.get('HORA_BIND_ADDR'), 'sum', s)"
+        "print('rank', hvd.rank(), 'on', os.environ['HORA_HOSTNAME'], 'bind', os.environ.get('HORA_BIND_ADDR'), "
+        "'sum', s, flush=True); import sys; print('then err', hvd.rank(), file=sys.stderr)"
     )
     proc = subprocess.run(
         hora_cli("--hostfile", str(hostfile), "--network-interface", c.bridge, "--start-timeout", "60",
-                 *c.cli_args(), sys.executable, "-c", code),
+                 "--merge-stderr-to-stdout", *c.cli_args(), sys.executable, "-c", code),
         capture_output=True, text=True, timeout=LIMIT, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
@@ -129,6 +130,10 @@ def test_cli_hostfile_interface_and_prefixed_output(netns_cluster, tmp_path):
     for r, host in enumerate([c.hosts[0], c.hosts[1], c.hosts[1]]):
         # the agent resolved --network-interface on each host to that host's own address
         assert f"[{r}]<stdout>: rank {r} on {host.addr} bind {host.addr} sum 3" in lines, proc.stdout
+        # the agents gave each rank one pipe: its stderr line follows its stdout line, on stdout
+        first = lines.index(f"[{r}]<stdout>: rank {r} on {host.addr} bind {host.addr} sum 3")
+        assert lines.index(f"[{r}]<stdout>: then err {r}") > first, proc.stdout
+    assert "<stderr>" not in proc.stderr, proc.stderr
     assert_hosts_clean(c)
 
 

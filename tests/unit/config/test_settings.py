@@ -259,6 +259,7 @@ def _non_default_config() -> Config:
         elastic_timeout=45.0,
         grace_period=7.5,
         oversubscribe=True,
+        merge_stderr=True,
         op_timeout=60.25,
         thread_defaults=False,
         transport="tcp",

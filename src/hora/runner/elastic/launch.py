@@ -237,6 +237,7 @@ class _ElasticJob:
             spec.start_timeout,
             spec.capture,
             self.log,
+            config.merge_stderr,
         )
         self._alone_since: float | None = None  # since when only stuck members keep the round from ending
         self._stop_discovery = threading.Event()

@@ -120,11 +120,12 @@ class ProcessStarter:
         start_timeout: float,
         capture: bool,
         log: Any,
+        merge_stderr: bool = False,
     ) -> None:
         self.ctx, self.command, self.base_env, self.pump = ctx, list(command), dict(base_env), pump
         self.stacks_dir, self.grace, self.cwd, self.ssh = stacks_dir, grace, cwd, ssh or SshOptions()
         self.network_interface, self.start_timeout = network_interface, start_timeout
-        self.capture, self.log = capture, log
+        self.capture, self.log, self.merge_stderr = capture, log, merge_stderr
         self.reaper = GroupReaper()  # ends the local workers' process groups should the launcher be killed
         self.reaper.remove_on_death(stacks_dir)
 
@@ -145,7 +146,7 @@ class ProcessStarter:
             cwd=self.cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.STDOUT if self.merge_stderr else subprocess.PIPE,
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
@@ -167,6 +168,7 @@ class ProcessStarter:
             "workers": 1,
             "grace": self.grace,
             "network_interface": self.network_interface,
+            "merge_stderr": self.merge_stderr,
         }
         agent = remote_agent_command(sys.executable, os.pathsep.join(dict.fromkeys(p for p in paths if p)))
         argv = ssh_command(slot.host, self.ssh, agent)
