@@ -213,3 +213,22 @@ def corrupt_checkpoint_worker(directory: str) -> None:
                     f.write(b"damaged")
             os.kill(_server_pid(0), signal.SIGKILL)
         ps.push_pull("w", np.ones(8, np.float32))
+
+
+def lost_while_connecting_worker() -> float:
+    """Rank 0 SIGKILLs server 0 just after it published its address and before any worker connected: under
+    --max-restarts the workers must find its restart, not retry the dead address until the start timeout."""
+    import signal
+
+    import hora.numpy as hvd
+    import hora.ps
+
+    hvd.init()
+    if hvd.rank() == 0:
+        os.kill(_server_pid(0), signal.SIGKILL)
+    hvd.barrier()
+    ps = hora.ps.connect(consistency="sync")  # most likely reads the dead server's address, its restart not up yet
+    ps.register("w", np.zeros(4, np.float32), rule="sgd")
+    for _ in range(3):
+        value = ps.push_pull("w", np.ones(4, np.float32))
+    return float(value[0])

@@ -65,11 +65,10 @@ class ShardSaver:
         self._thread.start()
 
     def forget(self) -> None:
-        """Remove the manifest an earlier job may have left here (its shard files are replaced as shards save)."""
-        try:
-            os.unlink(os.path.join(self.dir, SERVER_MANIFEST))
-        except FileNotFoundError:
-            pass
+        """Start this job's checkpoint: an empty manifest replaces the one an earlier job may have left (its shard
+        files are replaced as shards save). From now on a restart that finds no manifest knows it was removed."""
+        data = json.dumps({"format": 1, "shards": [], "layouts": {}}).encode()
+        checkpoint.atomic_write(os.path.join(self.dir, SERVER_MANIFEST), lambda f: f.write(data))
 
     def registered(self, shard: Shard) -> None:
         """A new shard: save it now (update count 0, or what a restore put there)."""
@@ -135,15 +134,25 @@ class ShardSaver:
 
 
 def restore_server(server: ParameterServer, saver: ShardSaver) -> int:
-    """Load ``DIR/ps<i>`` into a (re)started server before it serves; returns the number of shards restored (0
-    when nothing was saved yet)."""
+    """Load ``DIR/ps<i>`` into a restarted server before it serves; returns the number of shards restored (0
+    when none was registered yet).
+
+    Raises:
+        ValueError: the manifest is missing (the first server of the job wrote one before it served, so the
+            directory was emptied or removed since) or a file cannot be read: naming the file and what to do.
+    """
     path = os.path.join(saver.dir, SERVER_MANIFEST)
+    server.restored_from = saver.dir
     try:
         with open(path, "rb") as f:
             manifest = json.loads(f.read())
         entries = list(manifest["shards"])
     except FileNotFoundError:
-        return 0
+        raise ValueError(
+            f"restore: the checkpoint manifest {path} is missing: the job's first server wrote it before serving, "
+            f"so the directory was emptied or removed while the job ran and the server's values are lost; put "
+            f"the directory back from a copy, or start the job again"
+        ) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"restore: the checkpoint manifest {path} cannot be read ({exc}); {_DAMAGED}") from None
     shards = {}

@@ -83,14 +83,39 @@ class Restarts:
         finally:
             store.close()
 
+    def published(
+        self, server: int, address: tuple[str, int], exc: BaseException, deadline: float
+    ) -> tuple[str, int]:
+        """Server ``server`` could not be reached at ``address`` before this worker ever connected (``exc``): the
+        address its restart published, once there is one (until ``deadline``, else ``address`` again).
+
+        Raises:
+            PeerLostError: the launcher gave the server up (``--max-restarts`` used up, its checkpoint unusable).
+        """
+        what = f"parameter server {server} at {address[0]}:{address[1]}"
+        store, _ = open_store(self._config, self._rank)
+        try:
+            latest = json.loads(store.get(str(server)) or "{}")
+            if (latest.get("host"), latest.get("port")) != tuple(address) and "host" in latest:
+                return str(latest["host"]), int(latest["port"])  # restarted meanwhile
+            info = self._next(store, None, server, int(latest.get("generation", 0)) + 1, deadline)
+        finally:
+            store.close()
+        if info is None:
+            return address
+        if "failed" in info:
+            raise PeerLostError(f"{what} was lost before this worker connected ({exc}); {info['failed']}") from exc
+        log.warning("%s was lost before this worker connected (%s); trying its restart", what, exc)
+        return str(info["host"]), int(info["port"])
+
     @staticmethod
     def _next(
-        store: Any, links: ServerLinks, server: int, generation: int, deadline: float
+        store: Any, links: ServerLinks | None, server: int, generation: int, deadline: float
     ) -> dict[str, Any] | None:
         """The published ``<server>@<generation>``, or None once ``deadline`` passed. Waits in 1 s slices: when
         another server is given up meanwhile, the client is broken and this wait ends with that error."""
         while True:
-            if links.lost is not None:
+            if links is not None and links.lost is not None:
                 raise PeerLostError(links.lost)
             left = deadline - time.monotonic()
             try:

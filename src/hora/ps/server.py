@@ -87,6 +87,7 @@ class ParameterServer:
         self.bytes_out = 0
         # checkpoints for restarts (hora.ps.autosave), set before start()
         self.saver: ShardSaver | None = None
+        self.restored_from = ""  # a restart: the checkpoint directory its shards came from
 
     @property
     def address(self) -> tuple[str, int]:
@@ -207,6 +208,12 @@ class ParameterServer:
     def shard(self, name: str, index: int) -> Shard:
         shard = self._shards.get((name, index))  # one dict read: atomic, no lock needed
         if shard is None:
+            if self.restored_from:  # registered with the server before its restart, but never saved
+                raise KeyError(
+                    f"server {self.index} holds no shard {index} of '{name}': it was restarted and its checkpoint "
+                    f"{self.restored_from} has none (the server died before saving it); the variable's values are "
+                    f"lost, start the job again"
+                )
             raise KeyError(
                 f"server {self.index} holds no shard {index} of '{name}': register the variable first"
             )

@@ -30,6 +30,10 @@ Request = HotRequest | ControlRequest
 #: Requests per server (each server's in order on its link, the servers at the same time).
 PerServer = Mapping[int, Sequence[Request]]
 
+#: Seconds a worker first tries a server's published address (``--max-restarts``) before it looks at the store
+#: for the server's restart; a live server accepts at once (it publishes its address once it listens).
+FIRST_TRY = 2.0
+
 
 class ServerLinks:
     """The links to servers ``0..len-1``.
@@ -66,17 +70,24 @@ class ServerLinks:
         restarts: Restarts | None,
         held: Callable[[int], list[str]],
     ) -> ServerLinks:
-        """Connect to every server within ``timeout`` seconds; a reply may take ``op_timeout + timeout``."""
+        """Connect to every server within ``timeout`` seconds; a reply may take ``op_timeout + timeout``. With
+        ``restarts``, a server that is gone before this worker connected is looked for again at the store (its
+        restart publishes a new address) every :data:`FIRST_TRY` seconds."""
         links: list[ServerLink] = []
         deadline = time.monotonic() + timeout
         try:
             for i, address in enumerate(addresses):
                 io_timeout = op_timeout + timeout
-                links.append(
-                    ServerLink.open(
-                        i, address, secret, rank, deadline, io_timeout, use_segment[i], single_copy
-                    )
-                )
+                while True:
+                    until = deadline if restarts is None else min(deadline, time.monotonic() + FIRST_TRY)
+                    try:
+                        link = ServerLink.open(i, address, secret, rank, until, io_timeout, use_segment[i], single_copy)
+                        break
+                    except HoraError as exc:
+                        if restarts is None or time.monotonic() >= deadline:
+                            raise
+                        address = restarts.published(i, address, exc, min(deadline, time.monotonic() + FIRST_TRY))
+                links.append(link)
         except BaseException:
             for link in links:
                 link.close()

@@ -54,3 +54,15 @@ def test_a_restart_that_cannot_restore_fails_the_workers_at_once_naming_why(tmp_
         assert "not restarted within" not in err and "--max-restarts 1" in err, err[-3000:]
     restarted = "\n".join(result.lines[-1 - 1000]["stderr"])  # the restart's own output
     assert "cannot be read (not an .npz archive); the checkpoint is damaged" in restarted, restarted
+
+
+def test_a_server_lost_before_the_workers_connected_is_found_again_after_its_restart(tmp_path):
+    """Issue 27, item 7: the workers retried the dead server's address until the start timeout and failed, though
+    the launcher had restarted it under --max-restarts."""
+    from workers.ps import lost_while_connecting_worker
+
+    values = run(
+        lost_while_connecting_worker, (), np=2, capture=True, timeout=120, num_ps=1, ps_max_restarts=1,
+        ps_checkpoint_dir=str(tmp_path), start_timeout=20,
+    )  # fmt: skip
+    assert len(set(values)) == 1 and values[0] < 0  # three sync SGD steps on the restarted server, seen alike

@@ -92,3 +92,41 @@ def test_a_damaged_checkpoint_is_named_and_a_killed_writes_leftover_is_removed(t
             restore_server(restarted, restarted.saver)
     finally:
         restarted.shutdown()
+
+
+def test_a_restart_without_its_checkpoint_fails_instead_of_serving_nothing(tmp_path):
+    """Issue 27, item 7: a restart whose checkpoint directory was emptied served with no shards, and the workers
+    were told to "register the variable first"."""
+    import pytest
+
+    secret = new_secret()
+    server = _server(secret, tmp_path, steps=1)
+    server.saver.forget()  # generation 0: the job's manifest exists before anything is served
+    try:
+        assert json.loads((tmp_path / "ps0" / SERVER_MANIFEST).read_text())["shards"] == []
+        with Client([server.start()], secret, 0, timeout=30.0, shm=False) as c:
+            c.register("w", np.zeros(4, np.float32), rule="sgd")
+        assert server.saver.flush(30.0) and not server.saver.error
+    finally:
+        server.shutdown()
+    manifest = (tmp_path / "ps0" / SERVER_MANIFEST).read_text()
+    for name in os.listdir(tmp_path / "ps0"):
+        os.unlink(tmp_path / "ps0" / name)
+    restarted = _server(secret, tmp_path, steps=1)
+    try:
+        with pytest.raises(ValueError) as info:
+            restore_server(restarted, restarted.saver)
+        assert str(info.value).startswith(f"restore: the checkpoint manifest {tmp_path / 'ps0' / SERVER_MANIFEST} is")
+        assert "emptied or removed while the job ran" in str(info.value)
+    finally:
+        restarted.shutdown()
+
+    # a shard registered but never saved (the server died first): the workers learn its values are lost
+    (tmp_path / "ps0" / SERVER_MANIFEST).write_text(json.dumps({**json.loads(manifest), "shards": []}))
+    restarted = _server(secret, tmp_path, steps=1)
+    try:
+        assert restore_server(restarted, restarted.saver) == 0
+        with pytest.raises(KeyError, match=r"it was restarted and its checkpoint .* has none .* lost"):
+            restarted.shard("w", 0)  # what a worker's push or pull of 'w' asks the server for
+    finally:
+        restarted.shutdown()
