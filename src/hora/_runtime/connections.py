@@ -108,8 +108,10 @@ class PeerListener:
                 try:
                     conn, addr = self.sock.accept()
                 except OSError as exc:  # EMFILE and the like: the peers retry; keep serving
-                    self._rejects.drop(f"accept failed: {exc}")
-                    time.sleep(0.05)
+                    room = self._pending.make_room(exc)  # out of descriptors: an idle unauthenticated one gives way
+                    cut = "; cut the oldest unauthenticated one" if room else ""
+                    self._rejects.drop(f"accept failed: {exc}{cut}")
+                    time.sleep(0.005 if room else 0.05)
                     continue
                 if self._pending.admit(conn):
                     threading.Thread(

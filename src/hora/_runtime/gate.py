@@ -3,14 +3,16 @@
 A listener accepts a connection and hands its handshake to a thread of its own, with a deadline of its own, so a
 client that connects and says nothing (or trickles bytes) costs the real peers nothing: they are accepted and
 authenticated beside it. :class:`PendingHandshakes` bounds how many unauthenticated connections are held at once
-(the oldest is cut off first, so a flood cannot starve a real client that just arrived) and closes those still
-pending when the listener shuts down. :class:`RejectLog` reports dropped connections at most once per interval,
+(the oldest is cut off first, so a flood cannot starve a real client that just arrived; also when the process runs
+out of descriptors before that bound, as under a low ``ulimit -n``) and closes those still pending when the
+listener shuts down. :class:`RejectLog` reports dropped connections at most once per interval,
 so a local process cannot flood the user's output with a WARNING line per connection.
 """
 
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import socket
 import threading
@@ -91,6 +93,18 @@ class PendingHandshakes:
         for old in evict:
             _cut(old)  # its handshake thread sees the connection end and drops it
         return not (evict and evict[0] is conn)
+
+    def make_room(self, exc: OSError) -> bool:
+        """``accept()`` failed with ``exc``: when the process is out of descriptors, cut the oldest pending
+        handshake (its thread closes it) so the next client can be accepted. True when one was cut."""
+        if exc.errno not in (errno.EMFILE, errno.ENFILE):
+            return False
+        with self._lock:
+            if not self._pending:
+                return False
+            old = self._pending.popitem(last=False)[1]
+        _cut(old)
+        return True
 
     def finish(self, conn: socket.socket) -> None:
         with self._lock:

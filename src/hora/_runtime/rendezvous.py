@@ -119,12 +119,15 @@ class RendezvousServer:
                     return
                 # Out of file descriptors or memory: the clients wait in the backlog (and retry), so back off
                 # and keep serving rather than stop for good; say why, so a client timing out can be explained.
+                # Out of descriptors with idle unauthenticated clients held, the oldest gives way at once.
+                room = self._pending.make_room(exc)
                 self._accept_errors.drop(
-                    f"cannot accept connections: {exc.strerror} (errno {exc.errno}); retrying — raise the open-file "
-                    "limit (ulimit -n) if this persists"
+                    f"cannot accept connections: {exc.strerror} (errno {exc.errno}); "
+                    + ("cut the oldest unauthenticated connection to make room" if room else "retrying")
+                    + " — raise the open-file limit (ulimit -n) if this persists"
                 )
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
+                time.sleep(0.005 if room else delay)
+                delay = 0.01 if room else min(delay * 2, 0.5)
                 continue
             delay = 0.01
             if not self._pending.admit(conn):

@@ -153,10 +153,11 @@ class ParameterServer:
         while not self._closed.is_set():
             try:
                 conn, _ = self._listener.accept()
-            except OSError:
+            except OSError as exc:
                 if self._closed.is_set():
                     return
-                self._closed.wait(0.05)  # out of descriptors and the like: the clients retry
+                # out of descriptors and the like: an idle unauthenticated client gives way, or the clients retry
+                self._closed.wait(0.005 if self._pending.make_room(exc) else 0.05)
                 continue
             if self._pending.admit(conn):
                 threading.Thread(target=self._serve, args=(conn,), name="hora-ps-client", daemon=True).start()

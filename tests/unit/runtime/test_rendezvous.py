@@ -315,3 +315,25 @@ def test_the_store_survives_running_out_of_file_descriptors():
     err = proc.stderr.read()
     assert "cannot accept connections: Too many open files" in err, err
     assert err.count("Too many open files") == 1, "the report must be rate-limited"
+
+
+def test_a_real_client_gets_in_while_idle_connections_hold_every_descriptor():
+    """Issue 27, item 12: under ``ulimit -n`` lower than the pending-handshake bound, a flood of idle connections
+    kept every descriptor and a real rank's connection waited until their handshake deadlines."""
+    secret = new_secret()
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_UNDER_A_LOW_FD_LIMIT, secret.hex()], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    flood: list[socket.socket] = []
+    try:
+        port = int(proc.stdout.readline())
+        flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]  # held open, saying nothing
+        time.sleep(0.5)  # the server accepts what its descriptors allow
+        client = RendezvousClient("127.0.0.1", port, secret, 0, "t/", time.monotonic() + 3)
+        client.set("k", "v")
+        assert client.get("k") == "v"
+        client.close()
+    finally:
+        for s in flood:
+            s.close()
+        proc.stdin.close()
+        proc.wait(30)
