@@ -386,3 +386,73 @@ def grouped_worker() -> bool:
     hvd.join()
     hvd.shutdown()
     return True
+
+
+def adasum_reference(vectors: list[np.ndarray]) -> np.ndarray:
+    """Horovod's Adasum of every rank's vector in float64: pairs (0,1), (2,3)... combined, then pairs of those."""
+    tiny = np.sqrt(np.finfo(np.float64).tiny)
+    level = [v.astype(np.float64).reshape(-1) for v in vectors]
+    while len(level) > 1:
+        nxt = []
+        for a, b in zip(level[::2], level[1::2]):
+            dot, an, bn = a @ b, a @ a, b @ b
+            nxt.append((1 - dot / an / 2 if an >= tiny else 1.0) * a + (1 - dot / bn / 2 if bn >= tiny else 1.0) * b)
+        level = nxt
+    return level[0].reshape(vectors[0].shape)
+
+
+def adasum_worker() -> bool:
+    """op=Adasum against the numpy reference of Horovod's formula: orthogonal vectors add, parallel ones average,
+    general ones in between; a grouped request and a fused one give each tensor its own coefficients; sizes that
+    halve unevenly; float16/32/64; the scale factors; ranks not a power of two, integer tensors, process sets and
+    reducescatter are refused with Horovod's messages."""
+    from hora.errors import UnsupportedError
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    if n & (n - 1):
+        try:
+            hvd.allreduce(np.ones(3, np.float32), op=hvd.Adasum)
+        except UnsupportedError as exc:
+            return str(exc) == "Running Adasum with non-power of 2 ranks is not supported yet."
+        return False
+    for bad, kw in ((np.ones(4, np.int32), {}), (np.ones((4, 2), np.float32), {"reducescatter": True})):
+        try:
+            if kw:
+                hvd.reducescatter(bad, op=hvd.Adasum)
+            else:
+                hvd.allreduce(bad, op=hvd.Adasum)
+            return False
+        except UnsupportedError:
+            pass
+    sizes = [n * 20 - 17, n * 2 + 1, n + 2, 1, 4099]
+    rng = np.random.default_rng(2)
+    for dtype in (np.float64, np.float32, np.float16):
+        eps = np.finfo(dtype).eps
+        cases = []
+        for k, m in enumerate(sizes):
+            if k % 3 == 0 and m >= n:  # orthogonal columns: Adasum is the sum
+                q = np.linalg.qr(rng.normal(0, 1, (m, n)))[0]
+            elif k % 3 == 1:  # parallel columns: Adasum is the mean
+                q = rng.normal(0, 1, (m, 1)) @ rng.normal(0, 1, (1, n))
+            else:
+                q = rng.normal(0, 1, (m, n))
+            cases.append(q.astype(dtype))
+        expected = [adasum_reference([q[:, i].astype(np.float64) for i in range(n)]) for q in cases]
+        mine = [np.ascontiguousarray(q[:, r]) for q in cases]
+        outs = {
+            "allreduce": [hvd.allreduce(t, op=hvd.Adasum, name=f"ada.{dtype.__name__}.{k}") for k, t in enumerate(mine)],
+            "grouped": hvd.grouped_allreduce(mine, op=hvd.Adasum, name=f"adag.{dtype.__name__}"),
+        }
+        handles = [hvd.allreduce_async(t, op=hvd.Adasum, name=f"adaf.{dtype.__name__}.{k}") for k, t in enumerate(mine)]
+        outs["fused"] = [hvd.synchronize(h) for h in handles]  # submitted together: one fused response
+        for how, got in outs.items():
+            for k, (g, e) in enumerate(zip(got, expected)):
+                assert g.dtype == dtype, (how, k, g.dtype)
+                ratio = np.linalg.norm(g.astype(np.float64) - e) / max(np.linalg.norm(e), 1e-300) / 100
+                assert ratio < eps, (how, dtype, k, sizes[k], ratio)  # Horovod's are_close
+    # prescale and postscale apply around the combination, as for the other ops
+    t = np.array([1.0, 2.0, 3.0]) * (r + 1)
+    got = hvd.allreduce(t, op=hvd.Adasum, prescale_factor=2.0, postscale_factor=0.5, name="ada.scaled")
+    np.testing.assert_allclose(got, adasum_reference([np.array([1.0, 2.0, 3.0]) * (q + 1) * 2 for q in range(n)]) * 0.5)
+    return True

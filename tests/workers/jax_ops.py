@@ -241,7 +241,7 @@ def errors_part(me: int, n: int) -> list[str]:
         _error(lambda: hvd.allreduce(bad, name="eager.shape")),
         _error(lambda: jax.jit(lambda t: hvd.allreduce(t, name="jit.shape"))(bad).block_until_ready()),
         _error(lambda: hvd.allreduce(jnp.zeros(2, jnp.complex64))),
-        _error(lambda: hvd.allreduce(jnp.zeros(2), op=hvd.Adasum)),
+        _error(lambda: hvd.allreduce(jnp.zeros(2, jnp.int32), op=hvd.Adasum)),  # Adasum: floats only
         _error(lambda: hvd.allreduce(jnp.zeros(2, bool), op=hvd.Average)),
         _error(lambda: jax.vmap(lambda t: hvd.allreduce(t))(jnp.zeros((3, 2)))),
         _error(lambda: jax.jit(jax.vmap(lambda t: hvd.allreduce(t)))(jnp.zeros((3, 2)))),

@@ -184,12 +184,25 @@ def errors_worker() -> list[str]:
             _expect(tf.errors.FailedPreconditionError, lambda: sess.run(bad), notes, "graph shape")
     assert float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum)) == hvd.size()  # still working
     _expect(ValueError, lambda: hvd.allreduce(tf.ones([2], tf.complex64)), notes, "dtype")
-    _expect(NotImplementedError, lambda: hvd.allreduce(tf.ones([2]), op=hvd.Adasum), notes, "adasum")
+    _expect(NotImplementedError, lambda: hvd.allreduce(tf.ones([2], tf.int32), op=hvd.Adasum), notes, "adasum")
+    _adasum(me, hvd.size())
     jit = tf.function(lambda: hvd.allreduce(tf.ones([2])), jit_compile=True)
     _expect(ValueError, jit, notes, "jit")
     _expect(ValueError, lambda: hvd.allreduce(tf.ones([2], tf.bool)), notes, "bool average")
     _optimizer_errors(notes)
     return notes
+
+
+def _adasum(me: int, n: int) -> None:
+    """Orthogonal gradients add under Adasum: through allreduce and through DistributedGradientTape(op=Adasum)."""
+    if n & (n - 1):
+        return  # refused (checked by the numpy suite)
+    np.testing.assert_allclose(hvd.allreduce(tf.one_hot(me, n), op=hvd.Adasum).numpy(), np.ones(n))
+    x = tf.Variable(tf.zeros([n]))
+    with tf.GradientTape() as tape:
+        loss = 3.0 * x[me]
+    grad = hvd.DistributedGradientTape(tape, op=hvd.Adasum).gradient(loss, x)
+    np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(), np.full(n, 3.0))
 
 
 def _optimizer_errors(notes: list[str]) -> None:
@@ -202,9 +215,9 @@ def _optimizer_errors(notes: list[str]) -> None:
 
     _expect(
         UnsupportedError,
-        lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Adasum),
+        lambda: hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1), op=hvd.Adasum),
         notes,
-        "tape adasum",
+        "tf1 adasum",
     )
     _expect(
         UnsupportedError,

@@ -296,6 +296,38 @@ OPTIMIZERS = {
 }
 
 
+def adasum_training_reference(per_rank_batch: int, steps: int, n: int) -> list[float]:
+    """What DistributedOptimizer(op=Adasum) must compute, in one process: every rank keeps its own optimizer (its
+    momentum) and steps from the shared parameters on its own slice; the parameters then move by the Adasum of
+    the ranks' steps, parameter by parameter (numpy reference of Horovod's formula)."""
+    import numpy as np
+
+    from workers.collectives import adasum_reference
+
+    torch.set_num_threads(1)
+    shared = _model(seed=100)
+    models = [_model(seed=100) for _ in range(n)]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
+    loss_fn = torch.nn.CrossEntropyLoss()
+    data = _batches(steps, per_rank_batch * n)
+    for x, y in data:
+        deltas = []
+        for r, (m, opt) in enumerate(zip(models, opts)):
+            with torch.no_grad():
+                for p, q in zip(m.parameters(), shared.parameters()):
+                    p.copy_(q)
+            opt.zero_grad()
+            mine = slice(r * per_rank_batch, (r + 1) * per_rank_batch)
+            loss_fn(m(x[mine]), y[mine]).backward()
+            opt.step()
+            deltas.append([(p - q).detach().numpy() for p, q in zip(m.parameters(), shared.parameters())])
+        with torch.no_grad():
+            for i, q in enumerate(shared.parameters()):
+                combined = adasum_reference([d[i].astype(np.float64) for d in deltas])
+                q.add_(torch.from_numpy(combined.astype(np.float32)))
+    return _flat(shared).tolist()
+
+
 def optimizer_state_worker(kind: str) -> bool:
     """Rank 0 trains a few steps alone (its optimizer state fills up, and its hyper-parameters are changed), then
     broadcast_optimizer_state makes every rank's state equal rank 0's, tensors and scalars."""

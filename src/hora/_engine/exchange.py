@@ -114,6 +114,7 @@ class DirectPath:
             req = resp.request
             ok = (
                 req.kind is Kind.ALLREDUCE
+                and req.op != ReduceOp.ADASUM  # pairwise swaps, not a reduction of the rows
                 and req.splits is None  # a grouped request's tensors are pieces, not one input
                 and req.prescale == 1.0
                 and nbytes(resp) <= DIRECT_MAX_BYTES

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from hora._dtypes import DTYPES, ReduceOp, even_counts, scale_into
+from hora._engine.adasum import adasum_fused
 from hora._engine.fusion import plan
 from hora._engine.handle import Entry
 from hora._engine.messages import Kind, Request, Response
@@ -61,7 +62,9 @@ def _scaled_reduce(
         scaled = dst if counts is None else np.empty_like(src)  # allreduce scales straight into its output
         scale_into(src, pre, scaled)
         src = scaled
-    if counts is None:
+    if op == ReduceOp.ADASUM:  # the frontend allows it for allreduce only
+        adasum_fused(plane, [src], [dst])
+    elif counts is None:
         plane.allreduce(src, dst, op)
     else:
         plane.reducescatter(src, dst, counts, op)
@@ -161,7 +164,10 @@ def execute_fused(
         for s, d in zip(srcs, dsts):
             scale_into(s, pre, d)
         srcs = dsts
-    if getattr(plane, "stages_pieces", False):  # shm: packing into the segment is the transport's first copy
+    if op == ReduceOp.ADASUM:  # each tensor (each piece of a grouped request) gets its own coefficients
+        with phase(timeline, names, activity):
+            adasum_fused(plane, srcs, dsts)
+    elif getattr(plane, "stages_pieces", False):  # shm: packing into the segment is the transport's first copy
         with phase(timeline, names, activity):
             plane.allreduce_fused(srcs, dsts, op)
     else:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from hora._dtypes import DTYPE_NAMES, DTYPES, ReduceOp
+from hora._engine.adasum import ADASUM_DTYPES
 from hora._engine.handle import Entry, Handle
 from hora._engine.messages import Kind, Request
 from hora._runtime.group import Group
@@ -27,6 +28,7 @@ __all__ = [
     "as_array",
     "as_inplace_array",
     "blocking",
+    "check_adasum",
     "poll",
     "reduce_request",
     "resolve_op",
@@ -85,15 +87,26 @@ def resolve_op(average: bool | None, op: int | None, default: ReduceOp = Average
         raise ValueError("pass either op or the deprecated average argument, not both")
     if op is None:
         op = default if average is None else (Average if average else Sum)
-    op = ReduceOp(op)
-    if op is ReduceOp.ADASUM:
-        raise UnsupportedError("op=Adasum is not supported by hora yet; use Average or Sum")
-    return op
+    return ReduceOp(op)
+
+
+def check_adasum(kind: Kind, group: Group, dtype: np.dtype) -> None:
+    """What Horovod's Adasum takes (its messages): an allreduce of float16/32/64 over all ranks, a power of two."""
+    if kind is not Kind.ALLREDUCE:
+        raise UnsupportedError(f"{kind.value} does not support op=Adasum; Adasum is an allreduce (use Sum or Average)")
+    if group.set_id != 0:
+        raise UnsupportedError("Adasum does not support non-global process sets yet.")
+    if group.size & (group.size - 1):
+        raise UnsupportedError("Running Adasum with non-power of 2 ranks is not supported yet.")
+    if dtype not in ADASUM_DTYPES:
+        raise UnsupportedError(f"op=Adasum reduces float16, float32 and float64 tensors, not {dtype}")
 
 
 def reduce_request(
     kind: Kind, group: Group, arr: np.ndarray, name: str | None, op: ReduceOp, prescale: float, postscale: float
 ) -> Request:
+    if op is ReduceOp.ADASUM:
+        check_adasum(kind, group, arr.dtype)
     if arr.dtype == np.bool_ and (op is Average or prescale != 1.0 or postscale != 1.0):
         raise UnsupportedError(
             f"{kind.value} of a bool array supports Sum (or), Min (and), Max (or) and "

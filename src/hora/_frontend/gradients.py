@@ -21,6 +21,7 @@ from hora._dtypes import ReduceOp
 from hora._frontend.core import resolve_op
 from hora._frontend.process_set import ProcessSet, global_process_set
 from hora._strategy import resolve_strategy
+from hora.errors import UnsupportedError
 
 __all__ = ["GradientReduction", "describe_gradients", "split_list"]
 
@@ -140,10 +141,13 @@ def describe_gradients(
     staleness: int | None = None,
     consistency: str | None = None,
     ps_parameters: Any = None,
+    adasum: bool = False,
 ) -> GradientReduction:
     """The checked description of ``what``'s reduction (``what``, e.g. ``hora.jax.DistributedOptimizer``, names it in
     errors). ``strategies``: the strategies this adapter implements; another one, given or from ``HORA_STRATEGY``
-    (``hora run --strategy``), is an :class:`~hora.errors.UnsupportedError` ending with ``instead``."""
+    (``hora run --strategy``), is an :class:`~hora.errors.UnsupportedError` ending with ``instead``. ``adasum``:
+    whether the adapter implements ``op=Adasum`` (Horovod's rules are checked here: the global process set and the
+    allreduce strategy)."""
     resolved_strategy = resolve_strategy(
         strategy,
         strategies,
@@ -153,7 +157,9 @@ def describe_gradients(
         what=what,
         instead=instead,
     )
-    resolved = resolve_op(None, op)  # Adasum: UnsupportedError, the same everywhere
+    resolved = resolve_op(None, op)
+    if resolved is ReduceOp.ADASUM:
+        _check_adasum(what, adasum, process_set, resolved_strategy)
     factor = float(gradient_predivide_factor)
     if factor != 1.0 and resolved is not ReduceOp.AVERAGE:
         raise ValueError(
@@ -190,3 +196,12 @@ def describe_gradients(
         average_aggregated_gradients=bool(average_aggregated_gradients),
         strategy=resolved_strategy,
     )
+
+
+def _check_adasum(what: str, implemented: bool, process_set: Any, strategy: str) -> None:
+    if not implemented:
+        raise UnsupportedError(f"{what}: op=Adasum is not supported by this optimizer yet; use Average or Sum")
+    if strategy != "allreduce":
+        raise UnsupportedError(f"{what}: op=Adasum needs strategy='allreduce', not {strategy!r}")
+    if isinstance(process_set, ProcessSet) and process_set.process_set_id not in (None, 0):
+        raise UnsupportedError("Adasum does not support non-global process sets yet.")

@@ -145,7 +145,7 @@ def grouped_allreduce(
 
 
 def _resolve(average: bool | None, op: int | None, default: ReduceOp = Average) -> ReduceOp:
-    return resolve_op(average, op, default)  # Adasum: UnsupportedError, also a NotImplementedError as in Horovod
+    return resolve_op(average, op, default)
 
 
 # -- reducescatter -------------------------------------------------------------------------------------------------

@@ -93,6 +93,7 @@ def DistributedGradientTape(
         process_set=process_set,
         strategy=strategy,
         instead=TAPE_INSTEAD,
+        adasum=True,  # Horovod's tape reduces the gradients themselves with Adasum
     )
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     tape: Any = object.__new__(cls)

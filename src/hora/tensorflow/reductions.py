@@ -24,8 +24,7 @@ __all__ = ["allreduce", "grouped_allreduce", "grouped_reducescatter", "reducesca
 
 
 def resolve_op(average: bool | None, op: int | None) -> ReduceOp:
-    """The reduce op; what hora does not support (Adasum) is an UnsupportedError (also a NotImplementedError, as
-    Horovod's tests expect) naming it."""
+    """The reduce op from Horovod's ``op`` or its deprecated ``average`` argument."""
     return _frontend_resolve_op(average, op)
 
 
@@ -100,6 +99,11 @@ def _sparse_allreduce(
 ) -> tf.IndexedSlices:
     from hora.tensorflow.movement import allgather
 
+    if op is ReduceOp.ADASUM:  # Horovod's words
+        raise UnsupportedError(
+            "The Adasum reduction does not currently support sparse tensors. As a workaround please pass "
+            "sparse_as_dense=True to DistributedOptimizer"
+        )
     if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
         raise UnsupportedError(f"allreduce of tf.IndexedSlices supports Average and Sum, not {op.name.title()}")
     if pre != 1.0 or post != 1.0:  # Horovod's NotImplementedError; ignoring them would change the result silently

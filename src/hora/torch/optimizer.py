@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from hora._frontend.gradients import GradientReduction, describe_gradients
-from hora._frontend.surface import Average, ProcessSet, global_process_set, size
+from hora._frontend.surface import Adasum, Average, ProcessSet, global_process_set, size
 from hora._strategy import STRATEGIES
 from hora.config import launchers
 from hora.errors import UnsupportedError
@@ -369,12 +369,22 @@ def DistributedOptimizer(
         staleness=staleness,
         consistency=consistency,
         ps_parameters=ps_parameters,
+        adasum=True,
     )
     if reduction.strategy == "parameter_server":
         from hora.torch.ps_optimizer import make_ps_optimizer
 
         return make_ps_optimizer(optimizer, named_parameters, staleness, consistency)
     members = dict(_DistributedOptimizer.__dict__)
+    if reduction.op is Adasum and size() > 1:  # Horovod's: one rank uses the ordinary optimizer
+        from hora.torch.adasum_optimizer import adasum_members
+
+        if reduction.groups is not None or sparse_as_dense:  # Horovod ignores them
+            raise UnsupportedError(
+                "hora.torch.DistributedOptimizer: op=Adasum reduces each parameter's local step on its own; leave "
+                "groups= and sparse_as_dense out"
+            )
+        members = adasum_members()
     if reduction.strategy == "hybrid":
         from hora.torch.hybrid import hybrid_members
 

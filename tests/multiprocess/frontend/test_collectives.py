@@ -14,6 +14,7 @@ import hora.numpy as hvd
 from support.harness import run_ranks
 from support.parts import Part, parts_worker
 from workers.collectives import (
+    adasum_worker,
     allgather_worker,
     allreduce_worker,
     alltoall_worker,
@@ -73,6 +74,7 @@ PARTS = [
     (Part("join-sum", join_worker, (int(hvd.Sum),)), _last_rank),
     (Part("join-average", join_worker, (int(hvd.Average),)), _last_rank),
     (Part("topology", topology_worker), _topology),
+    (Part("adasum", adasum_worker), _all_true),
 ]
 FOUR_RANKS = [(Part("process_sets", process_set_worker), _all_true)]  # two sets of two ranks
 

@@ -17,6 +17,7 @@ from support.harness import Launch, Launches, run_failing, stderr_of  # noqa: E4
 from support.parts import Part  # noqa: E402
 from workers.torch_ops import (  # noqa: E402
     OPTIMIZERS,
+    adasum_training_reference,
     mismatched_params_worker,
     optimizer_rules_worker,
     optimizer_state_worker,
@@ -36,6 +37,8 @@ IDENTICAL = [
     (3, {"gradient_predivide_factor": 2.0}),
     (2, {"groups": 2}),
     (2, {"op": 1}),  # Sum: the reference below then needs a learning rate n times larger; checked separately
+    (2, {"op": 2}),  # Adasum: the ranks' local steps combined (adasum_training_reference)
+    (4, {"op": 2}),
 ]
 SYNC_BATCH_NORM = [(1, (6, 3)), (2, (4, 3)), (3, (2, 3, 5)), (2, (2, 4, 3, 3))]
 RULES = [2, 3]
@@ -69,7 +72,7 @@ def test_ranks_stay_identical_and_match_one_process(launches, np_, options):
     if options.get("op") == 1:
         return
     passes = options.get("backward_passes_per_step", 1)
-    ref = single_process_reference(4, 5, np_, passes)
+    ref = adasum_training_reference(4, 5, np_) if options.get("op") == 2 else single_process_reference(4, 5, np_, passes)
     got = torch.tensor(results[0])
     torch.testing.assert_close(got, torch.tensor(ref), rtol=1e-5, atol=1e-5)
 
