@@ -26,6 +26,7 @@ from _common import format_size, parse_size
 import hora.numpy as hvd
 from hora._engine import engine as engine_mod
 from hora._engine import exchange as exchange_mod
+from hora._engine import express as express_mod
 from hora._frontend import reductions
 from hora._transport import shm
 
@@ -50,6 +51,8 @@ def _timed(label: str, fn: Any) -> Any:
 
 
 STEPS = [
+    (express_mod.ExpressLane, "run", "express lane (a cached call run by the caller)"),
+    (express_mod.ExpressLane, "_cycle", "  express cycle"),
     (reductions, "start_allreduce", "frontend: start_allreduce (checks, request, entry, enqueue)"),
     (engine_mod.Engine, "enqueue", "  engine.enqueue"),
     (engine_mod.Engine, "_drive_until", "wait: driving the cycles"),
@@ -68,6 +71,7 @@ def main() -> None:
     parser.add_argument("--size", default="4K", help="message size in bytes (K/M binary)")
     parser.add_argument("--iters", type=int, default=5000, help="timed calls")
     parser.add_argument("--barrier", action="store_true", help="barrier before every timed call")
+    parser.add_argument("--all-ranks", action="store_true", help="every rank prints its breakdown (default: rank 0)")
     args = parser.parse_args()
     for owner, attr, label in STEPS:
         setattr(owner, attr, _timed(label, getattr(owner, attr)))
@@ -86,7 +90,7 @@ def main() -> None:
         hvd.allreduce_(buf, op=hvd.Sum, name=name)
         times[i] = time.perf_counter() - t0
         ON[0] = False
-    if hvd.rank() == 0:
+    if hvd.rank() == 0 or args.all_ranks:
         n = args.iters
         print(f"N={hvd.size()} allreduce {format_size(size)}: median {np.median(times) * 1e6:.1f} µs, "
               f"mean {times.mean() * 1e6:.1f} µs per call (timers included)")

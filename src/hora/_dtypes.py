@@ -18,6 +18,7 @@ __all__ = [
     "offsets",
     "reduce_into",
     "scale_into",
+    "ufunc",
 ]
 
 
@@ -57,6 +58,11 @@ _UFUNCS = {
     ReduceOp.MAX: np.maximum,
     ReduceOp.PRODUCT: np.multiply,
 }
+
+
+def ufunc(op: int) -> np.ufunc:
+    """The elementwise function of ``op`` (Sum, Min, Max, Product; Average sums)."""
+    return _UFUNCS[ReduceOp(op)]
 
 
 def reduce_into(acc: np.ndarray, x: np.ndarray, op: int) -> None:

@@ -456,3 +456,51 @@ def adasum_worker() -> bool:
     got = hvd.allreduce(t, op=hvd.Adasum, prescale_factor=2.0, postscale_factor=0.5, name="ada.scaled")
     np.testing.assert_allclose(got, adasum_reference([np.array([1.0, 2.0, 3.0]) * (q + 1) * 2 for q in range(n)]) * 0.5)
     return True
+
+
+def express_worker() -> tuple[int, int]:
+    """Blocking named allreduces the response cache knows run in the caller's thread (hora._engine.express) where
+    the data plane is shared memory: every op and dtype (bfloat16 through numpy), in place and not, with scale
+    factors, results never aliasing hora's rows; a peer that needs a full round meanwhile, and a peer whose shape
+    changed (a mismatch on every rank, then the lane goes on). Returns how many calls the lane completed and how many
+    it handed over to a full cycle ((-1, -1) without a lane)."""
+    from hora._frontend.process_set import group_of
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for dtype in ("float32", "float64", "float16", "bfloat16", "int32"):
+        for op in (hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product):
+            kind = "product" if op == hvd.Product else "sum"
+            for k in range(3):  # the first call negotiates; the next ones may take the lane
+                t = data(r, dtype, (33,), kind, salt=k)
+                exp = reference(op, [data(q, dtype, (33,), kind, salt=k) for q in range(n)], dtype)
+                got = hvd.allreduce(t, op=op, name=f"x.{dtype}.{int(op)}")
+                check(got, exp, f"express {dtype} op={op} call {k}")
+                assert not np.shares_memory(got, t)
+                inplace = t.copy()
+                assert hvd.allreduce_(inplace, op=op, name=f"xi.{dtype}.{int(op)}") is inplace
+                check(inplace, exp, f"express in place {dtype} op={op} call {k}")
+    for k in range(3):
+        t = np.full(5, r + 1.0, np.float32)
+        got = hvd.allreduce(t, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25, name="scaled")
+        np.testing.assert_allclose(got, np.full(5, 0.5 * n * (n + 1) / 2), err_msg="scale factors")
+    first = hvd.allreduce(np.ones(4, np.float32), op=hvd.Sum, name="steady")
+    first[:] = -1  # a result is the caller's: the next call must not see this
+    for k in range(5):  # odd ranks need a full round (a new name) while the even ones take the lane
+        handle = hvd.allreduce_async(np.full(3, r, np.float32), op=hvd.Sum, name=f"new.{k}") if r % 2 else None
+        np.testing.assert_array_equal(hvd.allreduce(np.ones(4, np.float32), op=hvd.Sum, name="steady"), np.full(4, n))
+        new = hvd.synchronize(handle) if handle is not None else hvd.allreduce(
+            np.full(3, r, np.float32), op=hvd.Sum, name=f"new.{k}")
+        np.testing.assert_array_equal(new, np.full(3, n * (n - 1) / 2))
+    if n > 1:
+        try:  # rank 0 keeps the cached shape, the others change it
+            hvd.allreduce(np.ones(4 if r == 0 else 5, np.float32), op=hvd.Sum, name="steady")
+            raise AssertionError("a shape that differs across ranks must fail")
+        except MismatchError:
+            pass
+    for _ in range(3):
+        np.testing.assert_array_equal(hvd.allreduce(np.ones(4, np.float32), op=hvd.Sum, name="steady"), np.full(4, n))
+    lane = group_of(None).engine._express
+    counts = (lane.calls, lane.handed_over) if lane is not None else (-1, -1)
+    hvd.shutdown()
+    return counts

@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -39,13 +39,15 @@ from hora._engine.cache import ResponseCache, cacheable
 from hora._engine.control import ControlLinks, leaving_message
 from hora._engine.exchange import DIRECT_MAX_TENSORS, DirectPath, ExchangeLayout
 from hora._engine.execute import run_responses, transport_activity
-from hora._engine.handle import Entry, Handle
-from hora._engine.messages import Kind, Request, Response
+from hora._engine.express import ExpressLane
+from hora._engine.full_round import negotiate
+from hora._engine.handle import Entry, Handle, duplicate_name
+from hora._engine.messages import Kind, Response
 from hora._engine.negotiation import Coordinator
 from hora._engine.pacing import IDLE_MAX, Pacing
 from hora._engine.settings import EngineSettings
 from hora._engine.stall import StallInspector
-from hora._engine.timeline import Timeline, tensor_names
+from hora._engine.timeline import Timeline
 from hora._engine.wakeup import WakePipe
 from hora._transport.base import Transport
 from hora.errors import HoraError, HoraInternalError, MismatchError, PeerLostError, ShutdownError, StallError
@@ -110,10 +112,18 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name=f"hora-engine-{rank}", daemon=True)
         self.autotune = TuneLink(rank, settings, transport)  # rank 0 tunes; every rank switches with it
         self._cache_on, self._cycles = True, 0  # autotune may switch the cache off (and on) on every rank at once
+        rows = self._direct_path is not None and transport.exchange_next() is not None  # shared memory
+        self._express = ExpressLane(self) if rows else None
+        self._express_at = -1.0  # when the express lane last ran a collective
 
     # -- user-thread API ---------------------------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
+
+    def express(self, name: str, arr: np.ndarray, out: np.ndarray, op: int, pre: float, post: float) -> Entry | bool:
+        """A blocking allreduce run in the calling thread when the response cache knows it (:mod:`.express`):
+        True when ``out`` holds the result, an entry to wait for, or False (submit it as usual)."""
+        return self._express.run(name, arr, out, op, pre, post) if self._express is not None else False
 
     def enqueue(self, entries: Iterable[Entry], wake: bool = True) -> None:
         """Submit entries atomically (a group either all goes in or none does). ``wake=False`` when the caller
@@ -125,14 +135,7 @@ class Engine:
                 raise type(self._failed)(str(self._failed))
             if self._stopping:
                 raise ShutdownError("hora is shutting down on this rank; no new collective can start")
-            if len(entries) == 1:  # the common case (a gradient's hook): no lists, no set
-                dup = entries[0].request.name if entries[0].request.name in pending else None
-            else:
-                names = [e.request.name for e in entries]
-                taken = [n for n in names if n in pending]
-                dup = None
-                if taken or len(set(names)) < len(names):
-                    dup = taken[0] if taken else next(n for n in names if names.count(n) > 1)
+            dup = duplicate_name(entries, pending)
             if dup is not None:
                 raise MismatchError(
                     f"a collective named '{dup}' is already in flight on rank {self.rank}; names must be unique "
@@ -192,7 +195,7 @@ class Engine:
                 if not self._cycling:
                     return
                 with self._lock:
-                    deferring = self._user_drivers > 0
+                    deferring = self._deferring()
                 if not deferring:
                     self._guarded_cycle(eager=False)
 
@@ -200,8 +203,12 @@ class Engine:
         """Run one cycle (in the engine thread or in a user thread waiting for its handle); on failure, fail
         every handle and stop cycling. ``eager``: the waits may spin (the thread has nothing else to do)."""
         self._transport.eager = eager
+        self._guarded(self._cycle)
+
+    def _guarded(self, cycle: Callable[[], bool]) -> None:
+        """Run ``cycle`` (a whole cycle, or the express lane's); on failure, fail every handle and stop cycling."""
         try:
-            if not self._cycle():
+            if not cycle():
                 self._cycling = False
         except HoraError as exc:
             self._cycling = False
@@ -242,6 +249,12 @@ class Engine:
             if more:
                 self._wake()  # the engine thread takes over what is still in flight
 
+    def _deferring(self) -> bool:
+        """Whether a user thread runs the cycles (called under ``_lock``): one waits for its handle, or the express
+        lane ran a collective less than IDLE_MAX ago and nothing is pending (an idle cycle of this thread would
+        only take the drive lock and the GIL from the next one)."""
+        return self._user_drivers > 0 or (not self._pending and time.monotonic() - self._express_at < IDLE_MAX)
+
     def _pause(self) -> None:
         """Wait for local work, at most the idle period (:mod:`.pacing`). Work in flight goes straight to the next
         exchange, which waits for the peers itself, unless it has waited long. While a user thread drives, sleep
@@ -250,7 +263,7 @@ class Engine:
         (Horovod's cycle time), so that a burst of submissions (a backward pass) is negotiated and fused together
         rather than one by one. A thread that waits for its handle does not pay this: it drives the cycle itself."""
         with self._lock:
-            driven = self._user_drivers > 0
+            driven = self._deferring()
             stopping = self._stopping
             busy = (bool(self._pending) and not driven) or stopping
         if not busy:
@@ -309,6 +322,21 @@ class Engine:
             rows = self._transport.exchange_end()
             np.minimum.reduce(rows[:, : self._vec.size], axis=0, out=self._vec)
             vec = self._vec
+        return self._after_exchange(vec, rows, now, stopping, busy, timeline)
+
+    def _after_exchange(
+        self,
+        vec: np.ndarray,
+        rows: np.ndarray | None,
+        now: float,
+        stopping: bool,
+        busy: bool,
+        timeline: Timeline | None,
+    ) -> bool:
+        """The rest of a cycle once the exchange gave ``vec`` (its minimum over ranks) and, on shared memory, every
+        rank's ``rows``; False once this engine stops cycling."""
+        F = self._layout.FULL
+        cap = self._s.cache_capacity
         flags = vec[F:].tolist()
         full, joined, busy_anywhere, any_invalid = flags[0], flags[1], flags[2], flags[3]
         self._agreed_marks = (flags[4], -flags[5])
@@ -355,7 +383,12 @@ class Engine:
             ready.extend(self._full_round(timeline))
         if ready:
             self._execute_all(ready, timeline)
-        self._pacing.after_cycle(now, bool(busy_anywhere), bool(ready) or direct_ran, busy)
+        self._end_cycle(now, bool(busy_anywhere), bool(ready) or direct_ran, busy)
+        return True
+
+    def _end_cycle(self, now: float, busy_anywhere: bool, progressed: bool, busy: bool) -> None:
+        """What closes every cycle, on every rank alike: pacing, the autotune switch, the stall inspector."""
+        self._pacing.after_cycle(now, busy_anywhere, progressed, busy)
         # a point carried by this cycle's full round reached every rank: all switch here, between the same cycles
         point = self.autotune.after_cycle(self._cycles, self._s, self._transport)
         if point is not None and self._cache is not None and point.cache_enabled != self._cache_on:
@@ -366,7 +399,6 @@ class Engine:
         if self._stalls is not None and self._stall_fatal is None:
             assert self._coordinator is not None
             self._stall_fatal = self._stalls.inspect(now, self._coordinator)
-        return True
 
     def _classify(self, entry: Entry) -> None:
         req = entry.request
@@ -394,31 +426,10 @@ class Engine:
         # stall inspector counts from the first submission, as its documented time promises
         waited = [max(0.0, now - e.queued_at) for e in self._uncached]
         self._uncached = []
-        if self._coordinator is not None:
-            self._submit(0, requests, waited, timeline)
-            for peer in self._control.peers:
-                kind, payload = self._control.recv(peer, "its requests")
-                if kind != "req":
-                    raise HoraInternalError(f"expected requests from {self._control.who(peer)}, got {kind!r}")
-                ages = [float(w[10]) if len(w) > 10 else 0.0 for w in payload]
-                self._submit(peer, [Request.from_wire(w) for w in payload], ages, timeline)
-            responses = self._coordinator.take()
-            fatal, self._stall_fatal = self._stall_fatal, None
-            self._control.send_all("resp", [[r.to_wire() for r in responses], fatal, self.autotune.outgoing()])
-            if timeline is not None:
-                for r in responses:
-                    for n in tensor_names(r.request):
-                        timeline.negotiate_end(n)
-        else:
-            self._control.send(0, "req", [[*r.to_wire(), round(w, 3)] for r, w in zip(requests, waited)])
-            kind, payload = self._control.recv(0, "the negotiated responses")
-            if kind == "abort":
-                raise PeerLostError(str(payload[0]))
-            if kind != "resp" or len(payload) != 3:
-                raise HoraInternalError(f"expected responses from the coordinator, got {kind!r}")
-            responses = [Response.from_wire(w) for w in payload[0]]
-            fatal = payload[1]
-            self.autotune.incoming(payload[2])
+        fatal, self._stall_fatal = self._stall_fatal, None
+        responses, fatal = negotiate(
+            self._control, self._coordinator, requests, waited, fatal, self.autotune, timeline
+        )
         if fatal is not None:
             raise StallError(str(fatal))
         out: list[tuple[Response, Entry | None]] = []
@@ -433,16 +444,6 @@ class Engine:
             if resp.request.kind is Kind.JOIN and resp.error is None:
                 self._joined = False
         return out
-
-    def _submit(self, peer: int, requests: list[Request], waited: list[float], timeline: Timeline | None) -> None:
-        assert self._coordinator is not None
-        if timeline is not None:
-            for r in requests:
-                for n in tensor_names(r):
-                    if r.kind is not Kind.JOIN:  # opens the phase unless open (it may start mid-negotiation)
-                        timeline.negotiate_start(n, r.kind.value)
-                    timeline.negotiate_rank_ready(n, peer)
-        self._coordinator.submit(peer, requests, waited)
 
     # -- execution -------------------------------------------------------------------------------------------
     def _execute_all(self, ready: list[tuple[Response, Entry | None]], timeline: Timeline | None) -> None:

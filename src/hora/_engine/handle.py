@@ -13,7 +13,7 @@ import numpy as np
 from hora._engine.messages import Request
 from hora.errors import TimeoutError
 
-__all__ = ["Entry", "Handle", "Pieces"]
+__all__ = ["Entry", "Handle", "Pieces", "duplicate_name"]
 
 
 class Handle:
@@ -105,3 +105,13 @@ class Entry:
 
     def __post_init__(self) -> None:
         self.handle = Handle(self.request.name)
+
+def duplicate_name(entries: list[Entry], pending: dict[str, Entry]) -> str | None:
+    """A name of ``entries`` already pending, or given twice among them; None when all are new."""
+    if len(entries) == 1:  # the common case (a gradient's hook): no lists, no set
+        return entries[0].request.name if entries[0].request.name in pending else None
+    names = [e.request.name for e in entries]
+    taken = [n for n in names if n in pending]
+    if taken or len(set(names)) < len(names):
+        return taken[0] if taken else next(n for n in names if names.count(n) > 1)
+    return None

@@ -25,6 +25,7 @@ from hora._frontend.core import (
     reduce_request,
     resolve_op,
     submit,
+    synchronize,
 )
 from hora._frontend.process_set import ProcessSet, global_process_set, group_of
 from hora._runtime.group import Group
@@ -126,6 +127,9 @@ def allreduce(
     process_set: ProcessSet | None = global_process_set,
 ) -> np.ndarray:
     """Reduce ``tensor`` across all ranks and return the result (a new array)."""
+    done = _express(tensor, False, average, name, op, prescale_factor, postscale_factor, process_set)
+    if done is not None:
+        return done
     return blocking(lambda: allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
@@ -139,7 +143,34 @@ def allreduce_(
     process_set: ProcessSet | None = global_process_set,
 ) -> np.ndarray:
     """Reduce ``tensor`` in place across all ranks; returns ``tensor``."""
+    done = _express(tensor, True, average, name, op, prescale_factor, postscale_factor, process_set)
+    if done is not None:
+        return done
     return blocking(lambda: allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+def _express(
+    tensor: Any,
+    inplace: bool,
+    average: bool | None,
+    name: str | None,
+    op: int | None,
+    pre: float,
+    post: float,
+    process_set: ProcessSet | None,
+) -> np.ndarray | None:
+    """A blocking allreduce through the engine's express lane (:mod:`hora._engine.express`): the result, or None
+    when the lane does not apply (the caller submits it as usual: same checks, same errors)."""
+    if name is None or type(tensor) is not np.ndarray or not tensor.flags.c_contiguous:
+        return None  # unnamed collectives are never cached; other inputs take the checked path
+    if inplace and not tensor.flags.writeable:
+        return None
+    engine = group_of(process_set).engine
+    out = tensor if inplace else new_array(tensor.shape, tensor.dtype)
+    done = engine.express(name, tensor, out, int(resolve_op(average, op)), float(pre), float(post))
+    if done is True:
+        return out
+    return None if done is False else synchronize(done.handle)
 
 
 # -- grouped allreduce ---------------------------------------------------------------------------------------------

@@ -82,6 +82,11 @@ class Transport(ABC):
     def exchange_end(self) -> np.ndarray:
         raise NotImplementedError
 
+    def exchange_next(self) -> tuple[int, np.ndarray] | None:
+        """Where the next exchange's rows are: (parity, every rank's rows), the same two arrays alternating, so a
+        caller may keep views into them (the engine's express lane); None without rows."""
+        return None
+
     def abort(self, reason: str) -> None:  # noqa: B027 - optional: a transport without peers has nothing to do
         """Make peers blocked in a collective with this rank fail quickly (this rank is giving up)."""
 

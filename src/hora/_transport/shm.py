@@ -245,6 +245,10 @@ class ShmTransport(Transport):
         self._barrier()
         return rows
 
+    def exchange_next(self) -> tuple[int, np.ndarray]:
+        parity = self._xstep & 1
+        return parity, self._xrows[parity]
+
     def exchange_min(self, vec: np.ndarray) -> None:
         n = vec.size
         if n > self._xlen:

@@ -18,6 +18,7 @@ from workers.collectives import (
     allgather_worker,
     allreduce_worker,
     alltoall_worker,
+    express_worker,
     async_order_worker,
     broadcast_worker,
     grouped_worker,
@@ -61,6 +62,16 @@ def _topology(name: str, infos: list, np_: int) -> None:
         assert (env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"], env["HOROVOD_HOSTNAME"]) == ("0", "1", "localhost")
 
 
+def _express_used(name: str, counts: list, np_: int) -> None:
+    """The express lane exists on shared memory with peers (none on TCP or one rank), took calls, and handed
+    over the cycles where a peer needed more (the full rounds and the mismatch of express_worker)."""
+    if counts[0][0] < 0:
+        assert counts == [(-1, -1)] * np_, (name, counts)
+        return
+    assert all(calls > 0 for calls, _ in counts), (name, counts)
+    assert any(handed > 0 for _, handed in counts), (name, counts)
+
+
 #: Every layout's parts, and how each part's per-rank results are checked (each worker checks its own results too).
 PARTS = [
     (Part("allreduce", allreduce_worker), _all_true),
@@ -75,6 +86,7 @@ PARTS = [
     (Part("join-average", join_worker, (int(hvd.Average),)), _last_rank),
     (Part("topology", topology_worker), _topology),
     (Part("adasum", adasum_worker), _all_true),
+    (Part("express", express_worker), _express_used),
 ]
 FOUR_RANKS = [(Part("process_sets", process_set_worker), _all_true)]  # two sets of two ranks
 
