@@ -461,7 +461,7 @@ def adasum_worker() -> bool:
 def express_worker() -> tuple[int, int]:
     """Blocking named allreduces the response cache knows run in the caller's thread (hora._engine.express) where
     the data plane is shared memory: every op and dtype (bfloat16 through numpy), in place and not, with scale
-    factors, results never aliasing hora's rows; a peer that needs a full round meanwhile, and a peer whose shape
+    factors, results never aliasing hora's rows; barriers; a peer that needs a full round meanwhile, and a peer whose shape
     changed (a mismatch on every rank, then the lane goes on). Returns how many calls the lane completed and how many
     it handed over to a full cycle ((-1, -1) without a lane)."""
     from hora._frontend.process_set import group_of
@@ -492,6 +492,13 @@ def express_worker() -> tuple[int, int]:
         new = hvd.synchronize(handle) if handle is not None else hvd.allreduce(
             np.full(3, r, np.float32), op=hvd.Sum, name=f"new.{k}")
         np.testing.assert_array_equal(new, np.full(3, n * (n - 1) / 2))
+    for k in range(4):  # barriers take the lane too; odd ranks bring a new collective (a full round) to some
+        handle = hvd.allreduce_async(np.full(2, r, np.float32), op=hvd.Sum, name=f"b.{k}") if r % 2 and k % 2 else None
+        hvd.barrier()
+        if k % 2:
+            got = hvd.synchronize(handle) if handle is not None else hvd.allreduce(
+                np.full(2, r, np.float32), op=hvd.Sum, name=f"b.{k}")
+            np.testing.assert_array_equal(got, np.full(2, n * (n - 1) / 2))
     if n > 1:
         try:  # rank 0 keeps the cached shape, the others change it
             hvd.allreduce(np.ones(4 if r == 0 else 5, np.float32), op=hvd.Sum, name="steady")

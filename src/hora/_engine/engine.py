@@ -31,6 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -120,9 +121,9 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
-    def express(self, name: str, arr: np.ndarray, out: np.ndarray, op: int, pre: float, post: float) -> Entry | bool:
-        """A blocking allreduce run in the calling thread when the response cache knows it (:mod:`.express`):
-        True when ``out`` holds the result, an entry to wait for, or False (submit it as usual)."""
+    def express(self, name: str, arr: Any, out: Any, op: int = 1, pre: float = 1.0, post: float = 1.0) -> Entry | bool:
+        """A blocking allreduce (``arr`` None: a barrier) the response cache knows, run in the calling thread
+        (:mod:`.express`): True when done, an entry to wait for, or False (submit it as usual)."""
         return self._express.run(name, arr, out, op, pre, post) if self._express is not None else False
 
     def enqueue(self, entries: Iterable[Entry], wake: bool = True) -> None:
@@ -250,9 +251,8 @@ class Engine:
                 self._wake()  # the engine thread takes over what is still in flight
 
     def _deferring(self) -> bool:
-        """Whether a user thread runs the cycles (called under ``_lock``): one waits for its handle, or the express
-        lane ran a collective less than IDLE_MAX ago and nothing is pending (an idle cycle of this thread would
-        only take the drive lock and the GIL from the next one)."""
+        """Whether a user thread runs the cycles (under ``_lock``): one waits for its handle, or the express lane
+        ran one less than IDLE_MAX ago and nothing is pending (an idle cycle here would only steal the GIL)."""
         return self._user_drivers > 0 or (not self._pending and time.monotonic() - self._express_at < IDLE_MAX)
 
     def _pause(self) -> None:

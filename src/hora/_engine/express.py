@@ -37,9 +37,11 @@ class _Plan:
 
     cached: object
     slot: int
-    fn: np.ufunc
+    mark: int  # 2: the data travels in the row (an allreduce); 1: ready, nothing to carry (a barrier)
+    flags: bytes
+    fn: np.ufunc | None
     n: int
-    dtype: np.dtype
+    dtype: np.dtype | None
     post: float
     parts: dict[int, list[np.ndarray]]
 
@@ -55,9 +57,11 @@ class ExpressLane:
         self._e = engine
         layout = engine._layout
         self._flags_at, self._end = layout.FULL, layout.length
-        # the flags of a cycle with one marked cached collective and nothing else: BUSY, MARKS 1, MARKS_NEG -1
+        # the flags of a cycle with one ready cached collective and nothing else: BUSY, and for one that carries
+        # its data (marked 2) MARKS 1, MARKS_NEG -1
         flags = np.zeros(self._end - self._flags_at, np.int8)
         flags[layout.BUSY - layout.FULL] = -1
+        self._ready_flags = flags.view(np.uint8).tobytes()
         flags[layout.MARKS - layout.FULL], flags[layout.MARKS_NEG - layout.FULL] = 1, -1
         self._flag_bytes = flags.view(np.uint8).tobytes()
         self._zeros = bytes(self._flags_at)
@@ -68,9 +72,12 @@ class ExpressLane:
         self.calls = 0  # collectives the lane completed (for tests and diagnostics)
         self.handed_over = 0  # calls whose cycle needed more than the lane (they became entries)
 
-    def run(self, name: str, arr: np.ndarray, out: np.ndarray, op: int, pre: float, post: float) -> Entry | bool:
-        """Reduce ``arr`` into ``out`` in this thread: True when done; an :class:`Entry` to wait for when the cycle
-        needed more than the lane; False when the lane does not apply (submit as usual)."""
+    def run(
+        self, name: str, arr: np.ndarray | None, out: np.ndarray | None, op: int, pre: float, post: float
+    ) -> Entry | bool:
+        """Reduce ``arr`` into ``out`` in this thread (``arr`` None: a barrier): True when done; an
+        :class:`Entry` to wait for when the cycle needed more than the lane; False when the lane does not apply
+        (submit as usual)."""
         e = self._e
         if not e._cache_on or e._timeline is not None:
             return False
@@ -89,22 +96,28 @@ class ExpressLane:
         finally:
             e._drive.release()
 
-    def _plan(self, name: str, arr: np.ndarray, op: int, pre: float, post: float) -> _Plan | None:
+    def _plan(self, name: str, arr: np.ndarray | None, op: int, pre: float, post: float) -> _Plan | None:
         cache, path = self._e._cache, self._e._direct_path
         assert cache is not None and path is not None
-        key = (name, arr.dtype, arr.shape, op, pre, post)
+        key = (name, None, (), op, pre, post) if arr is None else (name, arr.dtype, arr.shape, op, pre, post)
         plan = self._plans.get(key)
         cached = cache.entry(name)
         if plan is not None and plan.cached is cached:
+            return plan
+        if len(self._plans) > 4 * self._capacity:
+            self._plans.clear()
+        if arr is None:
+            slot, hit = cache.lookup_fields(name, Kind.BARRIER, "uint8", (), op, pre, post)
+            if not hit:
+                return None
+            plan = self._plans[key] = _Plan(cached, slot, 1, self._ready_flags, None, 0, None, 1.0, {})
             return plan
         slot, hit = cache.lookup_fields(name, Kind.ALLREDUCE, DTYPE_NAMES.get(arr.dtype), arr.shape, op, pre, post)
         info = path.info(slot) if hit else None
         if info is None:
             return None
-        if len(self._plans) > 4 * self._capacity:
-            self._plans.clear()
         dtype, n, reduce_op, post_scale = info
-        plan = self._plans[key] = _Plan(cached, slot, ufunc(reduce_op), n, dtype, post_scale, {})
+        plan = self._plans[key] = _Plan(cached, slot, 2, self._flag_bytes, ufunc(reduce_op), n, dtype, post_scale, {})
         return plan
 
     def _views(self, parity: int, rows: np.ndarray) -> tuple[np.ndarray, memoryview, list[memoryview]]:
@@ -114,7 +127,7 @@ class ExpressLane:
             views = self._rows[parity] = (rows, mvs[self._e.rank], mvs)
         return views
 
-    def _cycle(self, plan: _Plan, arr: np.ndarray, out: np.ndarray, name: str) -> Entry | bool:
+    def _cycle(self, plan: _Plan, arr: np.ndarray | None, out: np.ndarray | None, name: str) -> Entry | bool:
         e = self._e
         transport = e._transport
         nxt = transport.exchange_next()
@@ -122,14 +135,15 @@ class ExpressLane:
             return False
         parity, rows = nxt
         _, mine, every = self._views(parity, rows)
-        F, end, at, slot, n = self._flags_at, self._end, self._payload_at, plan.slot, plan.n
+        F, end, at, slot, n, mark = self._flags_at, self._end, self._payload_at, plan.slot, plan.n, plan.mark
         mine[:F] = self._zeros
-        mine[slot] = 2
-        mine[F:end] = self._flag_bytes
-        try:
-            mine[at : at + n] = memoryview(arr).cast("B")
-        except (TypeError, ValueError):  # a dtype without a buffer format (bfloat16): through numpy
-            rows[e.rank, at : at + n] = arr.reshape(-1).view(np.int8)
+        mine[slot] = mark
+        mine[F:end] = plan.flags
+        if arr is not None:
+            try:
+                mine[at : at + n] = memoryview(arr).cast("B")
+            except (TypeError, ValueError):  # a dtype without a buffer format (bfloat16): through numpy
+                rows[e.rank, at : at + n] = arr.reshape(-1).view(np.int8)
         now = time.monotonic()
         e._cycles += 1
         transport.eager = True
@@ -138,19 +152,21 @@ class ExpressLane:
 
         def cycle() -> bool:
             transport.exchange_end()
-            flags = self._flag_bytes
+            flags = plan.flags
             for mv in every:
-                if mv[slot] != 2 or mv[F:end] != flags:
+                if mv[slot] != mark or mv[F:end] != flags:
                     return self._more(plan, arr, out, name, rows, now, outcome)
-            parts = plan.parts.get(parity)
-            if parts is None:
-                parts = plan.parts[parity] = [rows[r, at : at + n].view(plan.dtype) for r in range(len(every))]
-            flat = out.reshape(-1)
-            plan.fn(parts[0], parts[1], out=flat)  # rank order on every rank: bitwise identical results
-            for p in parts[2:]:
-                plan.fn(flat, p, out=flat)
-            if plan.post != 1.0:
-                scale_into(flat, plan.post, flat)
+            if plan.fn is not None:
+                assert out is not None
+                parts = plan.parts.get(parity)
+                if parts is None:
+                    parts = plan.parts[parity] = [rows[r, at : at + n].view(plan.dtype) for r in range(len(every))]
+                flat = out.reshape(-1)
+                plan.fn(parts[0], parts[1], out=flat)  # rank order on every rank: bitwise identical results
+                for p in parts[2:]:
+                    plan.fn(flat, p, out=flat)
+                if plan.post != 1.0:
+                    scale_into(flat, plan.post, flat)
             e._agreed_marks = (1, 1)
             e._cache.touch(slot)  # type: ignore[union-attr]
             e.autotune.record([e._cache.response(slot)])  # type: ignore[union-attr]
@@ -174,8 +190,8 @@ class ExpressLane:
     def _more(
         self,
         plan: _Plan,
-        arr: np.ndarray,
-        out: np.ndarray,
+        arr: np.ndarray | None,
+        out: np.ndarray | None,
         name: str,
         rows: np.ndarray,
         now: float,
@@ -191,7 +207,7 @@ class ExpressLane:
         with e._lock:
             e._pending[name] = entry
         e._cached_ready[plan.slot] = entry
-        e._marked = {plan.slot: self._payload_at}
+        e._marked = {plan.slot: self._payload_at} if plan.mark == 2 else {}
         np.minimum.reduce(rows[:, : e._vec.size], axis=0, out=e._vec)
         outcome[0] = entry
         return e._after_exchange(e._vec, rows, now, False, True, None)

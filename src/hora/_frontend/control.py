@@ -23,6 +23,12 @@ def barrier(process_set: ProcessSet | None = global_process_set) -> None:
     # the shared-memory exchange, which releases all ranks together (a coordinator round releases rank 0 first).
     # Threads of one rank take turns: the n-th barrier of each rank pairs with the n-th of the others.
     with _BARRIER_LOCK:
+        done = group.engine.express(BARRIER_NAME, None, None)  # the caller's thread runs it (hora._engine.express)
+        if done is True:
+            return
+        if done is not False:
+            done.handle.wait()
+            return
         entry = Entry(Request(Kind.BARRIER, BARRIER_NAME))
         group.engine.enqueue([entry], wake=False)  # this thread waits, and runs the engine while it does
         entry.handle.wait()
