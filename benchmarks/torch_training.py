@@ -14,6 +14,7 @@ Driver (default)::
     python benchmarks/torch_training.py                  # N = 2, both frameworks, 3 rounds
     python benchmarks/torch_training.py --np 2,4 --json /tmp/torch_training.json
     python benchmarks/torch_training.py --smoke          # 2 rounds x 2 steps: checks that it runs, in seconds
+    python benchmarks/torch_training.py --model many     # 200 parameters of 16 KiB (200 x Linear(64, 64))
 
 Autotune (issue 14): ``--autotune`` starts hora with HORA_AUTOTUNE=1; every hora launch then trains untimed until
 rank 0's autotune log holds the point autotune kept, and is timed from there. ``--hora-env KEY=VALUE`` sets an
@@ -61,14 +62,23 @@ BASELINE = "ddp"
 TARGET = 1.5  # hora should train at least this many times DDP's samples/s (issue 14)
 LAYERS = (1024, 4096, 4096, 1024, 10)
 CLASSES = LAYERS[-1]
+#: --model many: MANY layers Linear(WIDTH, WIDTH, bias=False) with tanh between, 16 KiB of weights each (issue 28's
+#: model of many small parameters, as real networks have: ResNet-50 161 tensors, BERT-base about 200)
+MANY, WIDTH = 200, 64
 LR, MOMENTUM = 0.01, 0.9
 
 
 # -- workers -------------------------------------------------------------------------------------------------------
-def make_model() -> Any:
+def make_model(kind: str = "mlp") -> Any:
     from torch import nn
 
     layers: list[nn.Module] = []
+    if kind == "many":
+        for i in range(MANY):
+            layers.append(nn.Linear(WIDTH, WIDTH, bias=False))
+            if i < MANY - 1:
+                layers.append(nn.Tanh())
+        return nn.Sequential(*layers)
     for i, (n_in, n_out) in enumerate(itertools.pairwise(LAYERS)):
         layers.append(nn.Linear(n_in, n_out))
         if i < len(LAYERS) - 2:
@@ -76,8 +86,16 @@ def make_model() -> Any:
     return nn.Sequential(*layers)
 
 
-def parameter_count() -> int:
+def parameter_count(kind: str = "mlp") -> int:
+    if kind == "many":
+        return MANY * WIDTH * WIDTH
     return sum(n_in * n_out + n_out for n_in, n_out in itertools.pairwise(LAYERS))
+
+
+def model_name(kind: str) -> str:
+    if kind == "many":
+        return f"{MANY} x Linear({WIDTH}, {WIDTH}) ({MANY} parameters of {WIDTH * WIDTH * 4 // 1024} KiB)"
+    return f"MLP {' -> '.join(map(str, LAYERS))}"
 
 
 class Framework:
@@ -196,14 +214,15 @@ def worker(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()  # by default what a user gets: the launcher's OMP_NUM_THREADS, if any
     torch.manual_seed(args.seed)
-    model, local = make_model(), make_model()
+    model, local = make_model(args.model), make_model(args.model)
+    width, classes = (WIDTH, WIDTH) if args.model == "many" else (LAYERS[0], CLASSES)
     local.load_state_dict(model.state_dict())
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     local_optimizer = torch.optim.SGD(local.parameters(), lr=LR, momentum=MOMENTUM)
     model, optimizer = fw.wrap(model, optimizer)
     gen = torch.Generator().manual_seed(args.seed + 1 + fw.rank)  # every rank its own batch, as with sharding
-    x = torch.randn(args.batch_size, LAYERS[0], generator=gen)
-    y = torch.randint(0, CLASSES, (args.batch_size,), generator=gen)
+    x = torch.randn(args.batch_size, width, generator=gen)
+    y = torch.randint(0, classes, (args.batch_size,), generator=gen)
     n_params = sum(p.numel() for p in local.parameters())
     emit(
         fw.rank,
@@ -286,6 +305,8 @@ def launch(args: argparse.Namespace, framework: str, n: int, steps: int, round_:
         str(args.threads),
         "--round",
         str(round_),
+        "--model",
+        args.model,
     ]
     if framework == "hora" and args.autotune:
         worker_args += ["--tune-log", os.path.join(args.tune_dir, f"autotune-np{n}-round{round_}.csv")]
@@ -322,7 +343,7 @@ def summarize(recs: list[dict[str, Any]], batch: int, n: int) -> dict[str, Any]:
 def table(args: argparse.Namespace, n: int, summary: dict[str, dict[str, Any]]) -> str:
     base = summary.get(BASELINE)
     lines = [
-        f"### N = {n}: batch {args.batch_size} per rank, {parameter_count():,} parameters",
+        f"### N = {n}: batch {args.batch_size} per rank, {parameter_count(args.model):,} parameters",
         "",
         "| framework | samples/s total | per worker | median ms/step | p90 ms/step | compute-only ms/step "
         "| comm share | x DDP | steps | round medians (ms) |",
@@ -356,7 +377,7 @@ def driver(args: argparse.Namespace) -> int:
     started = time.time()
     steps = math.ceil(args.steps / args.rounds)
     print(
-        f"# Training benchmark: MLP {' -> '.join(map(str, LAYERS))} ({parameter_count():,} parameters), "
+        f"# Training benchmark: {model_name(args.model)} ({parameter_count(args.model):,} parameters), "
         f"batch {args.batch_size} per rank; N = {', '.join(map(str, args.np))}; {args.rounds} rounds x {steps} "
         f"timed steps of each kind per framework after {args.warmup} warm-up steps\n",
         flush=True,
@@ -464,6 +485,10 @@ def main(argv: list[str] | None = None) -> int:
         "--frameworks", default=",".join(FRAMEWORKS), help="frameworks in run order (default: %(default)s)"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the random data (default 0)")
+    p.add_argument(
+        "--model", choices=("mlp", "many"), default="mlp",
+        help=f"mlp (the default: few large tensors) or many ({MANY} parameters of 16 KiB)",
+    )  # fmt: skip
     p.add_argument(
         "--threads",
         type=int,

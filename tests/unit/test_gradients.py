@@ -78,3 +78,15 @@ def test_other_arguments_are_checked_once():
         describe_gradients("opt", backward_passes_per_step=0)
     with pytest.raises(ValueError, match=r"ProcessSet\(.*\) has not been added"):
         describe_gradients("opt", process_set=ProcessSet([0]))
+
+
+def test_buckets_fill_in_order_with_a_small_first_one():
+    from hora._frontend.gradients import FIRST_BUCKET, buckets
+
+    kib = 1024
+    # 200 gradients of 16 KiB: the first bucket holds 1 MiB (64), the next 25 MiB worth (the other 136)
+    assert [len(b) for b in buckets([16 * kib] * 200, 25 << 20)] == [FIRST_BUCKET // (16 * kib), 136]
+    # a gradient larger than the cap is a bucket of its own; order is kept; the cap bounds the first bucket too
+    assert buckets([10, 300, 10, 10], cap=100, first=50) == [[0], [1], [2, 3]]
+    assert buckets([40, 40, 40], cap=50) == [[0], [1], [2]]
+    assert buckets([], 100) == []

@@ -23,7 +23,7 @@ from hora._frontend.process_set import ProcessSet, global_process_set
 from hora._strategy import resolve_strategy
 from hora.errors import UnsupportedError
 
-__all__ = ["GradientReduction", "describe_gradients", "split_list"]
+__all__ = ["FIRST_BUCKET", "GradientReduction", "bucket_cap", "buckets", "describe_gradients", "split_list"]
 
 T = TypeVar("T")
 
@@ -205,3 +205,35 @@ def _check_adasum(what: str, implemented: bool, process_set: Any, strategy: str)
         raise UnsupportedError(f"{what}: op=Adasum needs strategy='allreduce', not {strategy!r}")
     if isinstance(process_set, ProcessSet) and process_set.process_set_id not in (None, 0):
         raise UnsupportedError("Adasum does not support non-global process sets yet.")
+
+
+#: The first bucket's size (PyTorch DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``): small, so that the first grouped
+#: allreduce starts while most of the backward pass is still to run.
+FIRST_BUCKET = 1 << 20
+
+
+def buckets(sizes: Sequence[int], cap: int, first: int = FIRST_BUCKET) -> list[list[int]]:
+    """Indices ``0..len(sizes)-1``, in order, in consecutive buckets of at most ``first`` bytes (the first
+    bucket) and ``cap`` bytes (the others); a tensor larger than its bucket's cap is a bucket of its own. The
+    caller passes the gradients in the order they become ready (reverse registration order for a backward pass)."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    for i, n in enumerate(sizes):
+        limit = min(first, cap) if not out else cap
+        if current and filled + n > limit:
+            out.append(current)
+            current, filled = [], 0
+        current.append(i)
+        filled += n
+    if current:
+        out.append(current)
+    return out
+
+
+def bucket_cap() -> int:
+    """The ``bucket_cap`` setting of this job (``HORA_BUCKET_CAP``, ``hora run --bucket-cap-mb``)."""
+    from hora._runtime import context
+    from hora.config import Config
+
+    return context.current().config.bucket_cap if context.is_initialized() else Config.resolve().bucket_cap

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hora._frontend.gradients import GradientReduction, describe_gradients
+from hora._frontend.gradients import GradientReduction, bucket_cap, buckets, describe_gradients
 from hora._frontend.surface import Adasum, Average, ProcessSet, global_process_set, size
 from hora._strategy import STRATEGIES
 from hora.config import launchers
@@ -90,6 +90,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 for p in g:
                     self._group_of[p] = gi
             self._group_ready: dict[int, set[torch.Tensor]] = {}
+        elif reduction.op is not Adasum and reduction.strategy == "allreduce" and (cap := bucket_cap()) > 0:
+            # buckets, as DDP's: in the order backward makes the gradients (reverse registration), the first small
+            ready_order = [p for group in self.param_groups for p in group["params"] if p.requires_grad][::-1]
+            sizes = [p.numel() * p.element_size() for p in ready_order]
+            self._groups = [[ready_order[i] for i in b] for b in buckets(sizes, cap)]
+            self._group_of = {p: gi for gi, g in enumerate(self._groups) for p in g}
+            self._group_ready = {}
+        self._buckets = reduction.groups is None and self._groups is not None
 
         # An elastic job may start with one rank and grow: it needs the hooks from the start (as in Horovod).
         if process_set.included() and (size() > 1 or launchers.elastic()):
@@ -215,7 +223,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p: torch.Tensor) -> Any:
         def hook(*_ignore: Any) -> None:
-            if p in self._handles and self._handles[p][0] is not None and self._allreduce_delay[p] <= 0:
+            if self._allreduce_delay[p] <= 0:  # reset by synchronize(): this backward pass is one too many
                 raise AssertionError(
                     "Gradients were computed more than backward_passes_per_step times before call to step(). "
                     "Increase backward_passes_per_step to accumulate gradients locally."
@@ -225,21 +233,39 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             handle, ctx = None, None
             self._allreduce_delay[p] -= 1
             if self._allreduce_delay[p] == 0:
+                sparse = p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense
+                if sparse and self._buckets and p in self._group_of:  # allgathered on its own, as without buckets
+                    self._leave_bucket(p)
                 if self._groups is not None and p in self._group_of:
                     gi = self._group_of[p]
-                    ready = self._group_ready.setdefault(gi, set())
-                    ready.add(p)
+                    self._group_ready.setdefault(gi, set()).add(p)
                     self._handles[p] = (None, None)
-                    if len(ready) == len(self._groups[gi]):
-                        del self._group_ready[gi]
-                        for q in self._groups[gi]:
-                            self._handles.pop(q, None)
-                        self._handles[tuple(self._groups[gi])] = self._allreduce_group_async(gi)
+                    self._submit_if_complete(gi)
                     return
                 handle, ctx = self._allreduce_grad_async(p)
             self._handles[p] = (handle, ctx)
 
         return hook
+
+    def _submit_if_complete(self, gi: int) -> None:
+        """Submit group ``gi`` as one grouped allreduce once every gradient in it is ready."""
+        assert self._groups is not None
+        ready = self._group_ready.get(gi, set())
+        if self._groups[gi] and len(ready) == len(self._groups[gi]):
+            del self._group_ready[gi]
+            for q in self._groups[gi]:
+                self._handles.pop(q, None)
+            self._handles[tuple(self._groups[gi])] = self._allreduce_group_async(gi)
+
+    def _leave_bucket(self, p: torch.Tensor) -> None:
+        """A sparse gradient leaves its default bucket for good (every rank's model makes the same one sparse)."""
+        assert self._groups is not None
+        gi = self._group_of.pop(p)
+        self._groups[gi] = [q for q in self._groups[gi] if q is not p]
+        ready = self._group_ready.get(gi)
+        if ready is not None:
+            ready.discard(p)
+            self._submit_if_complete(gi)
 
     # -- synchronisation ---------------------------------------------------------------------------------------------
     def synchronize(self) -> None:
@@ -261,6 +287,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 | set(self._group_ready)
             )
             for gi in pending_groups:
+                if not self._groups[gi]:  # a bucket its sparse gradients left
+                    continue
                 for q in self._groups[gi]:
                     self._handles.pop(q, None)
                     completed.add(q)

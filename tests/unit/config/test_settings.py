@@ -269,6 +269,7 @@ def _non_default_config() -> Config:
         tcp_chunk_bytes=8192,
         max_frame_bytes=1 << 16,
         fusion_threshold=0,
+        bucket_cap=3 * 2**20,
         cycle_time_ms=2.5,
         cache_capacity=0,
         stall_check_disable=True,
