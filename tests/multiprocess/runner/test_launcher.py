@@ -56,6 +56,56 @@ def test_merge_stderr_to_stdout_keeps_the_order_of_everything_a_rank_writes():
     assert "[0]<stderr>" not in proc.stderr
 
 
+def _child_states(pid: int) -> dict[int, bytes]:
+    """pid -> state of every process whose parent is ``pid``."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            data = (entry / "stat").read_bytes()
+        except OSError:
+            continue
+        state, ppid = data[data.rindex(b")") + 2 :].split()[:2]
+        if int(ppid) == pid:
+            found[int(entry.name)] = state
+    return found
+
+
+def _is_rank(pid: int) -> bool:
+    """Whether ``pid`` runs the rank's program (the launcher also has a /bin/sh helper that ends the ranks' groups
+    should it be killed)."""
+    try:
+        return b"HORA_RANK" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def test_ranks_that_end_early_are_reaped_while_the_others_run():
+    """Issue 27, item 4: exited ranks must not pile up as zombies while the job goes on."""
+    code = "import os, time; time.sleep(5 if os.environ['HORA_RANK'] == '0' else 0)"
+    proc = subprocess.Popen([sys.executable, "-m", "hora", "run", "-np", "6", sys.executable, "-c", code],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30  # a bound against hanging
+        children: dict[int, bytes] = {}
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            children = _child_states(proc.pid)
+            ranks = [pid for pid, state in children.items() if state != b"Z" and _is_rank(pid)]
+            if len(ranks) == 1:  # ranks 1-5 ended, rank 0 sleeps on: give the launcher a moment, then look again
+                time.sleep(1.0)
+                children = _child_states(proc.pid)
+                break
+        assert proc.poll() is None, "the job ended before the check"
+        assert [pid for pid, state in children.items() if state == b"Z"] == [], children
+        assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_exit_code_is_the_first_failing_ranks_and_the_report_names_it():
     code = ("import os, sys, time\nr = int(os.environ['HORA_RANK'])\n"
             "if r == 2: print('disk full', file=sys.stderr); sys.exit(5)\ntime.sleep(60)")
