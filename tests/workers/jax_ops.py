@@ -315,14 +315,26 @@ def optimizer_part(me: int, n: int) -> dict[str, Any]:
         close(u["a"], np.full(3, -mean_a, np.float32), f"groups={groups!r} a")
         close(u["b"], np.full((2, 2), -mean_b, np.float32), f"groups={groups!r} b")
         close(u["c"], np.full(2, -2 * mean_b, np.float32), f"groups={groups!r} c")
+    # Adasum: every rank's Adam step (from its own gradients) first, then the steps combined (Horovod's order)
+    from workers.collectives import adasum_reference
+
+    def rank_grads(r: int) -> dict[str, Any]:
+        return {"a": jnp.array([r + 1.0, -1.0, 2.0 * r], jnp.float32), "b": jnp.full((2, 2), r - 0.5, jnp.float32)}
+
+    ada = hvd.DistributedOptimizer(optax.adam(0.1), op=hvd.Adasum, name="adasum")
+    got, _ = jax.jit(ada.update)(rank_grads(me), ada.init(params), params)
+    steps = [optax.adam(0.1).update(rank_grads(r), optax.adam(0.1).init(params), params)[0] for r in range(n)]
+    for leaf in ("a", "b"):
+        want = adasum_reference([np.asarray(s[leaf], np.float64) for s in steps])
+        close(got[leaf], want.astype(np.float32), f"Adasum optimizer {leaf}")
     stranger = hvd.DistributedOptimizer(optax.sgd(1.0), groups=[[jnp.ones(3)]])
     return {
-        "checked": 7,
+        "checked": 8,
         "errors": [
             _error(
                 lambda: hvd.DistributedOptimizer(optax.sgd(1.0), op=hvd.Sum, gradient_predivide_factor=2.0)
             ),
-            _error(lambda: hvd.DistributedOptimizer(optax.sgd(1.0), op=hvd.Adasum)),
+            _error(lambda: hvd.DistributedOptimizer(optax.sgd(1.0), op=hvd.Adasum, gradient_predivide_factor=2.0)),
             _error(lambda: hvd.DistributedOptimizer(optax.sgd(1.0), strategy="parameter_server")),
             _error(lambda: stranger.init(params)),
         ],

@@ -1,5 +1,7 @@
 """``DistributedOptimizer``: an optax ``GradientTransformation`` that averages the gradients over the ranks before
 the wrapped transformation sees them — the whole gradient pytree in one grouped allreduce (one callback) per step.
+With ``op=hvd.Adasum`` the order turns round, as in Horovod's Adasum optimizers: the wrapped transformation makes
+this rank's update from its own gradients, and the updates are combined with Adasum.
 
 ``groups=n`` splits the gradient leaves (in pytree order) into n grouped allreduces; ``groups`` as lists of leaves of
 the params pytree (the arrays given to ``init``, matched by identity there) makes explicit groups, a leaf in no group
@@ -85,7 +87,11 @@ def DistributedOptimizer(
         average_aggregated_gradients=average_aggregated_gradients,
         strategy=strategy,
         instead=OPTAX_INSTEAD,
+        adasum=True,
     )
+    # Adasum combines steps, not gradients (Horovod's Adasum optimizers): the wrapped transformation makes this
+    # rank's update from its own gradients first, and the updates are reduced
+    adasum = reduction.op is ReduceOp.ADASUM
     base = name if name is not None else f"DistributedOptimizer.{next(_instances)}"
     k = reduction.backward_passes_per_step
     param_leaves: list[Any] = []  # the leaves init saw: explicit groups name some of them
@@ -134,6 +140,9 @@ def DistributedOptimizer(
             return optimizer.init(params)
 
         def update_one(updates: Any, state: Any, params: Any = None) -> Any:
+            if adasum:
+                local, state = optimizer.update(updates, state, params)
+                return reduce(local), state
             return optimizer.update(reduce(updates), state, params)
 
         return optax.GradientTransformation(init_one, update_one)
@@ -148,10 +157,12 @@ def DistributedOptimizer(
         acc = jax.tree_util.tree_map(jnp.add, state.grad_acc, updates)
 
         def apply(_: Any) -> Any:
-            total = reduce(acc)
+            total = acc if adasum else reduce(acc)
             if reduction.average_aggregated_gradients:
                 total = jax.tree_util.tree_map(lambda t: t / k, total)
             new_updates, inner = optimizer.update(total, state.inner_state, params)
+            if adasum:
+                new_updates = reduce(new_updates)
             zeros = jax.tree_util.tree_map(jnp.zeros_like, acc)
             return new_updates, DistributedOptimizerState(jnp.zeros([], jnp.int32), zeros, inner)
 
