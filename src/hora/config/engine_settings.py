@@ -39,14 +39,15 @@ class EngineSettings:
         parsers.non_negative_int,
         "HORA_BUCKET_CAP",
         help=(
-            "Gradient buckets of hora.torch.DistributedOptimizer, in bytes (PyTorch DDP's bucket_cap_mb): the "
-            "gradients, in reverse registration order, go in buckets of up to this size (the first one 1 MiB, so "
-            "communication starts early in the backward pass), each submitted as one grouped allreduce the moment "
-            "its last gradient is ready. 0: one allreduce per gradient (Horovod's way). groups= overrides it."
+            "Gradient buckets of hora.torch.DistributedOptimizer and hora.mxnet.DistributedTrainer, in bytes (PyTorch "
+            "DDP's bucket_cap_mb): the gradients, in reverse registration order, go in buckets of up to this size "
+            "(the first one 1 MiB, so communication starts early in the backward pass), each submitted as one grouped "
+            "allreduce the moment its last gradient is ready. 0: one allreduce per gradient (Horovod's way). groups= "
+            "(num_groups=) overrides it."
         ),
         flag=Flag(
             "--bucket-cap-mb",
-            "gradient buckets of up to MB MiB in hora.torch.DistributedOptimizer; 0: one allreduce per gradient",
+            "gradient buckets of up to MB MiB (torch and MXNet optimizers); 0: one allreduce per gradient",
             metavar="MB",
             convert=parsers.megabytes,
             show_default=lambda b: f"{b / 2**20:g}",

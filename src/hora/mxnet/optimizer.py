@@ -20,7 +20,7 @@ import mxnet as mx
 from hora import _frontend as _f
 from hora._frontend import ProcessSet, global_process_set
 from hora._frontend.core import GroupHandle, blocking
-from hora._frontend.gradients import GradientReduction, describe_gradients
+from hora._frontend.gradients import GradientReduction, bucket_cap, buckets, describe_gradients
 from hora.mxnet import bridge
 from hora.mxnet.compression import Compression
 
@@ -57,14 +57,17 @@ def _describe(
 def _sum_into(grads: Sequence[Any], names: Sequence[str], reduction: GradientReduction, grouped: bool) -> None:
     """Sum ``grads`` over the ranks, in place, all submitted before any is waited for, each first multiplied by the
     reduction's prescale (1 / gradient_predivide_factor). With ``grouped`` and the reduction's groups they go as
-    that many grouped allreduces (one per dtype within each), as Horovod's ``num_groups``."""
+    that many grouped allreduces (one per dtype within each), as Horovod's ``num_groups``; with ``grouped`` and no
+    groups, in buckets of up to the ``bucket_cap`` setting (one grouped allreduce each; 0: one per gradient)."""
     hosts = [bridge.host(g, "DistributedTrainer") for g in grads]
     prescale, _post = reduction.summed()
     process_set = reduction.process_set
 
     def start() -> GroupHandle:
         views = [bridge.write_view(h) for h in hosts]
-        if not grouped or reduction.groups is None:
+        if grouped and reduction.groups is None and (cap := bucket_cap()) > 0:  # buckets, as hora.torch's
+            parts = buckets([v.nbytes for v in views], cap)
+        elif not grouped or reduction.groups is None:
             return GroupHandle(
                 [
                     _f.start_allreduce(
@@ -73,8 +76,10 @@ def _sum_into(grads: Sequence[Any], names: Sequence[str], reduction: GradientRed
                     for v, n in zip(views, names)
                 ]
             )
+        else:
+            parts = reduction.partition(list(range(len(views))))
         handles = []
-        for idx in reduction.partition(list(range(len(views)))):
+        for idx in parts:
             by_dtype: dict[Any, list[int]] = defaultdict(list)
             for i in idx:
                 by_dtype[views[i].dtype].append(i)

@@ -205,16 +205,7 @@ def _sigterm_once(launcher: subprocess.Popen, ready, poll: float = 0.05) -> None
 
 
 def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_bytes()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(b")") + 2 :].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
+    return list(_child_states(pid))
 
 
 def test_sigterm_while_the_ranks_start_stops_them_all_at_once():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import subprocess
@@ -286,15 +287,28 @@ sys.stdin.read()  # until the test is done
 """
 
 
-def test_the_store_survives_running_out_of_file_descriptors():
-    """Issue 19, item 8: one EMFILE from accept() used to stop the store for good."""
-    secret = new_secret()
+@contextlib.contextmanager
+def _store_under_a_low_fd_limit(secret: bytes, flood_size: int) -> Iterator[tuple[subprocess.Popen[str], int, list]]:
+    """A store in a process of its own with 32 descriptors, and ``flood_size`` idle connections to it (closed at
+    the end, with the process): yields (process, port, flood)."""
     proc = subprocess.Popen([sys.executable, "-c", SERVER_UNDER_A_LOW_FD_LIMIT, secret.hex()], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     flood: list[socket.socket] = []
     try:
         port = int(proc.stdout.readline())
-        flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(60)]  # past the server's 32 fds
+        flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(flood_size)]
+        yield proc, port, flood
+    finally:
+        for s in flood:
+            s.close()
+        proc.stdin.close()
+        proc.wait(30)
+
+
+def test_the_store_survives_running_out_of_file_descriptors():
+    """Issue 19, item 8: one EMFILE from accept() used to stop the store for good."""
+    secret = new_secret()
+    with _store_under_a_low_fd_limit(secret, 60) as (proc, port, flood):  # past the server's 32 fds
         for s in flood:
             s.settimeout(0.05)
             try:
@@ -307,11 +321,6 @@ def test_the_store_survives_running_out_of_file_descriptors():
         client.set("k", "v")
         assert client.get("k") == "v"
         client.close()
-    finally:
-        for s in flood:
-            s.close()
-        proc.stdin.close()
-        proc.wait(30)
     err = proc.stderr.read()
     assert "cannot accept connections: Too many open files" in err, err
     assert err.count("Too many open files") == 1, "the report must be rate-limited"
@@ -321,19 +330,9 @@ def test_a_real_client_gets_in_while_idle_connections_hold_every_descriptor():
     """Issue 27, item 12: under ``ulimit -n`` lower than the pending-handshake bound, a flood of idle connections
     kept every descriptor and a real rank's connection waited until their handshake deadlines."""
     secret = new_secret()
-    proc = subprocess.Popen([sys.executable, "-c", SERVER_UNDER_A_LOW_FD_LIMIT, secret.hex()], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    flood: list[socket.socket] = []
-    try:
-        port = int(proc.stdout.readline())
-        flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]  # held open, saying nothing
+    with _store_under_a_low_fd_limit(secret, 40) as (_, port, _flood):  # held open, saying nothing
         time.sleep(0.5)  # the server accepts what its descriptors allow
         client = RendezvousClient("127.0.0.1", port, secret, 0, "t/", time.monotonic() + 3)
         client.set("k", "v")
         assert client.get("k") == "v"
         client.close()
-    finally:
-        for s in flood:
-            s.close()
-        proc.stdin.close()
-        proc.wait(30)
