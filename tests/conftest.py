@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from support.procs import child_states
 from support.slow_tier import listed
 
 _SLOW = set(listed())
@@ -29,18 +30,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _children(pid: int) -> set[int]:
-    out = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            data = (entry / "stat").read_bytes()
-        except OSError:
-            continue
-        fields = data[data.rindex(b")") + 2 :].split()
-        if int(fields[1]) == pid and fields[0] != b"Z":
-            out.add(int(entry.name))
-    return out
+    return {child for child, state in child_states(pid).items() if state != b"Z"}
 
 
 def _segments() -> set[str]:

@@ -480,7 +480,7 @@ def express_worker() -> tuple[int, int]:
                 inplace = t.copy()
                 assert hvd.allreduce_(inplace, op=op, name=f"xi.{dtype}.{int(op)}") is inplace
                 check(inplace, exp, f"express in place {dtype} op={op} call {k}")
-    for k in range(3):
+    for _ in range(3):
         t = np.full(5, r + 1.0, np.float32)
         got = hvd.allreduce(t, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25, name="scaled")
         np.testing.assert_allclose(got, np.full(5, 0.5 * n * (n + 1) / 2), err_msg="scale factors")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from support import paths
+from support.procs import child_states
 
 SCRIPTS = paths.SCRIPTS
 
@@ -56,22 +57,6 @@ def test_merge_stderr_to_stdout_keeps_the_order_of_everything_a_rank_writes():
     assert "[0]<stderr>" not in proc.stderr
 
 
-def _child_states(pid: int) -> dict[int, bytes]:
-    """pid -> state of every process whose parent is ``pid``."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            data = (entry / "stat").read_bytes()
-        except OSError:
-            continue
-        state, ppid = data[data.rindex(b")") + 2 :].split()[:2]
-        if int(ppid) == pid:
-            found[int(entry.name)] = state
-    return found
-
-
 def _is_rank(pid: int) -> bool:
     """Whether ``pid`` runs the rank's program (the launcher also has a /bin/sh helper that ends the ranks' groups
     should it be killed)."""
@@ -91,11 +76,11 @@ def test_ranks_that_end_early_are_reaped_while_the_others_run():
         children: dict[int, bytes] = {}
         while time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.5)
-            children = _child_states(proc.pid)
+            children = child_states(proc.pid)
             ranks = [pid for pid, state in children.items() if state != b"Z" and _is_rank(pid)]
             if len(ranks) == 1:  # ranks 1-5 ended, rank 0 sleeps on: give the launcher a moment, then look again
                 time.sleep(1.0)
-                children = _child_states(proc.pid)
+                children = child_states(proc.pid)
                 break
         assert proc.poll() is None, "the job ended before the check"
         assert [pid for pid, state in children.items() if state == b"Z"] == [], children
@@ -205,7 +190,7 @@ def _sigterm_once(launcher: subprocess.Popen, ready, poll: float = 0.05) -> None
 
 
 def _children(pid: int) -> list[int]:
-    return list(_child_states(pid))
+    return list(child_states(pid))
 
 
 def test_sigterm_while_the_ranks_start_stops_them_all_at_once():
