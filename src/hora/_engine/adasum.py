@@ -51,37 +51,30 @@ def adasum_fused(plane: Transport, srcs: list[np.ndarray], dsts: list[np.ndarray
 
 def _reduce(plane: Transport, buf: np.ndarray, bounds: np.ndarray, size: int, rank: int) -> None:
     item = buf.dtype.itemsize
-    # every rank's slice [lo, hi) at each level, so that every rank knows every block size of each swap
+    levels = size.bit_length() - 1  # level d pairs ranks r and r ^ (1 << d)
+    # every rank's slice [lo, hi) after each level, so that every rank knows every block size of each swap
     ranges = [[(0, buf.size)] * size]
-    level = 1
-    while level < size:
+    for depth in range(levels):
         nxt = []
         for r, (lo, hi) in enumerate(ranges[-1]):
             mid = lo + (hi - lo) // 2
-            nxt.append((lo, mid) if r & level == 0 else (mid, hi))
+            nxt.append((lo, mid) if r & (1 << depth) == 0 else (mid, hi))
         ranges.append(nxt)
-        level <<= 1
     # down: halve the slice, combine the kept half with the neighbour's copy of it
-    level, depth = 1, 0
-    while level < size:
+    for depth in range(levels):
         lo, hi = ranges[depth][rank]
         klo, khi = ranges[depth + 1][rank]
-        peer = rank ^ level
+        peer = rank ^ (1 << depth)
         send = buf[lo:klo] if klo > lo else buf[khi:hi]  # the half the neighbour keeps
         theirs = np.empty(khi - klo, buf.dtype)
         _swap(plane, peer, send, theirs, _largest(ranges[depth + 1]) * item)
-        _combine(plane, buf, theirs, klo, khi, bounds, left=rank & level == 0, group=2 * level)
-        level, depth = level << 1, depth + 1
+        _combine(plane, buf, theirs, klo, khi, bounds, left=rank & (1 << depth) == 0, group=2 << depth)
     # up: the halves travel back, so every rank ends with every slice
-    level >>= 1
-    while level >= 1:
-        depth -= 1
+    for depth in reversed(range(levels)):
         klo, khi = ranges[depth + 1][rank]
         lo, hi = ranges[depth][rank]
-        peer = rank ^ level
         olo, ohi = (khi, hi) if klo == lo else (lo, klo)  # the neighbour's half
-        _swap(plane, peer, buf[klo:khi].copy(), buf[olo:ohi], _largest(ranges[depth + 1]) * item)
-        level >>= 1
+        _swap(plane, rank ^ (1 << depth), buf[klo:khi].copy(), buf[olo:ohi], _largest(ranges[depth + 1]) * item)
 
 
 def _largest(ranges: list[tuple[int, int]]) -> int:
@@ -127,7 +120,7 @@ def _combine(
     plane.allgather(partial.view(np.uint8).reshape(-1), every.view(np.uint8).reshape(-1), [partial.nbytes] * plane.size)
     start = plane.rank - plane.rank % group
     sums = every[start : start + group].sum(axis=0)
-    half = buf.dtype == np.float16
+    work = np.float32 if buf.dtype == np.float16 else np.float64  # Horovod's arithmetic for each dtype
     for t, span in enumerate(parts):
         if span is None:
             continue
@@ -136,6 +129,5 @@ def _combine(
         rcoeff = 1.0 - dot / rnorm * 0.5 if rnorm >= _TINY else 1.0
         acoeff, bcoeff = (lcoeff, rcoeff) if left else (rcoeff, lcoeff)
         lo, hi = span
-        work = np.float32 if half else np.float64
         a, b = mine[lo:hi].astype(work), theirs[lo:hi].astype(work)
         mine[lo:hi] = work(acoeff) * a + work(bcoeff) * b

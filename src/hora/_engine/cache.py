@@ -61,21 +61,6 @@ class ResponseCache:
             return -1, False
         return slot, self._slots[slot].mine == req
 
-    def lookup_fields(
-        self, name: str, kind: Kind, dtype: str | None, shape: tuple[int, ...], op: int, pre: float, post: float
-    ) -> tuple[int, bool]:
-        """:meth:`lookup` of a request not built yet (the express lane): whether ``name`` is cached with exactly
-        these fields (no root, splits or process set: an allreduce of the group's engine)."""
-        slot = self._by_name.get(name, -1)
-        if slot < 0:
-            return -1, False
-        m = self._slots[slot].mine
-        same = (
-            m.kind is kind and m.dtype == dtype and m.shape == shape and m.op == op and m.prescale == pre
-            and m.postscale == post and m.splits is None and m.root == -1
-        )  # fmt: skip
-        return slot, same
-
     def entry(self, name: str) -> object | None:
         """What the cache holds under ``name`` (an object that changes whenever the slot is evicted, reused or
         renegotiated), or None: a holder of facts derived from a lookup checks with it that they still stand."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from hora._dtypes import DTYPE_NAMES, scale_into, ufunc
 from hora._engine.handle import Entry
-from hora._engine.messages import Kind
+from hora._engine.messages import Kind, Request
 
 if TYPE_CHECKING:
     from hora._engine.engine import Engine
@@ -106,13 +106,15 @@ class ExpressLane:
             return plan
         if len(self._plans) > 4 * self._capacity:
             self._plans.clear()
+        # the request the frontend would submit, as the cache compares it (built only when no plan stands)
         if arr is None:
-            slot, hit = cache.lookup_fields(name, Kind.BARRIER, "uint8", (), op, pre, post)
+            slot, hit = cache.lookup(Request(Kind.BARRIER, name))
             if not hit:
                 return None
             plan = self._plans[key] = _Plan(cached, slot, 1, self._ready_flags, None, 0, None, 1.0, {})
             return plan
-        slot, hit = cache.lookup_fields(name, Kind.ALLREDUCE, DTYPE_NAMES.get(arr.dtype), arr.shape, op, pre, post)
+        req = Request(Kind.ALLREDUCE, name, DTYPE_NAMES.get(arr.dtype, ""), arr.shape, op, prescale=pre, postscale=post)
+        slot, hit = cache.lookup(req)
         info = path.info(slot) if hit else None
         if info is None:
             return None

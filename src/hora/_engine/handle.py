@@ -106,6 +106,7 @@ class Entry:
     def __post_init__(self) -> None:
         self.handle = Handle(self.request.name)
 
+
 def duplicate_name(entries: list[Entry], pending: dict[str, Entry]) -> str | None:
     """A name of ``entries`` already pending, or given twice among them; None when all are new."""
     if len(entries) == 1:  # the common case (a gradient's hook): no lists, no set

@@ -75,19 +75,21 @@ class ServerLinks:
         restart publishes a new address) every :data:`FIRST_TRY` seconds."""
         links: list[ServerLink] = []
         deadline = time.monotonic() + timeout
+        io_timeout = op_timeout + timeout
+
+        def connect(i: int, address: tuple[str, int]) -> ServerLink:
+            while True:
+                until = deadline if restarts is None else min(deadline, time.monotonic() + FIRST_TRY)
+                try:
+                    return ServerLink.open(i, address, secret, rank, until, io_timeout, use_segment[i], single_copy)
+                except HoraError as exc:
+                    if restarts is None or time.monotonic() >= deadline:
+                        raise
+                    address = restarts.published(i, address, exc, min(deadline, time.monotonic() + FIRST_TRY))
+
         try:
             for i, address in enumerate(addresses):
-                io_timeout = op_timeout + timeout
-                while True:
-                    until = deadline if restarts is None else min(deadline, time.monotonic() + FIRST_TRY)
-                    try:
-                        link = ServerLink.open(i, address, secret, rank, until, io_timeout, use_segment[i], single_copy)
-                        break
-                    except HoraError as exc:
-                        if restarts is None or time.monotonic() >= deadline:
-                            raise
-                        address = restarts.published(i, address, exc, min(deadline, time.monotonic() + FIRST_TRY))
-                links.append(link)
+                links.append(connect(i, address))
         except BaseException:
             for link in links:
                 link.close()

@@ -60,7 +60,7 @@ class _DistributedAdasumOptimizer(_DistributedOptimizer):
 
     def _make_hook(self, p: torch.Tensor) -> Any:
         def hook(*ignore: Any) -> None:
-            if p in self._handles and self._handles[p][0] is not None and self._allreduce_delay[p] <= 0:
+            if self._allreduce_delay[p] <= 0:  # reset by step(): this backward pass is one too many
                 raise AssertionError(
                     "Gradients were computed more than backward_passes_per_step times before call to step(). "
                     "Increase backward_passes_per_step to accumulate gradients locally."
