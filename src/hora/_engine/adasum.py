@@ -106,7 +106,7 @@ def _combine(
     mine = buf[klo:khi]
     n = len(bounds) - 1
     partial = np.zeros((n, 3), np.float64)  # dot, |left|^2, |right|^2 of each tensor's part in this slice
-    parts = []
+    parts: list[tuple[int, int] | None] = []
     for t in range(n):
         lo, hi = max(bounds[t], klo) - klo, min(bounds[t + 1], khi) - klo
         if hi <= lo:

@@ -143,7 +143,7 @@ class ExpressLane:
         mine[F:end] = plan.flags
         if arr is not None:
             try:
-                mine[at : at + n] = memoryview(arr).cast("B")
+                mine[at : at + n] = memoryview(arr).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
             except (TypeError, ValueError):  # a dtype without a buffer format (bfloat16): through numpy
                 rows[e.rank, at : at + n] = arr.reshape(-1).view(np.int8)
         now = time.monotonic()
@@ -162,6 +162,7 @@ class ExpressLane:
                 assert out is not None
                 parts = plan.parts.get(parity)
                 if parts is None:
+                    assert plan.dtype is not None
                     parts = plan.parts[parity] = [rows[r, at : at + n].view(plan.dtype) for r in range(len(every))]
                 flat = out.reshape(-1)
                 plan.fn(parts[0], parts[1], out=flat)  # rank order on every rank: bitwise identical results

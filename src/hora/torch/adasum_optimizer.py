@@ -49,7 +49,7 @@ class _DistributedAdasumOptimizer(_DistributedOptimizer):
             group["params"] = [p] if any(p is v for v in group["params"]) else []
         try:
             start.data.copy_(p)
-            super(self.__class__, self).step()  # type: ignore[misc]
+            super(self.__class__, self).step()
             p.data.sub_(start)
         finally:
             for group, params in zip(self.param_groups, stashed):
