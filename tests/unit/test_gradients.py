@@ -33,6 +33,25 @@ def test_adasum_is_one_unsupported_error_that_is_also_a_not_implemented_error():
     assert isinstance(info.value, ValueError) and isinstance(info.value, NotImplementedError)
 
 
+def test_adasum_refuses_average_aggregated_gradients_with_horovods_value_error():
+    assert describe_gradients("opt", op=ReduceOp.ADASUM, adasum=True).op is ReduceOp.ADASUM
+    for passes in (1, 2):  # Horovod checks the flag whatever backward_passes_per_step is
+        with pytest.raises(ValueError, match=r"^Adasum does not support average_aggregated_gradients == True$") as info:
+            describe_gradients(
+                "opt", op=ReduceOp.ADASUM, adasum=True, backward_passes_per_step=passes,
+                average_aggregated_gradients=True,
+            )  # fmt: skip
+        assert not isinstance(info.value, NotImplementedError)  # a plain ValueError, as Horovod's
+    # an adapter without Adasum says so first; other ops keep average_aggregated_gradients
+    with pytest.raises(UnsupportedError, match="op=Adasum is not supported"):
+        describe_gradients("opt", op=ReduceOp.ADASUM, average_aggregated_gradients=True)
+    assert describe_gradients("opt", op=ReduceOp.SUM, average_aggregated_gradients=True).average_aggregated_gradients
+    added = ProcessSet([0])
+    added.process_set_id = 1  # as add_process_set leaves it
+    with pytest.raises(UnsupportedError, match="Adasum does not support non-global process sets yet"):
+        describe_gradients("opt", op=ReduceOp.ADASUM, adasum=True, process_set=added)
+
+
 def test_a_strategy_the_adapter_lacks_is_refused_with_what_to_use_instead():
     with pytest.raises(UnsupportedError) as info:
         describe_gradients(

@@ -146,8 +146,8 @@ def describe_gradients(
     """The checked description of ``what``'s reduction (``what``, e.g. ``hora.jax.DistributedOptimizer``, names it in
     errors). ``strategies``: the strategies this adapter implements; another one, given or from ``HORA_STRATEGY``
     (``hora run --strategy``), is an :class:`~hora.errors.UnsupportedError` ending with ``instead``. ``adasum``:
-    whether the adapter implements ``op=Adasum`` (Horovod's rules are checked here: the global process set and the
-    allreduce strategy)."""
+    whether the adapter implements ``op=Adasum`` (Horovod's rules are checked here: no ``average_aggregated_gradients``,
+    the global process set, the allreduce strategy)."""
     resolved_strategy = resolve_strategy(
         strategy,
         strategies,
@@ -159,7 +159,7 @@ def describe_gradients(
     )
     resolved = resolve_op(None, op)
     if resolved is ReduceOp.ADASUM:
-        _check_adasum(what, adasum, process_set, resolved_strategy)
+        _check_adasum(what, adasum, process_set, resolved_strategy, average_aggregated_gradients)
     factor = float(gradient_predivide_factor)
     if factor != 1.0 and resolved is not ReduceOp.AVERAGE:
         raise ValueError(
@@ -198,9 +198,11 @@ def describe_gradients(
     )
 
 
-def _check_adasum(what: str, implemented: bool, process_set: Any, strategy: str) -> None:
+def _check_adasum(what: str, implemented: bool, process_set: Any, strategy: str, average_aggregated: bool) -> None:
     if not implemented:
         raise UnsupportedError(f"{what}: op=Adasum is not supported by this optimizer yet; use Average or Sum")
+    if average_aggregated:  # Horovod's ValueError (horovod.tensorflow.DistributedOptimizer), whatever the passes
+        raise ValueError("Adasum does not support average_aggregated_gradients == True")
     if strategy != "allreduce":
         raise UnsupportedError(f"{what}: op=Adasum needs strategy='allreduce', not {strategy!r}")
     if isinstance(process_set, ProcessSet) and process_set.process_set_id not in (None, 0):
