@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 import hora.tensorflow as hvd
+from workers.collectives import adasum_reference
 from workers.tf_ops import MODES, Check, run_checks
 
 
@@ -194,7 +195,8 @@ def errors_worker() -> list[str]:
 
 
 def _adasum(me: int, n: int) -> None:
-    """Orthogonal gradients add under Adasum: through allreduce and through DistributedGradientTape(op=Adasum)."""
+    """Orthogonal gradients add under Adasum: through allreduce and through DistributedGradientTape(op=Adasum);
+    at N=2, the TF1 optimizer against Horovod's formula (:func:`_adasum_pair`)."""
     if n & (n - 1):
         return  # refused (checked by the numpy suite)
     np.testing.assert_allclose(hvd.allreduce(tf.one_hot(me, n), op=hvd.Adasum).numpy(), np.ones(n))
@@ -203,19 +205,94 @@ def _adasum(me: int, n: int) -> None:
         loss = 3.0 * x[me]
     grad = hvd.DistributedGradientTape(tape, op=hvd.Adasum).gradient(loss, x)
     np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(), np.full(n, 3.0))
+    if n == 2:
+        for passes in (1, 2):
+            for mode in MODES:
+                _adasum_tf1(me, passes, mode)
+
+
+def _adasum_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Horovod's Adasum of two ranks' tensors in float64, ``(1 - a.b/2|a|^2) a + (1 - a.b/2|b|^2) b``."""
+    return adasum_reference([a, b])
+
+
+# Two ranks' gradients per variable: neither orthogonal nor parallel nor of equal norms, so every term of the formula
+# counts (a.b = -1.5 and -2.25).
+_ADASUM_GRADS = [
+    (np.array([1.0, 2.0, 0.0], np.float32), np.array([[1.0, 0.0], [2.0, -1.0]], np.float32)),
+    (np.array([0.5, -1.0, 3.0], np.float32), np.array([[-0.25, 1.0], [-1.0, 0.5]], np.float32)),
+]
+_ADASUM_START = (np.array([1.0, -2.0, 0.5], np.float32), np.array([[0.0, 1.0], [-1.0, 2.0]], np.float32))
+
+
+def _adasum_tf1(me: int, passes: int, mode: str) -> None:
+    """TF1 DistributedOptimizer(GradientDescent, op=Adasum), two steps with gradients (step+1) * g: every rank's local
+    delta is -lr * grad, and on a communication step (every ``passes``-th) each variable moves to
+    start + adasum(delta_0, delta_1); the other steps are this rank's own (Horovod's _DistributedAdasumOptimizer)."""
+    lr, mine = 0.5, _ADASUM_GRADS[me]
+    seen: list[list[np.ndarray]] = []
+
+    def make() -> Any:
+        opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
+        return hvd.DistributedOptimizer(opt, op=hvd.Adasum, backward_passes_per_step=passes)
+
+    if mode == "session":
+        graph = tf.Graph()
+        with graph.as_default():
+            vs = [tf.compat.v1.get_variable(f"v{i}", initializer=s) for i, s in enumerate(_ADASUM_START)]
+            scale = tf.compat.v1.placeholder(tf.float32, [])
+            loss = sum(tf.reduce_sum(v * g * scale) for v, g in zip(vs, mine))
+            opt = make()
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+            train = opt.minimize(loss, global_step=global_step)
+            assert opt.get_slot_names() == ["delta_start"], opt.get_slot_names()
+            with tf.compat.v1.Session(graph=graph) as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                for step in range(2):
+                    sess.run(train, {scale: step + 1.0})
+                    seen.append(sess.run(vs))
+                assert int(sess.run(global_step)) == 2
+    else:
+        vs = [tf.Variable(s) for s in _ADASUM_START]
+        opt = make()
+
+        def apply(scale: tf.Tensor) -> None:
+            with tf.GradientTape() as tape:
+                loss = sum(tf.reduce_sum(v * g * scale) for v, g in zip(vs, mine))
+            opt.apply_gradients(zip(tape.gradient(loss, vs), vs))
+
+        run = tf.function(apply) if mode == "function" else apply
+        for step in range(2):
+            run(tf.constant(step + 1.0))
+            seen.append([v.numpy() for v in vs])
+    a, b = _ADASUM_GRADS
+    if passes == 1:  # both steps communicate: start moves by the Adasum of the two ranks' steps, twice
+        once = [s + _adasum_pair(-lr * x, -lr * y) for s, x, y in zip(_ADASUM_START, a, b)]
+        want = [once, [s + _adasum_pair(-2 * lr * x, -2 * lr * y) for s, x, y in zip(once, a, b)]]
+    else:  # the first step is this rank's own; the second combines both steps' deltas (-lr * 3g)
+        want = [
+            [s - lr * g for s, g in zip(_ADASUM_START, mine)],
+            [s + _adasum_pair(-3 * lr * x, -3 * lr * y) for s, x, y in zip(_ADASUM_START, a, b)],
+        ]
+    for step, (got_step, want_step) in enumerate(zip(seen, want)):
+        for got, expected in zip(got_step, want_step):
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6, err_msg=f"tf1 {mode} {passes} {step}")
 
 
 def _optimizer_errors(notes: list[str]) -> None:
-    """Every wrapper refuses Adasum with the same UnsupportedError (a NotImplementedError too, as Horovod's tests
-    expect); a tape refuses strategy='parameter_server'; IndexedSlices refuse scale factors (Horovod's rule)."""
+    """The TF1 Adasum optimizer refuses average_aggregated_gradients (Horovod's ValueError); the Keras optimizer
+    refuses Adasum with UnsupportedError (a NotImplementedError too, as Horovod's tests expect); a tape refuses
+    strategy='parameter_server'; IndexedSlices refuse scale factors (Horovod's rule)."""
     import keras
 
     import hora.keras as hvd_keras
     from hora.errors import UnsupportedError
 
+    sgd = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    averaged = {"backward_passes_per_step": 2, "average_aggregated_gradients": True}
     _expect(
-        UnsupportedError,
-        lambda: hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1), op=hvd.Adasum),
+        ValueError,
+        lambda: hvd.DistributedOptimizer(sgd, op=hvd.Adasum, **averaged),
         notes,
         "tf1 adasum",
     )
@@ -274,6 +351,12 @@ def process_set_worker() -> list[str]:
             notes.append(str(exc))
     assert float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum)) == 3.0
     hvd.barrier()
+    try:  # Horovod's rule, checked before any collective (so on every rank, in the set or not)
+        hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1), op=hvd.Adasum, process_set=ps)
+    except NotImplementedError as exc:
+        assert str(exc) == "Adasum does not support non-global process sets yet.", exc
+    else:
+        raise AssertionError("the TF1 Adasum optimizer took a process set")
     return notes
 
 

@@ -1,6 +1,7 @@
 """The TF1 ``DistributedOptimizer``: a ``tf.compat.v1.train.Optimizer`` whose ``compute_gradients`` returns
-gradients averaged over every rank, in one grouped op (Horovod's ``horovod/tensorflow/__init__.py``). Keras
-optimizers are wrapped by ``hora.tensorflow.keras.DistributedOptimizer`` / ``hora.keras.DistributedOptimizer``."""
+gradients averaged over every rank, in one grouped op (Horovod's ``horovod/tensorflow/__init__.py``); with
+``op=hvd.Adasum``, Horovod's delta optimizer (:mod:`hora.tensorflow.adasum_optimizer`). Keras optimizers are wrapped
+by ``hora.tensorflow.keras.DistributedOptimizer`` / ``hora.keras.DistributedOptimizer``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import tensorflow as tf
 from hora._dtypes import ReduceOp
 from hora._frontend import ProcessSet, global_process_set
 from hora._frontend.gradients import describe_gradients
+from hora.tensorflow.adasum_optimizer import DistributedAdasumOptimizer
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.gradients import GradientReducer
 
@@ -156,7 +158,12 @@ def DistributedOptimizer(
 ) -> Any:
     """Wrap a ``tf.compat.v1.train.Optimizer`` so that its gradients are averaged over every rank before they are
     applied. For Keras optimizers use ``hora.tensorflow.keras.DistributedOptimizer`` (or ``hora.keras``).
-    ``strategy`` (default ``HORA_STRATEGY``) must be ``allreduce``: parameter servers take Keras 3 optimizers."""
+    ``strategy`` (default ``HORA_STRATEGY``) must be ``allreduce``: parameter servers take Keras 3 optimizers.
+
+    ``op=hvd.Adasum`` makes Horovod's delta optimizer instead: local gradients, the wrapped optimizer's own step,
+    and every ``backward_passes_per_step``-th step the variables' deltas since the last combination Adasum-reduced
+    (:mod:`hora.tensorflow.adasum_optimizer`); ``average_aggregated_gradients=True`` is Horovod's ValueError then,
+    a non-global process set its NotImplementedError (an UnsupportedError)."""
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise ValueError(
             f"hora.tensorflow.DistributedOptimizer wraps a tf.compat.v1.train.Optimizer, got "
@@ -177,7 +184,10 @@ def DistributedOptimizer(
         strategy=strategy,
         instead="the servers run Keras 3 optimizers' rules: use hora.keras.DistributedOptimizer(keras_optimizer, "
         "strategy='parameter_server'), or strategy='allreduce'",
+        adasum=True,  # Horovod's _DistributedAdasumOptimizer: the steps are combined, not the gradients
     )
+    if reduction.op is ReduceOp.ADASUM:  # on one rank too, as Horovod's (the combination is then the local step)
+        return DistributedAdasumOptimizer(optimizer, name, use_locking, reduction)
     reducer = GradientReducer(reduction)
     aggregation = (
         _LocalAggregation(reduction.backward_passes_per_step, reduction.average_aggregated_gradients)
