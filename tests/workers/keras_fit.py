@@ -162,6 +162,8 @@ def flavour_fit_worker() -> dict[str, Any]:
     }  # fmt: skip
     if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
         out.update(_tf_keras_extras(keras, hvd, me, n))
+    if n == 2:
+        out["adasum"] = _adasum(keras, hvd, me)
     from workers.keras_partial import partial_worker
 
     out["partial"] = partial_worker()
@@ -218,3 +220,24 @@ def _aggregated(keras: Any, hvd: Any, me: int, compiled: bool) -> list[list[floa
         step(tf.constant(g) * (me + 1))
         seen.append([*w.numpy().tolist(), int(opt.iterations.numpy())])
     return seen
+
+
+def _adasum(keras: Any, hvd: Any, me: int) -> list[list[float]]:
+    """DistributedOptimizer(SGD, op=Adasum) on this flavour (tf_keras or a Keras 3 backend) at N=2: [the variable
+    after one step, w0 - lr * the Adasum of the two ranks' gradients (Horovod's formula, in numpy)]."""
+    from workers.collectives import adasum_reference
+
+    lr, w0 = 0.5, np.array([1.0, -2.0, 0.5], np.float32)
+    grads = [np.array([1.0, 2.0, 0.0], np.float32), np.array([0.5, -1.0, 3.0], np.float32)]  # a.b = -1.5
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr), op=hvd.Adasum)
+    if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+        import tensorflow as tf
+
+        w = tf.Variable(w0)
+        opt.apply_gradients([(tf.constant(grads[me]), w)])
+        got = w.numpy()
+    else:
+        w = keras.Variable(w0)
+        opt.apply([keras.ops.convert_to_tensor(grads[me])], [w])
+        got = keras.ops.convert_to_numpy(w)
+    return [np.asarray(got).tolist(), (w0 - lr * adasum_reference(grads)).tolist()]

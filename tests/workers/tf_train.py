@@ -196,7 +196,7 @@ def errors_worker() -> list[str]:
 
 def _adasum(me: int, n: int) -> None:
     """Orthogonal gradients add under Adasum: through allreduce and through DistributedGradientTape(op=Adasum);
-    at N=2, the TF1 optimizer against Horovod's formula (:func:`_adasum_pair`)."""
+    at N=2, the TF1 and Keras optimizers against Horovod's formula (:func:`_adasum_pair`)."""
     if n & (n - 1):
         return  # refused (checked by the numpy suite)
     np.testing.assert_allclose(hvd.allreduce(tf.one_hot(me, n), op=hvd.Adasum).numpy(), np.ones(n))
@@ -209,6 +209,7 @@ def _adasum(me: int, n: int) -> None:
         for passes in (1, 2):
             for mode in MODES:
                 _adasum_tf1(me, passes, mode)
+        _adasum_keras(me)
 
 
 def _adasum_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -279,9 +280,24 @@ def _adasum_tf1(me: int, passes: int, mode: str) -> None:
             np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6, err_msg=f"tf1 {mode} {passes} {step}")
 
 
+def _adasum_keras(me: int) -> None:
+    """hora.keras.DistributedOptimizer(SGD, op=Adasum) applies the Adasum of the ranks' gradients."""
+    import keras
+
+    import hora.keras as hvd_keras
+
+    lr = 0.5
+    vs = [keras.Variable(s) for s in _ADASUM_START]
+    hvd_keras.DistributedOptimizer(keras.optimizers.SGD(lr), op=hvd.Adasum).apply(
+        [tf.constant(g) for g in _ADASUM_GRADS[me]], vs
+    )
+    for v, s, x, y in zip(vs, _ADASUM_START, *_ADASUM_GRADS):
+        np.testing.assert_allclose(np.asarray(v), s - lr * _adasum_pair(x, y), rtol=1e-6, atol=1e-6)
+
+
 def _optimizer_errors(notes: list[str]) -> None:
-    """The TF1 Adasum optimizer refuses average_aggregated_gradients (Horovod's ValueError); the Keras optimizer
-    refuses Adasum with UnsupportedError (a NotImplementedError too, as Horovod's tests expect); a tape refuses
+    """Adasum's refusals (Horovod's ValueError for average_aggregated_gradients; its message for sparse gradients, an
+    UnsupportedError that is a NotImplementedError too; no parameter servers); a tape refuses
     strategy='parameter_server'; IndexedSlices refuse scale factors (Horovod's rule)."""
     import keras
 
@@ -296,9 +312,11 @@ def _optimizer_errors(notes: list[str]) -> None:
         notes,
         "tf1 adasum",
     )
+    rows = tf.Variable(tf.zeros([4, 3]))
+    sparse = tf.IndexedSlices(tf.ones([1, 3]), tf.constant([0]), tf.constant([4, 3], tf.int64))
     _expect(
-        UnsupportedError,
-        lambda: hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum),
+        NotImplementedError,
+        lambda: hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum).apply([sparse], [rows]),
         notes,
         "keras adasum",
     )
@@ -320,6 +338,12 @@ def _optimizer_errors(notes: list[str]) -> None:
         lambda: hvd.PartialDistributedGradientTape(tf.GradientTape(), local_layers=[tf.Variable(1.0)]),
         notes,
         "partial tape layers",
+    )
+    _expect(
+        UnsupportedError,
+        lambda: hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum, strategy="parameter_server"),
+        notes,
+        "keras adasum servers",
     )
 
 

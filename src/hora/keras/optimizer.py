@@ -220,7 +220,11 @@ def DistributedOptimizer(
     allreduces the rest (TensorFlow backend); see docs/ps.md. tf_keras optimizers support ``allreduce`` only.
 
     As in Horovod, the optimizer's ``register_local_var(var)`` keeps ``var``'s gradients local (not reduced;
-    divided by the process set's size with ``scale_local_gradients``): see :func:`PartialDistributedOptimizer`."""
+    divided by the process set's size with ``scale_local_gradients``): see :func:`PartialDistributedOptimizer`.
+
+    ``op=hvd.Adasum`` (allreduce strategy, global process set) reduces the gradients with Adasum, as
+    ``DistributedGradientTape(op=hvd.Adasum)`` does; sparse gradients need ``sparse_as_dense=True`` then. Horovod's
+    Keras wrappers refuse every op but Average and Sum, so this is hora's own."""
     base = type(optimizer)
     legacy = is_legacy(base)
     if compression is None:
@@ -245,6 +249,7 @@ def DistributedOptimizer(
         staleness=staleness,
         consistency=consistency,
         ps_parameters=ps_parameters,
+        adasum=True,  # the gradients are Adasum-reduced, as Horovod's tape and shared allreduce_grads do
     )
     if reduction.strategy == "parameter_server":
         from hora.keras.ps_optimizer import make_ps_optimizer

@@ -25,7 +25,7 @@ from workers.tf_ops import MODES
 from workers.tf_train import suite_worker
 
 ERRORS = ["eager shape", "function shape", "function dtype", "graph shape", "dtype", "adasum", "jit", "bool average",
-          "tf1 adasum", "keras adasum", "tape strategy", "slices scale", "partial tape layers"]
+          "tf1 adasum", "keras adasum", "tape strategy", "slices scale", "partial tape layers", "keras adasum servers"]
 OPS_PER_MODE = 180
 
 
@@ -36,8 +36,9 @@ def _check_errors(notes: list[str]) -> None:
     assert "complex64" in notes[4] and "Adasum" in notes[5], notes
     assert "jit_compile=True" in notes[6], notes
     assert notes[8] == "tf1 adasum: ValueError: Adasum does not support average_aggregated_gradients == True", notes
-    assert notes[9].endswith(
-        "DistributedOptimizer: op=Adasum is not supported by this optimizer yet; use Average or Sum"
+    assert notes[9].startswith(
+        "keras adasum: UnsupportedError: The Adasum reduction does not currently support sparse tensors. As a "
+        "workaround please pass sparse_as_dense=True to DistributedOptimizer"
     ), notes
     assert notes[10].startswith(
         "tape strategy: UnsupportedError: hora.tensorflow.DistributedGradientTape does not "
@@ -45,6 +46,10 @@ def _check_errors(notes: list[str]) -> None:
     ), notes
     assert "UnsupportedError: allreduce of tf.IndexedSlices does not support prescale_factor" in notes[11], notes
     assert "ValueError: All local layers must be of tf.keras.layers.Layer type; got ResourceVariable" in notes[12], notes
+    assert notes[13].endswith(
+        "UnsupportedError: hora.keras.DistributedOptimizer: op=Adasum needs strategy='allreduce', "
+        "not 'parameter_server'"
+    ), notes
 
 
 def _same_training(fits: list[dict], one: dict) -> None:
@@ -136,6 +141,8 @@ def test_fit_with_tf_keras_and_with_the_torch_backend(env, module, backend):
     assert results[0]["accuracy"] > 0.6, results[0]
     assert all(r["local_variables"] == [True, True] for r in results), [r["local_variables"] for r in results]
     _check_partial(results)
+    for r in results:  # op=Adasum: the gradients Adasum-reduced (Horovod's formula), in either flavour
+        np.testing.assert_allclose(*r["adasum"], rtol=1e-6, atol=1e-6)
     if backend == "tensorflow":  # tf_keras: local aggregation over 2 passes; a subclass of a tf_keras optimizer
         n = 2
         mean = sum(r + 1 for r in range(n)) / n  # rank r's gradients are (r + 1) * g
