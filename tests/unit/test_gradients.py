@@ -109,3 +109,6 @@ def test_buckets_fill_in_order_with_a_small_first_one():
     assert buckets([10, 300, 10, 10], cap=100, first=50) == [[0], [1], [2, 3]]
     assert buckets([40, 40, 40], cap=50) == [[0], [1], [2]]
     assert buckets([], 100) == []
+    # kinds (dtypes) never share a bucket, each kind with its own small first bucket: a bucket is one flat buffer
+    assert buckets([10, 10, 10, 10, 10], cap=25, first=15, kinds="abaab") == [[0], [1], [2, 3], [4]]
+    assert buckets([10, 10, 10], cap=100, kinds="aba") == [[0, 2], [1]]

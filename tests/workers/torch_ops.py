@@ -658,3 +658,65 @@ def sparse_worker(sparse_as_dense: bool) -> list[float]:
 
 def sparse_reference(n: int) -> list[float]:
     return _embedding_steps(False, False, None, n, 4).tolist()
+
+
+class _MixedModel(torch.nn.Module):
+    """Parameters of two dtypes, one of them larger than the first bucket (1 MiB), and one used only on even ranks:
+    the optimizer's buckets then number several, one dtype each, and one bucket waits for a gradient that some
+    ranks never compute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.inp = torch.nn.Linear(6, 600)
+        self.big = torch.nn.Linear(600, 600)  # 1.44 MB of weights: a bucket of its own
+        self.out = torch.nn.Linear(600, 3).double()
+        self.extra = torch.nn.Linear(600, 600, bias=False).double()
+
+    def forward(self, x: torch.Tensor, use_extra: bool) -> torch.Tensor:
+        h = torch.tanh(self.big(torch.tanh(self.inp(x)))).double()
+        if use_extra:
+            h = torch.tanh(self.extra(h))
+        return self.out(h)
+
+
+def bucket_worker() -> bool:
+    """DistributedOptimizer's default buckets: every p.grad after synchronize() is the average of the ranks'
+    gradients (computed here for every rank on a plain copy), with an unused parameter counted as zeros; a gradient
+    handed out at one step is not changed by the next (p.grad never aliases a bucket's buffer)."""
+    import copy
+
+    torch.set_num_threads(1)
+    hvd.init()
+    me, n = hvd.rank(), hvd.size()
+    model = _MixedModel()
+    plain = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    assert opt._buckets is not None and len(opt._buckets) >= 3, opt._groups
+    assert all(len({p.dtype for p in g}) == 1 for g in opt._groups), "a bucket mixes dtypes"
+    g = torch.Generator().manual_seed(11)
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for _step in range(2):
+        xs = [torch.randn(4, 6, generator=g) for _ in range(n)]
+        expected = {name: torch.zeros_like(p) for name, p in plain.named_parameters()}
+        for r in range(n):
+            plain.zero_grad()
+            plain(xs[r], use_extra=r % 2 == 0).sum().backward()
+            for name, p in plain.named_parameters():
+                if p.grad is not None:
+                    expected[name] += p.grad / n
+        opt.zero_grad()
+        model(xs[me], use_extra=me % 2 == 0).sum().backward()
+        opt.synchronize()
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, expected[name], rtol=1e-5, atol=1e-7, msg=name)
+        kept += [(p.grad, p.grad.clone()) for p in model.parameters()]
+        with opt.skip_synchronize():
+            opt.step()
+        for p, q in zip(model.parameters(), plain.parameters()):  # the plain copy follows the averaged step
+            with torch.no_grad():
+                q.copy_(p)
+    for held, value in kept:
+        torch.testing.assert_close(held, value, rtol=0, atol=0)
+    hvd.shutdown()
+    return True

@@ -13,7 +13,7 @@ take :meth:`GradientReduction.summed`.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -214,22 +214,32 @@ def _check_adasum(what: str, implemented: bool, process_set: Any, strategy: str,
 FIRST_BUCKET = 1 << 20
 
 
-def buckets(sizes: Sequence[int], cap: int, first: int = FIRST_BUCKET) -> list[list[int]]:
-    """Indices ``0..len(sizes)-1``, in order, in consecutive buckets of at most ``first`` bytes (the first
-    bucket) and ``cap`` bytes (the others); a tensor larger than its bucket's cap is a bucket of its own. The
-    caller passes the gradients in the order they become ready (reverse registration order for a backward pass)."""
+def buckets(
+    sizes: Sequence[int], cap: int, first: int = FIRST_BUCKET, kinds: Sequence[Hashable] | None = None
+) -> list[list[int]]:
+    """Indices ``0..len(sizes)-1`` in buckets of at most ``first`` bytes (the first bucket of each kind) and ``cap``
+    bytes (the others); a tensor larger than its bucket's cap is a bucket of its own. ``kinds`` (e.g. each tensor's
+    dtype) keeps tensors of different kinds apart, one open bucket per kind as DDP's: a bucket is one flat buffer.
+    The caller passes the gradients in the order they become ready (reverse registration order for a backward
+    pass); buckets come out in the order they fill, the partly filled ones last, in the order they were opened."""
     out: list[list[int]] = []
-    current: list[int] = []
-    filled = 0
+    open_: dict[Hashable, list[int]] = {}
+    filled: dict[Hashable, int] = {}
+    closed: dict[Hashable, int] = {}
     for i, n in enumerate(sizes):
-        limit = min(first, cap) if not out else cap
-        if current and filled + n > limit:
+        kind = None if kinds is None else kinds[i]
+        limit = min(first, cap) if not closed.get(kind) else cap
+        current = open_.get(kind)
+        if current and filled[kind] + n > limit:
             out.append(current)
-            current, filled = [], 0
+            closed[kind] = closed.get(kind, 0) + 1
+            current = None
+        if not current:
+            current = open_[kind] = []
+            filled[kind] = 0
         current.append(i)
-        filled += n
-    if current:
-        out.append(current)
+        filled[kind] += n
+    out.extend(b for b in open_.values() if b)
     return out
 
 

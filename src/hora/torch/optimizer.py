@@ -1,11 +1,13 @@
 """``DistributedOptimizer``: Horovod's wrapper that averages gradients across ranks while backward still runs.
 
-A hook on every parameter (``register_post_accumulate_grad_hook``) starts an asynchronous in-place allreduce of
-its gradient the moment autograd has accumulated it, so communication overlaps the rest of the backward pass and
-the engine fuses the gradients that become ready together. ``step()`` waits for all of them (``synchronize()``)
-and then runs the wrapped optimizer's own step. Semantics follow ``horovod/torch/optimizer.py``: the returned
-object is an instance of a subclass of the wrapped optimizer's class built on its ``param_groups``; gradient names
-come from ``named_parameters``; ``backward_passes_per_step`` accumulates locally before communicating.
+A hook on every parameter (``register_post_accumulate_grad_hook``) notes its gradient the moment autograd has
+accumulated it; by default the gradients go in buckets, as DDP's (:mod:`hora.torch.buckets`, ``bucket_cap``): when
+a bucket's last gradient is ready, the bucket is allreduced as one flat tensor, so communication overlaps the rest
+of the backward pass. With ``groups=`` (Horovod's) a group goes as one grouped allreduce; with ``bucket_cap`` 0,
+each gradient as its own allreduce (Horovod's default). ``step()`` waits for all of them (``synchronize()``) and
+then runs the wrapped optimizer's own step. Semantics follow ``horovod/torch/optimizer.py``: the returned object is
+an instance of a subclass of the wrapped optimizer's class built on its ``param_groups``; gradient names come from
+``named_parameters``; ``backward_passes_per_step`` accumulates locally before communicating.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from hora._frontend.surface import Adasum, Average, ProcessSet, global_process_s
 from hora._strategy import STRATEGIES
 from hora.config import launchers
 from hora.errors import UnsupportedError
+from hora.torch.buckets import Bucket
 from hora.torch.compression import Compression
 from hora.torch.mpi_ops import (
     allgather_object,
@@ -29,6 +32,11 @@ from hora.torch.mpi_ops import (
     grouped_allreduce_async_,
     sparse_allreduce_async,
     synchronize,
+)
+
+TOO_MANY_PASSES = (
+    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+    "Increase backward_passes_per_step to accumulate gradients locally."
 )
 
 
@@ -82,6 +90,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # groups: an int (split the parameters into that many groups) or lists of parameters (one not listed is a
         # group of its own); each group is allreduced as one grouped collective once all its gradients are ready
         self._groups: list[list[torch.Tensor]] | None = None
+        self._buckets: list[Bucket] | None = None  # the default: self._groups are buckets, each one flat tensor
         self._group_of: dict[torch.Tensor, int] = {}
         if reduction.groups is not None:
             params_in_order = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
@@ -94,10 +103,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # buckets, as DDP's: in the order backward makes the gradients (reverse registration), the first small
             ready_order = [p for group in self.param_groups for p in group["params"] if p.requires_grad][::-1]
             sizes = [p.numel() * p.element_size() for p in ready_order]
-            self._groups = [[ready_order[i] for i in b] for b in buckets(sizes, cap)]
+            kinds = [(p.dtype, p.device) for p in ready_order]
+            self._groups = [[ready_order[i] for i in b] for b in buckets(sizes, cap, kinds=kinds)]
             self._group_of = {p: gi for gi, g in enumerate(self._groups) for p in g}
             self._group_ready = {}
-        self._buckets = reduction.groups is None and self._groups is not None
+            self._buckets = [Bucket(g, f"bucket.{self._parameter_names[g[0]]}") for g in self._groups]
+            self._bucket_count = [0] * len(self._groups)  # gradients ready in each bucket not yet submitted
 
         # An elastic job may start with one rank and grow: it needs the hooks from the start (as in Horovod).
         if process_set.included() and (size() > 1 or launchers.elastic()):
@@ -114,6 +125,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._allreduce_delay[p] = self.backward_passes_per_step
         if self._groups is not None:
             self._group_ready = {}
+        if self._buckets is not None:
+            self._bucket_count[:] = [0] * len(self._buckets)
         super(self.__class__, self).load_state_dict(*args, **kwargs)
 
     def _check_same_parameters(self, named_parameters: list[tuple[str, torch.Tensor]]) -> None:
@@ -203,6 +216,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _allreduce_group_async(self, gi: int) -> tuple[Any, Any]:
         assert self._groups is not None
         params = self._groups[gi]
+        if self._buckets is not None:
+            grads = [self._dense_grad(p) for p in params]
+            bucket = self._buckets[gi]
+            handle, ctx = bucket.submit([g for g, _ in grads], self._reduction)
+            return handle, (bucket, ctx, [was_sparse for _, was_sparse in grads])
         tensors, ctxs = [], []
         for p in params:
             dense, was_sparse = self._dense_grad(p)
@@ -222,20 +240,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return handle, (tensors, ctxs)
 
     def _make_hook(self, p: torch.Tensor) -> Any:
+        if self._buckets is not None and p in self._group_of:
+            return self._make_bucket_hook(p, self._group_of[p])
+
         def hook(*_ignore: Any) -> None:
             if self._allreduce_delay[p] <= 0:  # reset by synchronize(): this backward pass is one too many
-                raise AssertionError(
-                    "Gradients were computed more than backward_passes_per_step times before call to step(). "
-                    "Increase backward_passes_per_step to accumulate gradients locally."
-                )
+                raise AssertionError(TOO_MANY_PASSES)
             assert p.grad is None or not p.grad.requires_grad
             assert self._allreduce_delay[p] > 0
             handle, ctx = None, None
             self._allreduce_delay[p] -= 1
             if self._allreduce_delay[p] == 0:
-                sparse = p.grad is not None and p.grad.is_sparse and not self.sparse_as_dense
-                if sparse and self._buckets and p in self._group_of:  # allgathered on its own, as without buckets
-                    self._leave_bucket(p)
                 if self._groups is not None and p in self._group_of:
                     gi = self._group_of[p]
                     self._group_ready.setdefault(gi, set()).add(p)
@@ -244,6 +259,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     return
                 handle, ctx = self._allreduce_grad_async(p)
             self._handles[p] = (handle, ctx)
+
+        return hook
+
+    def _make_bucket_hook(self, p: torch.Tensor, gi: int) -> Any:
+        """The hook of a gradient in a bucket: a count, and the bucket's allreduce when the count is full. It runs
+        once per gradient and step on the backward pass's critical path, so it does no more than that."""
+        delay, count, groups = self._allreduce_delay, self._bucket_count, self._groups
+        assert groups is not None
+
+        def hook(*_ignore: Any) -> None:
+            d = delay[p]
+            if d <= 0:  # reset by synchronize(): this backward pass is one too many
+                raise AssertionError(TOO_MANY_PASSES)
+            delay[p] = d = d - 1
+            if d:
+                return
+            grad = p.grad
+            if grad is not None and grad.is_sparse and not self.sparse_as_dense:  # allgathered on its own
+                if p in self._group_of:
+                    self._leave_bucket(p)
+                self._handles[p] = self._allreduce_grad_async(p)
+                return
+            count[gi] += 1
+            if count[gi] == len(groups[gi]):
+                count[gi] = 0
+                self._handles[tuple(groups[gi])] = self._allreduce_group_async(gi)
 
         return hook
 
@@ -262,6 +303,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         assert self._groups is not None
         gi = self._group_of.pop(p)
         self._groups[gi] = [q for q in self._groups[gi] if q is not p]
+        if self._buckets is not None:
+            self._buckets[gi].leave(p)
+            if self._groups[gi] and self._bucket_count[gi] == len(self._groups[gi]):
+                self._bucket_count[gi] = 0
+                self._handles[tuple(self._groups[gi])] = self._allreduce_group_async(gi)
+            return
         ready = self._group_ready.get(gi)
         if ready is not None:
             ready.discard(p)
@@ -301,6 +348,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._handles[p] = self._allreduce_grad_async(p)
         try:
             for key, (handle, ctx) in self._handles.items():
+                if isinstance(key, tuple) and isinstance(ctx[0], Bucket):
+                    self._write_bucket(key, synchronize(handle), *ctx)
+                    continue
                 if isinstance(key, tuple):
                     outputs = synchronize(handle)
                     _tensors, ctxs = ctx
@@ -318,7 +368,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._write_grad(p, self._compression.decompress(output, cctx), was_sparse)
         finally:
             self._handles.clear()
+            if self._buckets is not None:
+                self._bucket_count[:] = [0] * len(self._buckets)
         self._synchronized = True
+
+    def _write_bucket(
+        self, params: tuple[torch.Tensor, ...], output: torch.Tensor, bucket: Bucket, ctx: Any, sparse: list[bool]
+    ) -> None:
+        dense_grads: list[torch.Tensor] = []
+        dense_out: list[torch.Tensor] = []
+        for p, out, was_sparse in zip(params, bucket.results(output, ctx, self._reduction), sparse):
+            self._allreduce_delay[p] = self.backward_passes_per_step
+            if was_sparse:
+                self._write_grad(p, out, True)
+            else:
+                assert p.grad is not None
+                dense_grads.append(p.grad)
+                dense_out.append(out)
+        if dense_grads:
+            with torch.no_grad():
+                torch._foreach_copy_(dense_grads, dense_out)
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -344,7 +413,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._handles:
+        if self._handles or (self._buckets is not None and any(self._bucket_count)):
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(). This is prohibited as it can cause a race condition."

@@ -18,6 +18,7 @@ from support.parts import Part  # noqa: E402
 from workers.torch_ops import (  # noqa: E402
     OPTIMIZERS,
     adasum_training_reference,
+    bucket_worker,
     mismatched_params_worker,
     optimizer_rules_worker,
     optimizer_state_worker,
@@ -57,6 +58,7 @@ def _parts(np_: int) -> list[Part]:
         parts.append(Part("mismatched", mismatched_params_worker))
     if np_ == 3:
         parts += [Part(f"sparse {flag}", sparse_worker, (flag,)) for flag in (False, True)]
+        parts.append(Part("buckets", bucket_worker))
     return [Part(f"np{np_} {p.name}", p.fn, p.args) for p in parts]
 
 
@@ -119,3 +121,7 @@ def test_sync_batch_norm_equals_batch_norm_on_the_global_batch(launches, np_, sh
 def test_sparse_gradients_match_one_process(launches, sparse_as_dense):
     got = launches(f"np3 sparse {sparse_as_dense}")
     torch.testing.assert_close(torch.tensor(got[0]), torch.tensor(sparse_reference(3)), rtol=1e-5, atol=1e-6)
+
+
+def test_buckets_average_mixed_dtypes_and_unused_parameters(launches):
+    assert launches("np3 buckets") == [True, True, True]
