@@ -691,7 +691,9 @@ def bucket_worker() -> bool:
     me, n = hvd.rank(), hvd.size()
     model = _MixedModel()
     plain = copy.deepcopy(model)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     assert opt._buckets is not None and len(opt._buckets) >= 3, opt._groups
     assert all(len({p.dtype for p in g}) == 1 for g in opt._groups), "a bucket mixes dtypes"
     g = torch.Generator().manual_seed(11)
