@@ -375,19 +375,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _write_bucket(
         self, params: tuple[torch.Tensor, ...], output: torch.Tensor, bucket: Bucket, ctx: Any, sparse: list[bool]
     ) -> None:
-        dense_grads: list[torch.Tensor] = []
-        dense_out: list[torch.Tensor] = []
-        for p, out, was_sparse in zip(params, bucket.results(output, ctx, self._reduction), sparse):
-            self._allreduce_delay[p] = self.backward_passes_per_step
-            if was_sparse:
-                self._write_grad(p, out, True)
-            else:
-                assert p.grad is not None
-                dense_grads.append(p.grad)
-                dense_out.append(out)
-        if dense_grads:
+        results = bucket.results(output, ctx, self._reduction)
+        self._allreduce_delay.update(dict.fromkeys(params, self.backward_passes_per_step))
+        if any(sparse):
+            for p, out, was_sparse in zip(params, results, sparse):
+                if was_sparse:
+                    self._write_grad(p, out, True)
+            params = tuple(p for p, was_sparse in zip(params, sparse) if not was_sparse)
+            results = [out for out, was_sparse in zip(results, sparse) if not was_sparse]
+        if params:
             with torch.no_grad():
-                torch._foreach_copy_(dense_grads, dense_out)
+                torch._foreach_copy_([p.grad for p in params], results)  # type: ignore[misc]
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
