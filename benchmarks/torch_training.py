@@ -15,6 +15,8 @@ Driver (default)::
     python benchmarks/torch_training.py --np 2,4 --json /tmp/torch_training.json
     python benchmarks/torch_training.py --smoke          # 2 rounds x 2 steps: checks that it runs, in seconds
     python benchmarks/torch_training.py --model many     # 200 parameters of 16 KiB (200 x Linear(64, 64))
+    python benchmarks/torch_training.py --load 1         # beside one foreign busy process
+    python benchmarks/torch_training.py --previous /tmp/prev/src   # + hora-prev: an earlier commit's hora
 
 Autotune (issue 14): ``--autotune`` starts hora with HORA_AUTOTUNE=1; every hora launch then trains untimed until
 rank 0's autotune log holds the point autotune kept, and is timed from there. ``--hora-env KEY=VALUE`` sets an
@@ -55,9 +57,13 @@ import time
 from typing import Any
 
 import numpy as np
-from _common import emit, finish, hora_command, machine, parse_counts, run_ranks, torch_missing
+from _common import busy_processes, emit, finish, hora_command, machine, parse_counts, run_ranks, torch_missing
 
-FRAMEWORKS = {"hora": "hora DistributedOptimizer", "ddp": "torch DDP (gloo)"}
+FRAMEWORKS = {
+    "hora": "hora DistributedOptimizer",
+    "ddp": "torch DDP (gloo)",
+    "hora-prev": "hora DistributedOptimizer, --previous",  # an earlier hora's src, in the same run
+}
 BASELINE = "ddp"
 TARGET = 1.5  # hora should train at least this many times DDP's samples/s (issue 14)
 LAYERS = (1024, 4096, 4096, 1024, 10)
@@ -209,7 +215,7 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.nn.functional as F
 
-    fw: Framework = HoraFramework() if args.worker == "hora" else DdpFramework()
+    fw: Framework = HoraFramework() if args.worker.startswith("hora") else DdpFramework()
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()  # by default what a user gets: the launcher's OMP_NUM_THREADS, if any
@@ -308,7 +314,7 @@ def launch(args: argparse.Namespace, framework: str, n: int, steps: int, round_:
         "--model",
         args.model,
     ]
-    if framework == "hora" and args.autotune:
+    if framework.startswith("hora") and args.autotune:
         worker_args += ["--tune-log", os.path.join(args.tune_dir, f"autotune-np{n}-round{round_}.csv")]
     return hora_command(n) + worker_args
 
@@ -316,7 +322,9 @@ def launch(args: argparse.Namespace, framework: str, n: int, steps: int, round_:
 def launch_env(args: argparse.Namespace, framework: str, cmd: list[str]) -> dict[str, str]:
     """The environment of one launch: --hora-env and autotune's settings for hora."""
     env = dict(os.environ)
-    if framework == "hora":
+    if framework == "hora-prev":
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.previous, env.get("PYTHONPATH", "")]))
+    if framework.startswith("hora"):
         env.update(args.hora_env)
         if "--tune-log" in cmd:
             env.update({"HORA_AUTOTUNE": "1", "HORA_AUTOTUNE_LOG": cmd[cmd.index("--tune-log") + 1]})
@@ -379,7 +387,9 @@ def driver(args: argparse.Namespace) -> int:
     print(
         f"# Training benchmark: {model_name(args.model)} ({parameter_count(args.model):,} parameters), "
         f"batch {args.batch_size} per rank; N = {', '.join(map(str, args.np))}; {args.rounds} rounds x {steps} "
-        f"timed steps of each kind per framework after {args.warmup} warm-up steps\n",
+        f"timed steps of each kind per framework after {args.warmup} warm-up steps"
+        + (f"; beside {args.load} busy foreign process(es)" if args.load else "; quiet")
+        + "\n",
         flush=True,
     )
     m = machine()
@@ -507,6 +517,15 @@ def main(argv: list[str] | None = None) -> int:
         "--hora-env", action="append", default=[], metavar="KEY=VALUE",
         help="an engine setting for every hora launch (repeatable; e.g. HORA_CYCLE_TIME=2)",
     )  # fmt: skip
+    p.add_argument(
+        "--previous", metavar="SRC",
+        help="also run the hora-prev framework: hora imported from SRC (e.g. the src/ of a git worktree of an "
+        "earlier commit), interleaved with the others in the same run",
+    )  # fmt: skip
+    p.add_argument(
+        "--load", type=int, default=0, metavar="K",
+        help="run every launch beside K foreign busy processes (python -c 'while True: pass'); default 0: quiet",
+    )  # fmt: skip
     p.add_argument("--worker", choices=sorted(FRAMEWORKS), help=argparse.SUPPRESS)
     p.add_argument("--tune-log", default="", help=argparse.SUPPRESS)
     p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
@@ -530,12 +549,21 @@ def main(argv: list[str] | None = None) -> int:
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
     args.frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
+    if args.previous:
+        args.previous = os.path.abspath(args.previous)
+        if not os.path.isdir(os.path.join(args.previous, "hora")):
+            p.error(f"--previous {args.previous}: no hora package there (give the src/ directory of a checkout)")
+        if "hora-prev" not in args.frameworks:
+            args.frameworks.append("hora-prev")
+    elif "hora-prev" in args.frameworks:
+        p.error("the hora-prev framework needs --previous SRC")
     bad = [f for f in args.frameworks if f not in FRAMEWORKS]
     if bad or not args.frameworks:
         p.error(f"unknown framework(s) {bad}; choose from {', '.join(FRAMEWORKS)}")
     if args.steps < args.rounds:
         p.error(f"--steps ({args.steps}) must be at least --rounds ({args.rounds})")
-    return driver(args)
+    with busy_processes(args.load):
+        return driver(args)
 
 
 if __name__ == "__main__":
