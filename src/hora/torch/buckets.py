@@ -1,63 +1,108 @@
-"""Gradient buckets of ``hora.torch.DistributedOptimizer``, as DDP's: the gradients of one bucket travel as one
-flat tensor, so a step of hundreds of small gradients costs a handful of collectives, not hundreds.
+"""Gradient buckets of ``hora.torch.DistributedOptimizer``, as DDP's: the small gradients of one bucket travel as
+one flat tensor, so a step of hundreds of small gradients costs a handful of collectives, not hundreds.
 
-When the last gradient of a bucket is ready, the bucket's gradients are copied into the bucket's own buffer (one
-``torch._foreach_copy_`` into views of it), compressed, and the buffer is allreduced in place; ``synchronize``
-copies the result back into each ``p.grad`` (one ``torch._foreach_copy_``). ``p.grad`` never aliases the buffer,
-which the next step reuses. Every gradient of a bucket has one dtype and device (``buckets(..., kinds=...)``).
+When the last gradient of a bucket is ready, its small gradients are copied into the bucket's own buffer (one
+``torch._foreach_copy_`` into views of it) and the buffer and the bucket's large gradients (:data:`DIRECT` bytes
+or more: copying them would cost more than the engine's per-tensor work) go as one grouped allreduce, in place;
+``synchronize`` copies the results back into each ``p.grad`` that is not its own result (one
+``torch._foreach_copy_``). ``p.grad`` never aliases the buffer, which the next step reuses. Every gradient of a
+bucket has one dtype and device (``buckets(..., kinds=...)``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from hora._frontend.gradients import GradientReduction
-from hora.torch.mpi_ops import allreduce_async_
+from hora.torch.mpi_ops import grouped_allreduce_async_
+
+#: Gradients of this many bytes or more go as themselves (in place), not through the bucket's flat buffer.
+DIRECT = 128 << 10
 
 
 class Bucket:
-    """One bucket: its parameters (in the order their gradients become ready), its reusable flat buffer and the
-    buffer's views shaped as each parameter (made once: per-step Python work per gradient is what buckets save)."""
+    """One bucket: its parameters (in the order their gradients become ready), which of them go flat, the reusable
+    flat buffer and its views shaped as those parameters (made once: per-step Python work per gradient is what
+    buckets save)."""
 
     def __init__(self, params: list[torch.Tensor], name: str) -> None:
-        self.params = params
         self.name = name
+        self._set(params)
+
+    def _set(self, params: list[torch.Tensor]) -> None:
+        self.params = params
+        self._small = [i for i, p in enumerate(params) if p.numel() * p.element_size() < DIRECT]
+        self._large = [i for i, p in enumerate(params) if p.numel() * p.element_size() >= DIRECT]
         self._flat: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
 
     def leave(self, p: torch.Tensor) -> None:
-        self.params = [q for q in self.params if q is not p]
-        self._flat = None  # the layout changed
+        self._set([q for q in self.params if q is not p])
 
     def submit(self, grads: list[torch.Tensor], reduction: GradientReduction) -> tuple[Any, Any]:
         """Start the bucket's allreduce of ``grads`` (dense, one per parameter, in ``params`` order): (handle,
-        the compression's context)."""
-        flat = self._flat
-        if flat is None or flat.dtype != grads[0].dtype or flat.device != grads[0].device:
-            flat = self._flat = torch.empty(sum(g.numel() for g in grads), dtype=grads[0].dtype, device=grads[0].device)
-            self._views = _views_of(flat, self.params)
-        with torch.no_grad():
-            torch._foreach_copy_(self._views, grads)
-        compressed, ctx = reduction.compression.compress(flat)
-        handle = allreduce_async_(
-            compressed,
+        the compression's contexts)."""
+        tensors = [grads[i] for i in self._large]
+        if self._small:
+            small = [grads[i] for i in self._small]
+            flat = self._flat
+            if flat is None or flat.dtype != small[0].dtype or flat.device != small[0].device:
+                total = sum(g.numel() for g in small)
+                flat = self._flat = torch.empty(total, dtype=small[0].dtype, device=small[0].device)
+                self._views = _views_of(flat, [self.params[i] for i in self._small])
+            with torch.no_grad():
+                torch._foreach_copy_(self._views, small)
+            tensors.insert(0, flat)
+        compressed, ctxs = zip(*(reduction.compression.compress(t) for t in tensors))
+        handle = grouped_allreduce_async_(
+            list(compressed),
             name=self.name,
             op=reduction.op,
             prescale_factor=reduction.prescale,
             postscale_factor=reduction.postscale,
             process_set=reduction.process_set,
         )
-        return handle, ctx
+        return handle, ctxs
 
-    def results(self, output: torch.Tensor, ctx: Any, reduction: GradientReduction) -> list[torch.Tensor]:
-        """The reduced gradients, views of the bucket's buffer in ``params`` order: copy them out before the
-        bucket's next ``submit``."""
-        flat = reduction.compression.decompress(output, ctx)
-        if self._flat is not None and flat.data_ptr() == self._flat.data_ptr():
-            return self._views
-        return _views_of(flat, self.params)
+    def results(self, outputs: list[torch.Tensor], ctxs: Any, reduction: GradientReduction) -> list[torch.Tensor]:
+        """The reduced gradients in ``params`` order: views of the bucket's buffer (copy them out before the bucket's
+        next ``submit``) and the large gradients' results (the gradient itself when reduced in place)."""
+        done = [reduction.compression.decompress(out, ctx) for out, ctx in zip(outputs, ctxs)]
+        result: list[torch.Tensor] = [None] * len(self.params)  # type: ignore[list-item]
+        if self._small:
+            flat = done.pop(0)
+            same = self._flat is not None and flat.data_ptr() == self._flat.data_ptr()
+            views = self._views if same else _views_of(flat, [self.params[i] for i in self._small])
+            for i, v in zip(self._small, views):
+                result[i] = v
+        for i, out in zip(self._large, done):
+            result[i] = out
+        return result
+
+    def write_back(
+        self,
+        outputs: list[torch.Tensor],
+        ctxs: Any,
+        reduction: GradientReduction,
+        sparse: list[bool],
+        write_sparse: Callable[[torch.Tensor, torch.Tensor, bool], None],
+    ) -> None:
+        """Put the reduced gradients into each ``p.grad``: copied, unless reduced in place; ``write_sparse`` for a
+        gradient that was sparse (``sparse_as_dense``)."""
+        grads: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        for p, out, was_sparse in zip(self.params, self.results(outputs, ctxs, reduction), sparse):
+            if was_sparse:
+                write_sparse(p, out, True)
+            elif out.data_ptr() != p.grad.data_ptr():  # type: ignore[union-attr]  # not reduced in place
+                grads.append(p.grad)  # type: ignore[arg-type]
+                values.append(out)
+        if grads:
+            with torch.no_grad():
+                torch._foreach_copy_(grads, values)
 
 
 def _views_of(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:

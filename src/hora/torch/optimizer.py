@@ -349,7 +349,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         try:
             for key, (handle, ctx) in self._handles.items():
                 if isinstance(key, tuple) and isinstance(ctx[0], Bucket):
-                    self._write_bucket(key, synchronize(handle), *ctx)
+                    bucket, cctx, sparse = ctx
+                    self._allreduce_delay.update(dict.fromkeys(key, self.backward_passes_per_step))
+                    bucket.write_back(synchronize(handle), cctx, self._reduction, sparse, self._write_grad)
                     continue
                 if isinstance(key, tuple):
                     outputs = synchronize(handle)
@@ -371,21 +373,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._buckets is not None:
                 self._bucket_count[:] = [0] * len(self._buckets)
         self._synchronized = True
-
-    def _write_bucket(
-        self, params: tuple[torch.Tensor, ...], output: torch.Tensor, bucket: Bucket, ctx: Any, sparse: list[bool]
-    ) -> None:
-        results = bucket.results(output, ctx, self._reduction)
-        self._allreduce_delay.update(dict.fromkeys(params, self.backward_passes_per_step))
-        if any(sparse):
-            for p, out, was_sparse in zip(params, results, sparse):
-                if was_sparse:
-                    self._write_grad(p, out, True)
-            params = tuple(p for p, was_sparse in zip(params, sparse) if not was_sparse)
-            results = [out for out, was_sparse in zip(results, sparse) if not was_sparse]
-        if params:
-            with torch.no_grad():
-                torch._foreach_copy_([p.grad for p in params], results)  # type: ignore[misc]
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
