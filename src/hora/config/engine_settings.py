@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hora.config import parsers
-from hora.config.fields import Flag, absolute_path, setting
+from hora.config.fields import Flag, absolute_path, megabytes_flag, setting
 
 __all__ = ["EngineSettings"]
 
@@ -25,13 +25,8 @@ class EngineSettings:
             "Largest fusion buffer in bytes: ready tensors are packed into one collective up to this size "
             "(0 disables fusion)."
         ),
-        flag=Flag(
-            "--fusion-threshold-mb",
-            "fuse ready tensors into buffers of up to MB MiB; 0 disables fusion",
-            metavar="MB",
-            convert=parsers.megabytes,
-            show_default=lambda b: f"{b / 2**20:g}",
-            unit="in bytes",
+        flag=megabytes_flag(
+            "--fusion-threshold-mb", "fuse ready tensors into buffers of up to MB MiB; 0 disables fusion"
         ),
     )
     bucket_cap: int = setting(
@@ -45,13 +40,9 @@ class EngineSettings:
             "allreduce the moment its last gradient is ready. 0: one allreduce per gradient (Horovod's way). groups= "
             "(num_groups=) overrides it."
         ),
-        flag=Flag(
+        flag=megabytes_flag(
             "--bucket-cap-mb",
             "gradient buckets of up to MB MiB (torch and MXNet optimizers); 0: one allreduce per gradient",
-            metavar="MB",
-            convert=parsers.megabytes,
-            show_default=lambda b: f"{b / 2**20:g}",
-            unit="in bytes",
         ),
     )
     cycle_time_ms: float = setting(

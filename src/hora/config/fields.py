@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hora.config import parsers
+
 __all__ = ["Flag", "absolute_path", "read_settings", "setting"]
 
 
@@ -34,6 +36,18 @@ class Flag:
     convert: Callable[[str], Any] | None = None
     show_default: Callable[[Any], str] | None = None
     unit: str = ""
+
+
+def megabytes_flag(name: str, help: str) -> Flag:
+    """A flag given in MiB (``--NAME-mb MB``) for a setting kept in bytes."""
+    return Flag(
+        name,
+        help,
+        metavar="MB",
+        convert=parsers.megabytes,
+        show_default=lambda b: f"{b / 2**20:g}",
+        unit="in bytes",
+    )
 
 
 def absolute_path(path: str) -> str:

@@ -49,7 +49,7 @@ class Bucket:
         if self._small:
             small = [grads[i] for i in self._small]
             flat = self._flat
-            if flat is None or flat.dtype != small[0].dtype or flat.device != small[0].device:
+            if flat is None:  # one dtype and device per bucket: the layout alone decides
                 total = sum(g.numel() for g in small)
                 flat = self._flat = torch.empty(total, dtype=small[0].dtype, device=small[0].device)
                 self._views = _views_of(flat, [self.params[i] for i in self._small])

@@ -292,7 +292,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Submit group ``gi`` as one grouped allreduce once every gradient in it is ready."""
         assert self._groups is not None
         ready = self._group_ready.get(gi, set())
-        if self._groups[gi] and len(ready) == len(self._groups[gi]):
+        if len(ready) == len(self._groups[gi]):
             del self._group_ready[gi]
             for q in self._groups[gi]:
                 self._handles.pop(q, None)
@@ -300,19 +300,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _leave_bucket(self, p: torch.Tensor) -> None:
         """A sparse gradient leaves its default bucket for good (every rank's model makes the same one sparse)."""
-        assert self._groups is not None
+        assert self._groups is not None and self._buckets is not None
         gi = self._group_of.pop(p)
-        self._groups[gi] = [q for q in self._groups[gi] if q is not p]
-        if self._buckets is not None:
-            self._buckets[gi].leave(p)
-            if self._groups[gi] and self._bucket_count[gi] == len(self._groups[gi]):
-                self._bucket_count[gi] = 0
-                self._handles[tuple(self._groups[gi])] = self._allreduce_group_async(gi)
-            return
-        ready = self._group_ready.get(gi)
-        if ready is not None:
-            ready.discard(p)
-            self._submit_if_complete(gi)
+        self._buckets[gi].leave(p)
+        self._groups[gi] = self._buckets[gi].params
+        if self._groups[gi] and self._bucket_count[gi] == len(self._groups[gi]):  # p was the one it waited for
+            self._bucket_count[gi] = 0
+            self._handles[tuple(self._groups[gi])] = self._allreduce_group_async(gi)
 
     # -- synchronisation ---------------------------------------------------------------------------------------------
     def synchronize(self) -> None:
@@ -334,8 +328,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 | set(self._group_ready)
             )
             for gi in pending_groups:
-                if not self._groups[gi]:  # a bucket its sparse gradients left
-                    continue
                 for q in self._groups[gi]:
                     self._handles.pop(q, None)
                     completed.add(q)
