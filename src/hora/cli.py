@@ -10,6 +10,7 @@ import sys
 from hora import __version__
 from hora._orphans import end_adopted
 from hora._proc import become_subreaper
+from hora.dashboard.cli import add_dashboard_parser, dashboard_main
 from hora.errors import HoraError
 from hora.jobs.cli import add_job_parser, job_main
 from hora.runner.flags import add_run_arguments, check_settings, elastic_options, run_epilog, settings_from_args
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     _run_parser(sub)
     add_job_parser(sub)
+    add_dashboard_parser(sub)
     args, extras = parser.parse_known_args(argv)
     if extras:
         return _unknown(parser, args, extras)
@@ -64,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(parser, args)
     if args.cmd == "job":
         return job_main(args)
+    if args.cmd == "dashboard":
+        return dashboard_main(args)
     return 2  # pragma: no cover
 
 

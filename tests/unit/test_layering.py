@@ -25,6 +25,7 @@ LAYERS = [
     ["hora.keras", "hora.tensorflow.keras"],
     ["hora.runner"],
     ["hora.jobs", "hora.ray", "hora.spark"],
+    ["hora.dashboard"],
     ["hora.cli", "hora.__main__"],
 ]
 MAX_LINES = 500

@@ -50,6 +50,11 @@ VARIABLES: tuple[Variable, ...] = (
         "the oversubscribe setting, read by hora job for its spec's process count before the job's settings exist",
     ),
     Variable("HORA_JOB_HOME", "where hora job keeps its jobs (default ~/.hora)"),
+    Variable(
+        "HORA_DASHBOARD_TOKEN",
+        "the token hora dashboard requires of every request (default: none on a loopback address, a random one "
+        "printed at start on any other)",
+    ),
     Variable("HORA_JOB_ATTEMPT", "set by hora job for a job's ranks: the attempt (1, 2, ... with retries)"),
     Variable(
         "HORA_JOB_CONNECT_TIMEOUT",

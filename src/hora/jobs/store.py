@@ -307,6 +307,14 @@ class JobStore:
             (job,),
         )
 
+    def metrics_after(self, job: str, after: int = 0, limit: int = 50_000) -> list[tuple[Any, ...]]:
+        """Up to ``limit`` of the job's metric values stored after row ``after``, in the order they were stored:
+        ``(rowid, name, value, timestamp, host, rank, attempt)`` (what a live view asks for as a job runs)."""
+        return [tuple(r) for r in self._query(
+            "SELECT rowid, name, value, timestamp, host, rank, attempt FROM metrics WHERE job = ? AND rowid > ? "
+            "ORDER BY rowid LIMIT ?", (job, after, limit)
+        )[1]]
+
     def _stream(self, sql: str, params: tuple[Any, ...]) -> Iterator[Any]:
         """The rows of a read as they are consumed; on a full disk, from the file as it is (as :meth:`_query`)."""
         try:

@@ -1,0 +1,84 @@
+// Shared by the dashboard's pages: elements, formats, a live event stream, and uPlot line charts.
+"use strict";
+
+const hora = (() => {
+  const el = (tag, attrs = {}, ...children) => {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs)) {
+      if (k === "class") node.className = v;
+      else if (k === "text") node.textContent = v;
+      else node.setAttribute(k, v);
+    }
+    for (const child of children) node.append(child);
+    return node;
+  };
+
+  const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "-");
+
+  const duration = (job) => {
+    if (!job.started) return "-";
+    const seconds = ((job.ended || Date.now() / 1000) - job.started);
+    if (seconds < 120) return seconds.toFixed(1) + " s";
+    const m = Math.floor(seconds / 60), h = Math.floor(m / 60);
+    return h ? `${h} h ${m % 60} min` : `${m} min ${Math.floor(seconds % 60)} s`;
+  };
+
+  const bytes = (n) => {
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+    return (i ? n.toFixed(1) : String(n)) + " " + units[i];
+  };
+
+  const status = (job) => el("span", { class: "status " + job.status, text: job.status });
+
+  // An EventSource with a marker showing whether it is connected; handlers: {event name: fn(parsed data)}.
+  const stream = (url, handlers, marker) => {
+    const source = new EventSource(url);
+    for (const [name, fn] of Object.entries(handlers)) {
+      source.addEventListener(name, (e) => fn(JSON.parse(e.data)));
+    }
+    if (marker) {
+      source.onopen = () => { marker.classList.add("on"); marker.textContent = "live"; };
+      source.onerror = () => { marker.classList.remove("on"); marker.textContent = "reconnecting"; };
+    }
+    return source;
+  };
+
+  // A titled chart in `parent` whose series are {label: [[x, y], ...]}; update() redraws with new series.
+  class Chart {
+    constructor(parent, title, xLabel) {
+      this.box = el("div", { class: "chart", "data-metric": title }, el("h3", { text: title }));
+      parent.append(this.box);
+      this.xLabel = xLabel;
+      this.plot = null;
+      this.labels = "";
+    }
+
+    update(series) {
+      const labels = Object.keys(series).sort();
+      const xs = [...new Set(labels.flatMap((l) => series[l].map((p) => p[0])))].sort((a, b) => a - b);
+      const index = new Map(xs.map((x, i) => [x, i]));
+      const data = [xs, ...labels.map((l) => {
+        const ys = new Array(xs.length).fill(null);
+        for (const [x, y] of series[l]) ys[index.get(x)] = y;
+        return ys;
+      })];
+      this.box.dataset.points = String(labels.reduce((n, l) => n + series[l].length, 0));
+      if (this.plot && this.labels === labels.join("\n")) { this.plot.setData(data); return; }
+      if (this.plot) this.plot.destroy();
+      this.labels = labels.join("\n");
+      const colors = ["#2f6fd0", "#c0392b", "#1f8a4c", "#c77d00", "#7b3fb5", "#00838f", "#6d4c41", "#ad1457"];
+      const time = this.xLabel === "time";
+      this.plot = new uPlot({
+        width: Math.max(420, this.box.clientWidth - 4), height: 240,
+        scales: { x: { time } },
+        axes: [{ label: time ? "" : this.xLabel }, {}],
+        series: [{ label: this.xLabel }, ...labels.map((l, i) => ({
+          label: l, stroke: colors[i % colors.length], width: 1.5, spanGaps: true }))],
+      }, data, this.box);
+    }
+  }
+
+  return { el, when, duration, bytes, status, stream, Chart };
+})();

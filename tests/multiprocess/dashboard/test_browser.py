@@ -1,0 +1,206 @@
+"""``hora dashboard`` as a user meets it: the real server over a real jobs home, read by headless Chromium.
+
+One running job (it prints metrics, then waits for the test's signal before printing one more line, so a line
+printed after the page loaded must appear live) and one failed job. Screenshots go to the test's tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from hora.jobs import JobStore, parse_spec, start_job, wait_job
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None, reason="Debian's chromium and chromium-driver (.ci/run installs them)"
+)
+webdriver = pytest.importorskip("selenium.webdriver")
+pytest.importorskip("starlette", reason="the dashboard extra: pip install 'hora[dashboard]'")
+
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+RUNNING = """
+    import os, sys, time
+    from pathlib import Path
+    import numpy as np
+    import hora.numpy as hvd
+    hvd.init()
+    go = Path(sys.argv[sys.argv.index("--go") + 1])
+    for step in range(1, 6):
+        loss = hvd.allreduce(np.array([1.0 / step]), name="loss")[0]
+        print(f"step {step}: loss={loss:.4f}", flush=True)
+        time.sleep(0.2)
+    deadline = time.monotonic() + 120
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    print("printed after the page loaded", flush=True)
+    hvd.shutdown()
+"""
+FAILING = """
+    import sys
+    print("about to fail", flush=True)
+    raise SystemExit("the data file is missing")
+"""
+SECRET_VALUE = "env-value-that-must-not-show"
+
+
+def _job(tmp_path: Path, store: JobStore, name: str, script: str, **fields) -> None:
+    src = tmp_path / name
+    src.mkdir()
+    (src / "train.py").write_text(textwrap.dedent(script))
+    spec = parse_spec({"entry_point": "train.py", "source_dir": str(src), "job_name": name, **fields})
+    start_job(spec, store, wait=False)
+
+
+def _dashboard(home: Path, *flags: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "hora", "dashboard", "--home", str(home), "--port", "0", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("hora dashboard: http://"), line + proc.stdout.read()
+    return proc, line.split()[2]
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _events(url: str, seconds: float) -> str:
+    """What an event stream sends in its first ``seconds``."""
+    out = b""
+    with urllib.request.urlopen(url, timeout=30) as response:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and b"event: log" not in out:
+            out += response.read1(65536)
+    return out.decode()
+
+
+def _browser(tmp_path: Path):
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM  # type: ignore[assignment]
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1800",
+                f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(arg)
+    return webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+
+
+def test_the_dashboard_shows_jobs_live_in_a_real_browser(tmp_path):
+    store = JobStore(tmp_path / "home")
+    go = tmp_path / "go"
+    metrics = [{"Name": "loss", "Regex": r"loss=([0-9.]+)"}]
+    _job(tmp_path, store, "running", RUNNING, hyperparameters={"go": str(go), "lr": 0.5},
+         metric_definitions=metrics, environment={"MY_TOKEN": SECRET_VALUE},
+         distribution={"mpi": {"enabled": True,
+                                "custom_mpi_options": "-x HOROVOD_TIMELINE=/opt/ml/output/data/timeline.json"}})
+    _job(tmp_path, store, "failing", FAILING)
+    proc, url = _dashboard(store.home)
+    driver = None
+    try:
+        driver = _browser(tmp_path)
+        wait = WebDriverWait(driver, 60, poll_frequency=0.2)
+        driver.get(url)
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == 2)
+        assert {r.get_attribute("data-job") for r in driver.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")} == {
+            "running", "failing"}
+        driver.save_screenshot(str(tmp_path / "jobs.png"))
+
+        driver.get(url + "jobs/running")
+        wait.until(lambda d: "step 5" in d.find_element(By.ID, "log").text)
+        chart = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#metrics .chart[data-metric="loss"]'))[0]
+        wait.until(lambda d: int(chart.get_attribute("data-points") or 0) == 5)
+        assert chart.find_elements(By.TAG_NAME, "canvas")
+        go.write_text("go")  # only now does the script print its last line
+        wait.until(lambda d: "printed after the page loaded" in d.find_element(By.ID, "log").text)
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#status .status").text == "Completed")
+        assert SECRET_VALUE not in driver.page_source and "MY_TOKEN (values not shown)" in driver.page_source
+        links = wait.until(lambda d: {a.text: a.get_attribute("href")
+                                      for a in d.find_elements(By.CSS_SELECTOR, "#downloads a")} or None)
+        assert set(links) == {"model (model.tar.gz)", "output (output.tar.gz)", "timeline (timeline.json)"}
+        status, timeline = _get(links["timeline (timeline.json)"])
+        assert status == 200 and 'allreduce.loss' in timeline and timeline.lstrip().startswith("[")
+        driver.save_screenshot(str(tmp_path / "running.png"))
+
+        assert wait_job(store, "failing", timeout=120).status == "Failed"
+        driver.get(url + "jobs/failing")
+        reason = wait.until(lambda d: d.find_element(By.ID, "failure-reason").text)
+        assert "the data file is missing" in reason
+        assert "the data file is missing" in (store.get("failing").failure_reason or "")
+        driver.save_screenshot(str(tmp_path / "failing.png"))
+
+        driver.get(url + "compare?job=running&job=failing")
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#metrics .chart[data-metric="loss"] canvas'))
+        driver.save_screenshot(str(tmp_path / "compare.png"))
+
+        # Nothing the server sends shows the job's secret or an environment value.
+        secret = (store.job_dir("running") / "hora" / "secret").read_text().strip()
+        bodies = [_get(url + path)[1] for path in ("api/jobs", "api/jobs/running", "api/jobs/running/logs",
+                                                     "api/jobs/running/metrics", "api/jobs/failing")]
+        bodies.append(_events(url + "api/jobs/running/events", 10))
+        for body in bodies:
+            assert secret not in body and SECRET_VALUE not in body
+        assert json.loads(bodies[1])["environment_names"] == ["MY_TOKEN"]
+    finally:
+        if driver is not None:
+            driver.quit()
+        _stop(proc)
+        for name in ("running", "failing"):
+            wait_job(store, name, timeout=120)
+
+
+def test_on_another_address_every_request_needs_the_token(tmp_path):
+    proc, url = _dashboard(tmp_path / "home", "--host", "0.0.0.0")
+    try:
+        assert "?token=" in url
+        port = url.split(":")[2].split("/")[0]
+        token = url.split("?token=")[1]
+        local = f"http://127.0.0.1:{port}/"
+        status, body = _get(local + "api/jobs")
+        assert status == 401 and "needs its token" in body
+        assert _get(local + "api/jobs", {"Authorization": "Bearer wrong"})[0] == 401
+        assert _get(local + "api/jobs", {"Authorization": f"Bearer {token}"}) == (200, '{"jobs":[]}')
+        opener = urllib.request.build_opener(_NoRedirect)
+        try:
+            opener.open(local + f"?token={token}", timeout=30)
+            raise AssertionError("the token in the address was not traded for a cookie")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 303 and exc.headers["Location"] == "/"
+            cookie = exc.headers["Set-Cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        assert _get(local, {"Cookie": cookie.split(";")[0]})[0] == 200
+    finally:
+        _stop(proc)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
