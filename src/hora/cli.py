@@ -10,9 +10,13 @@ import sys
 from hora import __version__
 from hora._orphans import end_adopted
 from hora._proc import become_subreaper
+from hora.config import Config
+from hora.config.variables import environment
 from hora.dashboard.cli import add_dashboard_parser, dashboard_main
 from hora.errors import HoraError
 from hora.jobs.cli import add_job_parser, job_main
+from hora.jobs.run_record import RunRecorder
+from hora.jobs.store import JobStore
 from hora.runner.flags import add_run_arguments, check_settings, elastic_options, run_epilog, settings_from_args
 
 
@@ -84,6 +88,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 2
     become_subreaper()  # a rank's double-forked daemon is ended with the job, not left under PID 1
     try:
+        observer = _recorder(command, args.np, settings)
         result = run_command(
             command,
             np=args.np,
@@ -97,6 +102,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             ssh_options=args.ssh_option,
             network_interface=args.network_interface,
             elastic=elastic_options(args),
+            observer=observer,
             **settings,
         )
     except HoraError as exc:
@@ -116,6 +122,16 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if report:
         print(report, file=sys.stderr, flush=True)
     return result.exit_code
+
+
+def _recorder(command: list[str], np: int | None, settings: dict[str, object]) -> RunRecorder | None:
+    """The job-store recorder of ``hora run --record`` (the record setting), or None."""
+    if not Config.resolve(env=environment(), overrides=settings).record:
+        return None
+    recorder = RunRecorder(JobStore(), command, np)
+    print(f"hora run: recording this run as {recorder.name} in {recorder.store.home} (hora dashboard shows it)",
+          file=sys.stderr, flush=True)
+    return recorder
 
 
 if __name__ == "__main__":  # pragma: no cover

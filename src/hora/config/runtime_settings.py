@@ -84,6 +84,20 @@ class RuntimeSettings:
             group="run",
         ),
     )
+    record: bool = setting(
+        False,
+        parsers.parse_bool,
+        "HORA_RECORD",
+        help="Keep this hora run in the job store (HORA_JOB_HOME, default ~/.hora) as a run entry: its command, "
+        "hosts and ranks, every rank's output and, on failure, the root-cause report, so hora dashboard and hora "
+        "job list/describe/logs/stop show it while it runs and after.",
+        flag=Flag(
+            "--record",
+            "keep this run in the job store, for hora dashboard and hora job list/logs",
+            action="store_true",
+            group="run",
+        ),
+    )
     op_timeout: float = setting(
         300.0,
         parsers.positive_float,

@@ -33,6 +33,7 @@ def job_summary(r: JobRecord) -> dict[str, Any]:
     spec = r.spec
     return {
         "name": r.name,
+        "kind": spec.get("kind", "job"),
         "status": str(r.status),
         "secondary_status": str(r.secondary_status),
         "hosts": int(spec.get("instance_count", 1)),
@@ -55,7 +56,8 @@ def jobs(store: JobStore) -> list[dict[str, Any]]:
 
 
 def job_detail(store: JobStore, name: str) -> dict[str, Any]:
-    """A job's page: its summary, spec, status history, failure reason, hosts, artifacts and metric names."""
+    """A job's page: its summary, spec, status history, failure reason, hosts and downloads (looked up every time a
+    page's stream polls: nothing here scans the job's metric values)."""
     r = reconcile(store, store.get(name))
     spec = {k: _plain(r.spec[k]) for k in SHOWN_SPEC if r.spec.get(k) not in (None, "", [], {})}
     environment = r.spec.get("environment") or {}
@@ -70,9 +72,8 @@ def job_detail(store: JobStore, name: str) -> dict[str, Any]:
             {"time": t, "status": s, "secondary_status": s2, "message": m or ""}
             for t, s, s2, m in store.transitions(name)
         ],
-        "host_names": [f"algo-{i + 1}" for i in range(int(r.spec.get("instance_count", 1)))],
+        "host_names": r.host_names,
         "downloads": [{k: v for k, v in d.items() if k != "path"} for d in downloads(r).values()],
-        "metric_names": sorted(store.metric_names(name)),
     }
 
 

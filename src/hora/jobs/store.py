@@ -91,6 +91,14 @@ class JobRecord:
         return self.status in TERMINAL
 
     @property
+    def host_names(self) -> list[str]:
+        """The job's hosts: ``algo-1`` .. ``algo-N``, or the real hosts of a recorded ``hora run``."""
+        names = self.spec.get("host_names")
+        if isinstance(names, list) and names:
+            return [str(n) for n in names]
+        return [f"algo-{i + 1}" for i in range(int(self.spec.get("instance_count", 1)))]
+
+    @property
     def duration(self) -> float | None:
         if self.started is None:
             return None

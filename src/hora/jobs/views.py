@@ -70,14 +70,7 @@ def describe(store: JobStore, name: str) -> str:
         f"Started:           {_when(r.started)}",
         f"Ended:             {_when(r.ended)}",
         f"Duration:          {_duration(r.duration)}",
-        f"Attempts:          {r.attempts} (max_retry_attempts {spec.get('max_retry_attempts', 0)})",
-        f"Entry point:       {spec['entry_point']} in {spec['source_dir']}",
-        f"Hosts:             {spec['instance_count']} x {spec['processes_per_host']} process(es), "
-        f"distribution {spec['strategy']}",
-        *_network(r),
-        f"Hyperparameters:   {json.dumps(spec.get('hyperparameters', {}), sort_keys=True)}",
-        f"Max run:           {spec['max_run']:g}s",
-        *_spot_lines(store, r),
+        *(_run_lines(r) if spec.get("kind") == "run" else _job_lines(store, r)),
         f"Job directory:     {r.job_dir}",
     ]
     for ch in spec.get("inputs", {}).values():
@@ -99,6 +92,30 @@ def describe(store: JobStore, name: str) -> str:
     for t, status, secondary, message in store.transitions(name):
         lines.append(f"  {_when(t)}  {status:10} {secondary:18} {message.splitlines()[0] if message else ''}".rstrip())
     return "\n".join(lines)
+
+
+def _job_lines(store: JobStore, r: JobRecord) -> list[str]:
+    spec = r.spec
+    return [
+        f"Attempts:          {r.attempts} (max_retry_attempts {spec.get('max_retry_attempts', 0)})",
+        f"Entry point:       {spec['entry_point']} in {spec['source_dir']}",
+        f"Hosts:             {spec['instance_count']} x {spec['processes_per_host']} process(es), "
+        f"distribution {spec['strategy']}",
+        *_network(r),
+        f"Hyperparameters:   {json.dumps(spec.get('hyperparameters', {}), sort_keys=True)}",
+        f"Max run:           {spec['max_run']:g}s",
+        *_spot_lines(store, r),
+    ]
+
+
+def _run_lines(r: JobRecord) -> list[str]:
+    """A run of hora run kept with --record (hora.jobs.run_record)."""
+    ranks = r.spec.get("ranks") or []
+    return [
+        "Kind:              hora run (kept with --record)",
+        f"Command:           {r.spec.get('entry_point', '')}",
+        f"Hosts:             {', '.join(r.host_names)}; {len(ranks)} rank(s)",
+    ]
 
 
 def _spot_lines(store: JobStore, r: JobRecord) -> list[str]:
@@ -165,8 +182,7 @@ def _rank_lines(r: JobRecord, result: AttemptResult) -> list[str]:
 
 def _log_files(record: JobRecord, host: str | None) -> list[Path]:
     logs = Path(record.job_dir) / "logs"
-    count = int(record.spec.get("instance_count", 1))
-    hosts = [f"algo-{i + 1}" for i in range(count)]
+    hosts = record.host_names
     if host is not None:
         if host not in hosts:
             raise ConfigError(f"job {record.name} has no host {host!r}; its hosts are {', '.join(hosts)}")

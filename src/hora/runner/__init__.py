@@ -27,6 +27,7 @@ from hora.errors import ConfigError, RunError
 from hora.runner.allocation import check_not_nested, slurm_allocation
 from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts
 from hora.runner.launch import LaunchSpec, launch
+from hora.runner.observer import RunObserver
 from hora.runner.result import Failure, RunResult
 from hora.runner.ssh import SshOptions
 
@@ -83,6 +84,7 @@ def run_command(
     ssh_options: Sequence[str] = (),
     network_interface: str | None = None,
     elastic: Mapping[str, Any] | None = None,
+    observer: RunObserver | None = None,
     **settings: Any,
 ) -> RunResult:
     """Run ``command`` as ``np`` ranks and return the :class:`RunResult` (it does not raise on failure).
@@ -99,6 +101,8 @@ def run_command(
 
     ``elastic`` (``min_np``, ``max_np``, ``host_discovery_script``, ``slots_per_host``, ``reset_limit``,
     ``blacklist_cooldown_range``: ``hora run``'s elastic options) makes it an elastic job (docs/elastic.md).
+    ``observer`` (:class:`~hora.runner.observer.RunObserver`) is told of the ranks, every line and the end
+    (``hora run --record``; not for elastic jobs yet).
 
     Raises:
         HostError: a remote host cannot be used (unreachable, refusing SSH, rejecting the key, not answering).
@@ -124,6 +128,9 @@ def run_command(
         start_timeout, grace, oversubscribe = 30.0, 30.0, False  # the workers report the bad setting themselves
         merge_stderr = False
     ssh = SshOptions(ssh_port, ssh_identity_file, tuple(ssh_options), start_timeout)
+    if elastic and observer is not None:
+        raise ConfigError("hora run --record does not record elastic jobs yet; leave out --record or the elastic "
+                          "options (--min-np, --max-np, --host-discovery-script)")
     if elastic:
         return _run_elastic(
             command,
@@ -162,8 +169,17 @@ def run_command(
         start_timeout=start_timeout,
         oversubscribe=oversubscribe,
         merge_stderr=merge_stderr,
+        observer=observer,
     )
-    return launch(spec)
+    try:
+        result = launch(spec)
+    except BaseException as exc:
+        if observer is not None:
+            observer.ended(2, f"{type(exc).__name__}: {exc}")
+        raise
+    if observer is not None:
+        observer.ended(result.exit_code, result.report())
+    return result
 
 
 def _run_elastic(

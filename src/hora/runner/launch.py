@@ -41,6 +41,7 @@ from hora.errors import ConfigError
 from hora.runner.contradictions import check_launch
 from hora.runner.hosts import HostSlots, RankSlot, assign_ranks, is_local_host, place_servers
 from hora.runner.limits import check_process_count
+from hora.runner.observer import RunObserver
 from hora.runner.output import OutputPump
 from hora.runner.ps_servers import PsServers, check_checkpoint_dir
 from hora.runner.reaper import GroupReaper
@@ -74,6 +75,7 @@ class LaunchSpec:
     local_hosts: Sequence[str] = ()  # host names that are this machine whatever they resolve to (hora job's algo-1)
     oversubscribe: bool = False  # allow more than MAX_PER_CPU processes per CPU here (the oversubscribe setting)
     merge_stderr: bool = False  # one pipe for each process's stdout and stderr (the merge_stderr setting)
+    observer: RunObserver | None = None  # told of the ranks, their lines and the end (hora run --record)
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -210,6 +212,9 @@ def launch(spec: LaunchSpec) -> RunResult:
     job = JobProcesses(
         plan.slots, OutputPump(spec.output_filename, capture=spec.capture, prefix=spec.prefix_output), spec.verbose
     )
+    job.pump.observer = spec.observer
+    if spec.observer is not None:
+        spec.observer.started([(slot.rank, slot.host) for slot in plan.slots])
     master = (plan.master_addr, _free_port())
     hosts: list[RemoteHost] = []
 

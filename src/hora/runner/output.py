@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from hora.runner.observer import RunObserver
+
 __all__ = ["OutputPump"]
 
 TAIL_LINES = 20
@@ -56,6 +58,7 @@ class OutputPump:
         self._open = 0
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
+        self.observer: RunObserver | None = None  # gets every whole line too (hora run --record)
 
     def _add_rank(self, rank: int) -> None:
         self.tails[rank] = deque(maxlen=TAIL_LINES)
@@ -194,6 +197,8 @@ class OutputPump:
         """A whole line (its newline removed): record it, and print what the terminal has not shown yet."""
         key = (rank, stream)
         line = raw.decode(errors="replace").rstrip("\r")
+        if self.observer is not None:
+            self.observer.line(self.labels.get(rank, str(rank)), stream, line)
         if stream == "stderr":
             drawings = [piece for piece in line.split("\r") if piece]
             self.tails[rank].append(drawings[-1] if drawings else "")

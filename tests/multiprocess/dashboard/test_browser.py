@@ -1,12 +1,15 @@
 """``hora dashboard`` as a user meets it: the real server over a real jobs home, read by headless Chromium.
 
 One running job (it prints metrics, then waits for the test's signal before printing one more line, so a line
-printed after the page loaded must appear live) and one failed job. Screenshots go to the test's tmp_path.
+printed after the page loaded must appear live), one failed job, and one failed ``hora run --record``. Screenshots
+go to the test's tmp_path.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +56,19 @@ FAILING = """
     raise SystemExit("the data file is missing")
 """
 SECRET_VALUE = "env-value-that-must-not-show"
+#: A hora run kept with --record: rank 1 comes late to the allreduce (rank 0's stall warning), then fails.
+STALLING_RUN = """
+import sys, time
+import numpy as np
+import hora.numpy as hvd
+hvd.init()
+if hvd.rank() == 1:
+    time.sleep(3)
+hvd.allreduce(np.ones(2), name="late")
+if hvd.rank() == 1:
+    sys.exit("rank 1 gives up after the allreduce")
+hvd.shutdown()
+"""
 
 
 def _job(tmp_path: Path, store: JobStore, name: str, script: str, **fields) -> None:
@@ -123,15 +139,21 @@ def test_the_dashboard_shows_jobs_live_in_a_real_browser(tmp_path):
          distribution={"mpi": {"enabled": True,
                                 "custom_mpi_options": "-x HOROVOD_TIMELINE=/opt/ml/output/data/timeline.json"}})
     _job(tmp_path, store, "failing", FAILING)
+    recorded = subprocess.run(
+        [sys.executable, "-m", "hora", "run", "-np", "2", "--record", "--stall-check-warning-time-seconds", "1",
+         sys.executable, "-c", STALLING_RUN],
+        env={**os.environ, "HORA_JOB_HOME": str(store.home)}, capture_output=True, text=True, timeout=120)
+    assert recorded.returncode == 1, recorded.stderr
+    run = recorded.stderr.split("recording this run as ")[1].split()[0]
     proc, url = _dashboard(store.home)
     driver = None
     try:
         driver = _browser(tmp_path)
         wait = WebDriverWait(driver, 60, poll_frequency=0.2)
         driver.get(url)
-        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == 2)
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == 3)
         assert {r.get_attribute("data-job") for r in driver.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")} == {
-            "running", "failing"}
+            "running", "failing", run}
         driver.save_screenshot(str(tmp_path / "jobs.png"))
 
         driver.get(url + "jobs/running")
@@ -156,6 +178,17 @@ def test_the_dashboard_shows_jobs_live_in_a_real_browser(tmp_path):
         assert "the data file is missing" in reason
         assert "the data file is missing" in (store.get("failing").failure_reason or "")
         driver.save_screenshot(str(tmp_path / "failing.png"))
+
+        # The recorded hora run: its ranks, both ranks' output, rank 0's stall warning, the root-cause table.
+        driver.get(url + "jobs/" + run)
+        reason = wait.until(lambda d: d.find_element(By.ID, "failure-reason").text)
+        assert "rank 1 failed first" in reason and "<- root cause" in reason
+        log = wait.until(lambda d: d.find_element(By.ID, "log").text)
+        assert "rank 1]<stderr> rank 1 gives up after the allreduce" in log
+        assert re.search(r"\[\S+ rank 0\]<stderr> .*(stall|waiting).*", log, re.I), log
+        assert "localhost x 2" in driver.find_element(By.ID, "facts").text or "2 process" in driver.find_element(
+            By.ID, "facts").text
+        driver.save_screenshot(str(tmp_path / "run.png"))
 
         driver.get(url + "compare?job=running&job=failing")
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#metrics .chart[data-metric="loss"] canvas'))

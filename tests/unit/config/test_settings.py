@@ -260,6 +260,7 @@ def _non_default_config() -> Config:
         grace_period=7.5,
         oversubscribe=True,
         merge_stderr=True,
+        record=True,
         op_timeout=60.25,
         thread_defaults=False,
         transport="tcp",
