@@ -49,6 +49,7 @@ from hora.runner.result import Failure, RunResult, root_cause
 from hora.runner.ssh import SshOptions, advertise_address, preflight, remote_agent_command, ssh_command
 from hora.runner.stacks import StackDumps
 from hora.runner.supervise import SETTLE, ExitWatcher, JobProcesses, LocalRank
+from hora.runner.system_metrics import SystemMetricsLog
 
 __all__ = ["Failure", "LaunchSpec", "RunResult", "forwarded_env", "launch"]
 
@@ -74,6 +75,8 @@ class LaunchSpec:
     local_hosts: Sequence[str] = ()  # host names that are this machine whatever they resolve to (hora job's algo-1)
     oversubscribe: bool = False  # allow more than MAX_PER_CPU processes per CPU here (the oversubscribe setting)
     merge_stderr: bool = False  # one pipe for each process's stdout and stderr (the merge_stderr setting)
+    system_metrics: str | None = None  # append every host's system metrics here (the system_metrics setting)
+    system_metrics_interval: float = 0.5
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -224,6 +227,7 @@ def launch(spec: LaunchSpec) -> RunResult:
     exits: ExitWatcher | None = None
     try:
         servers = _parameter_servers(spec, plan, ps_hosts, base_env, rdv, secret, job_id, master, job)
+        sampled = SystemMetricsLog.open(spec.system_metrics, spec.system_metrics_interval)  # this host, from now
     except BaseException:
         server.shutdown()
         raise
@@ -248,6 +252,7 @@ def launch(spec: LaunchSpec) -> RunResult:
                 if job.interrupted is not None:
                     raise _StartInterrupted
                 host = _start_remote(spec, name, plan, ps_hosts, rdv, secret, job_id, master, forwarded, job)
+                host.on_system = sampled.write if sampled else None
                 hosts.append(host)
                 handles.update(host.ranks)
             job.procs = [handles[r] for r in range(spec.np)]
@@ -287,6 +292,8 @@ def launch(spec: LaunchSpec) -> RunResult:
                 servers.stop(spec.grace)
             reaper.close()
             server.shutdown()
+            if sampled is not None:  # after the hosts' sessions: their last samples are in
+                sampled.close()
             for name in sweep(job_id):
                 job.log(f"removed shared memory {name} that a crashed rank left behind")
             saved = stacks.save(spec.output_filename, keep=not spec.capture)
@@ -382,6 +389,7 @@ def _start_remote(
         "grace": spec.grace,
         "network_interface": spec.network_interface,
         "merge_stderr": spec.merge_stderr,
+        "system_metrics_interval": spec.system_metrics_interval if spec.system_metrics else None,
     }
     argv = ssh_command(name, spec.ssh or SshOptions(), remote_agent_command(sys.executable, agent_path))
     host = RemoteHost(

@@ -13,17 +13,19 @@ twice a second); :meth:`SystemSampler.stop` takes a last sample and flushes what
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hora.errors import UnsupportedError
+from hora.errors import ConfigError, UnsupportedError
 
-__all__ = ["METRIC_NAMES", "Counters", "Sample", "SystemSampler", "rates", "read_counters"]
+__all__ = ["METRIC_NAMES", "Counters", "Sample", "SystemMetricsLog", "SystemSampler", "rates", "read_counters"]
 
 log = logging.getLogger(__name__)
 
@@ -235,3 +237,59 @@ class SystemSampler:
             log.warning("hora: system metrics stopped: %s", exc)
         finally:
             self._flush()
+
+
+class SystemMetricsLog:
+    """``hora run --system-metrics FILE``: one JSON line a sample, ``{"time", "host", "name", "value"}``, appended
+    to FILE from the launching host's own sampler (:meth:`start`) and from the remote hosts' agents, whose batches
+    the launcher hands to :meth:`write` as they arrive.
+
+    Raises:
+        ConfigError: FILE cannot be opened for appending (named, with the setting).
+    """
+
+    def __init__(self, path: str, interval: float, host: str) -> None:
+        self.path = os.path.abspath(path)
+        self.interval = interval
+        self.host = host
+        self._lock = threading.Lock()
+        try:
+            self._file = open(self.path, "a")  # noqa: SIM115 - closed by close(), after the last host's batch
+        except OSError as exc:
+            raise ConfigError(
+                f"--system-metrics {path!r} (HORA_SYSTEM_METRICS) cannot be opened for appending: {exc.strerror}; "
+                "name a file in a directory that exists and that you may write"
+            ) from None
+        self._sampler: SystemSampler | None = None
+
+    @classmethod
+    def open(cls, path: str | None, interval: float) -> SystemMetricsLog | None:
+        """The log of ``path`` with this host (``socket.gethostname()``) sampled from now on; None without a path."""
+        return cls(path, interval, socket.gethostname()).start() if path else None
+
+    def start(self) -> SystemMetricsLog:
+        """Sample this host until :meth:`close`."""
+        try:
+            self._sampler = SystemSampler(self.interval, lambda batch: self.write(self.host, batch)).start()
+        except BaseException:  # not Linux: nothing sampled, nothing left open
+            self.close()
+            raise
+        return self
+
+    def write(self, host: str, batch: list[Sample]) -> None:
+        """Append ``host``'s samples (from a remote agent, a list of ``[time, name, value]``)."""
+        lines = "".join(
+            json.dumps({"time": float(t), "host": host, "name": str(name), "value": float(value)}) + "\n"
+            for t, name, value in batch
+        )
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(lines)
+                self._file.flush()
+
+    def close(self) -> None:
+        """The launching host's last sample, then the file closed (the remote hosts' sessions have ended)."""
+        if self._sampler is not None:
+            self._sampler.stop()
+        with self._lock:
+            self._file.close()
