@@ -265,7 +265,7 @@ def system_metrics_table(store: JobStore, name: str) -> Iterator[str]:
     yield row(("TIME", "HOST", "METRIC", "VALUE"))
     for host, ts, metric, value in itertools.chain([first], rows):
         stamp = time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts % 1 * 1000):03d}"
-        yield row((stamp, host, metric, f"{value:.6g}"))
+        yield row((stamp, host, metric, f"{value:.10g}"))
 
 
 def plot_metrics(store: JobStore, name: str, path: str, system: bool = False) -> str:

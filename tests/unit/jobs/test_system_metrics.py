@@ -137,3 +137,22 @@ def test_an_index_from_before_system_metrics_gains_the_table(tmp_path):
     assert list(store.iter_system_metrics("old")) == []
     store.add_system_metrics("old", [("algo-1", 1.0, "cpu_percent", 3.0)])
     assert list(store.iter_system_metrics("old")) == [("algo-1", 1.0, "cpu_percent", 3.0)]
+
+
+def test_the_system_metrics_table_lists_every_sample_and_says_why_there_are_none(tmp_path):
+    from hora.jobs import views
+
+    store = JobStore(tmp_path / "home")
+    store.create("on", {"job_name": "on", "system_monitor_interval_millis": 500})
+    store.create("off", {"job_name": "off", "system_monitor_interval_millis": None})
+    assert list(views.system_metrics_table(store, "on")) == [
+        "job on has no system metrics (yet: each host writes its samples every few seconds)"]
+    assert list(views.system_metrics_table(store, "off")) == [
+        "job off has no system metrics (its profiler_config disables them)"]
+    store.add_system_metrics("on", [("algo-1", 1.5, "cpu_percent", 12.25), ("algo-2", 2.5, "memory_used_bytes", 2e9)])
+    lines = list(views.system_metrics_table(store, "on"))
+    assert lines[0].split() == ["TIME", "HOST", "METRIC", "VALUE"]
+    assert [line.split()[1:] for line in lines[1:]] == [
+        ["algo-1", "cpu_percent", "12.25"], ["algo-2", "memory_used_bytes", "2000000000"]]
+    with pytest.raises(ConfigError, match="no job named 'nope'"):
+        list(views.system_metrics_table(store, "nope"))
