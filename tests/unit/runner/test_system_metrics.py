@@ -10,7 +10,15 @@ import threading
 
 import pytest
 
-from hora.runner.system_metrics import METRIC_NAMES, SECTOR_BYTES, SystemSampler, rates, read_counters, whole_disk
+from hora.runner.system_metrics import (
+    METRIC_NAMES,
+    SECTOR_BYTES,
+    SystemMetricsLog,
+    SystemSampler,
+    rates,
+    read_counters,
+    whole_disk,
+)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="system metrics read Linux's /proc")
 
@@ -147,3 +155,31 @@ def test_a_failing_sink_does_not_stop_sampling():
 def test_the_interval_must_be_positive():
     with pytest.raises(ValueError, match="must be > 0 seconds"):
         SystemSampler(0, lambda batch: None)
+
+
+def test_the_log_appends_this_hosts_samples_and_the_batches_of_remote_hosts(tmp_path):
+    import json
+
+    path = tmp_path / "system.jsonl"
+    log = SystemMetricsLog.open(str(path), 0.01)
+    assert log is not None and SystemMetricsLog.open(None, 0.01) is None and SystemMetricsLog.open("", 0.5) is None
+    log.write("node2", [[1.5, "cpu_percent", 7.0]])  # a remote agent's batch, as JSON decodes it
+    log.close()
+    log.write("node3", [[2.5, "cpu_percent", 1.0]])  # after close (a straggler): dropped, not an error
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0] == {"time": 1.5, "host": "node2", "name": "cpu_percent", "value": 7.0}
+    own = lines[1:]
+    assert own and {s["host"] for s in own} == {socket.gethostname()}
+    assert [s["name"] for s in own] == list(METRIC_NAMES) * (len(own) // len(METRIC_NAMES))
+    assert not log._sampler._thread.is_alive()
+
+
+def test_a_log_that_cannot_be_opened_and_elastic_jobs_are_refused_naming_the_setting(tmp_path):
+    from hora.errors import ConfigError
+    from hora.runner import run_command
+
+    with pytest.raises(ConfigError, match=r"--system-metrics .* cannot be opened for appending"):
+        SystemMetricsLog.open(str(tmp_path / "missing" / "m.jsonl"), 0.5)
+    with pytest.raises(ConfigError, match="not supported for elastic jobs"):
+        run_command(["true"], np=1, elastic={"min_np": 1, "max_np": 2}, system_metrics=str(tmp_path / "m.jsonl"))
+    assert not (tmp_path / "m.jsonl").exists()
