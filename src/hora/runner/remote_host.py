@@ -172,7 +172,11 @@ class RemoteHost:
                 self.stacks[rank] = payload.decode(errors="replace")
                 self._stacks_came.notify_all()
         elif kind == SYSTEM and self.on_system is not None:
-            self.on_system(self.host, json.loads(payload))
+            try:
+                batch = json.loads(payload)
+            except ValueError:
+                batch = None  # the log names a malformed batch
+            self.on_system(self.host, batch if isinstance(batch, list) else [None])
         elif kind == ERROR:
             self._fail_all(f"host {self.host}: {payload.decode(errors='replace')}", 1)
 

@@ -261,6 +261,7 @@ class SystemMetricsLog:
                 "name a file in a directory that exists and that you may write"
             ) from None
         self._sampler: SystemSampler | None = None
+        self._failed = False
 
     @classmethod
     def open(cls, path: str | None, interval: float) -> SystemMetricsLog | None:
@@ -277,19 +278,36 @@ class SystemMetricsLog:
         return self
 
     def write(self, host: str, batch: list[Sample]) -> None:
-        """Append ``host``'s samples (from a remote agent, a list of ``[time, name, value]``)."""
-        lines = "".join(
-            json.dumps({"time": float(t), "host": host, "name": str(name), "value": float(value)}) + "\n"
-            for t, name, value in batch
-        )
+        """Append ``host``'s samples (from a remote agent, a list of ``[time, name, value]``). Never raises: a
+        malformed batch or a failed write (a full disk) is logged once and dropped, and the job goes on."""
+        try:
+            lines = "".join(
+                json.dumps({"time": float(t), "host": host, "name": str(name), "value": float(value)}) + "\n"
+                for t, name, value in batch
+            )
+        except (TypeError, ValueError):
+            self._problem(f"a malformed batch of system metrics from {host} was dropped")
+            return
         with self._lock:
-            if not self._file.closed:
+            if self._file.closed:
+                return
+            try:
                 self._file.write(lines)
                 self._file.flush()
+            except OSError as exc:
+                self._problem(f"cannot append system metrics to {self.path}: {exc.strerror or exc}")
+
+    def _problem(self, message: str) -> None:
+        if not self._failed:
+            self._failed = True
+            log.warning("hora run: %s (said once)", message)
 
     def close(self) -> None:
         """The launching host's last sample, then the file closed (the remote hosts' sessions have ended)."""
         if self._sampler is not None:
             self._sampler.stop()
         with self._lock:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError as exc:  # the last flush (a full disk)
+                self._problem(f"cannot append system metrics to {self.path}: {exc.strerror or exc}")

@@ -164,6 +164,7 @@ def test_the_log_appends_this_hosts_samples_and_the_batches_of_remote_hosts(tmp_
     log = SystemMetricsLog.open(str(path), 0.01)
     assert log is not None and SystemMetricsLog.open(None, 0.01) is None and SystemMetricsLog.open("", 0.5) is None
     log.write("node2", [[1.5, "cpu_percent", 7.0]])  # a remote agent's batch, as JSON decodes it
+    log.write("node9", [None, ["x"]])  # a malformed one: dropped, said once, not raised into the frame reader
     log.close()
     log.write("node3", [[2.5, "cpu_percent", 1.0]])  # after close (a straggler): dropped, not an error
     lines = [json.loads(line) for line in path.read_text().splitlines()]
