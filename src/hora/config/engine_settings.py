@@ -127,6 +127,30 @@ class EngineSettings:
         help="Mark the start of every engine cycle in the timeline.",
         flag=Flag("--timeline-mark-cycles", "mark every engine cycle in the timeline", action="store_true"),
     )
+    system_metrics: str = setting(
+        "",
+        str,
+        "HORA_SYSTEM_METRICS",
+        help="File hora run appends its hosts' system metrics to, one JSON line a sample (time, host, name, value): "
+        "CPU, memory, network and disk throughput of the launching host and of every -H host (empty: none).",
+        flag=Flag(
+            "--system-metrics",
+            "append every host's CPU, memory, network and disk throughput to FILE (JSON lines), relative to this "
+            "directory",
+            metavar="FILE",
+            group="run",
+            convert=absolute_path,
+            show_default=lambda p: p or "none",
+        ),
+    )
+    system_metrics_interval: float = setting(
+        0.5,
+        parsers.positive_float,
+        "HORA_SYSTEM_METRICS_INTERVAL",
+        help="Seconds between two system metric samples of a host (SageMaker's default, 500 ms).",
+        flag=Flag("--system-metrics-interval", "sample each host's system metrics every S seconds", metavar="S",
+                  group="run"),
+    )
     autotune: bool = setting(
         False,
         parsers.parse_bool,

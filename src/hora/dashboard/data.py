@@ -86,12 +86,9 @@ def metric_rows(store: JobStore, name: str, after: int = 0, limit: int = 50_000)
 
 def system_rows(store: JobStore, name: str, since: float = 0.0) -> tuple[list[list[Any]], float]:
     """The hosts' system metrics sampled after ``since``: ``[host, time, name, value]`` each, and the time to ask
-    after next time (the store keeps them only when the job's hosts sample them)."""
-    sampled = getattr(store, "iter_system_metrics", None)
-    if sampled is None:
-        return [], since
-    rows = [list(row) for row in sampled(name, since) if row[1] > since]
-    return rows, max((row[1] for row in rows), default=since)
+    after next time (none when the job's profiler_config turned sampling off)."""
+    samples = [sample for sample in store.iter_system_metrics(name, since) if sample[1] > since]
+    return [list(sample) for sample in samples], max((sample[1] for sample in samples), default=since)
 
 
 def downloads(r: JobRecord) -> dict[str, dict[str, Any]]:

@@ -4,6 +4,8 @@ The process takes on the host's identity first (its network namespace, then a pr
 the job's ``/etc/hosts`` and the host name ``algo-K``; see :mod:`hora.jobs.cluster`), so every process of the host
 descends from it and lives in the host's namespaces. Then:
 
+- **every host** samples its CPU, memory, network and disks into the job store while it runs (``profiler_config``;
+  :mod:`hora.runner.system_metrics`), in a daemon thread stopped, with a last sample, when the host ends.
 - **algo-1, the master**, starts every rank of every host with hora run (:func:`hora.runner.launch.launch`): its
   own ranks locally, the other hosts' through their agents, reached with :mod:`hora.jobs._rsh` in place of ssh.
   It writes hora run's outcome to ``hora/attempt-N/master.json`` and exits with hora run's exit code.
@@ -43,6 +45,8 @@ from hora.jobs.cluster import read_secret, socket_path
 from hora.jobs.parameter_server import hora_ps_run_settings
 from hora.jobs.plan import JobPlan
 from hora.jobs.records import HostReport, MasterRecord
+from hora.jobs.store import JobStore
+from hora.runner.system_metrics import Sample, SystemSampler
 
 __all__ = ["MASTER_NEVER_CAME", "main"]
 
@@ -236,6 +240,22 @@ def run_master(job_dir: Path, plan: JobPlan, host: str, attempt: int) -> int:
     return result.exit_code
 
 
+def _system_metrics(plan: JobPlan, host: str) -> SystemSampler | None:
+    """Sample this host (in its own network namespace) into the job store while it runs (profiler_config)."""
+    if plan.system_monitor_interval is None:
+        return None
+    store = JobStore(plan.home)
+
+    def sink(batch: list[Sample]) -> None:
+        store.add_system_metrics(plan.job_name, [(host, t, name, value) for t, name, value in batch])
+
+    try:
+        return SystemSampler(plan.system_monitor_interval, sink).start()
+    except (HoraError, OSError) as exc:
+        _say(host, f"no system metrics for this host: {exc}")
+        return None
+
+
 def main() -> None:
     job_dir, host, attempt = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     plan = JobPlan.read(job_dir)
@@ -249,7 +269,12 @@ def main() -> None:
     # algo-K resolves, is the host name, and its tree is /opt/ml (as root; see cluster.py)
     enter_host(host, job_dir / "hora" / "hosts", job_dir / "hosts" / host)
     become_subreaper()  # what the scripts double-fork is this host's to end with the job
-    code = run_master(job_dir, plan, host, attempt) if index == 0 else serve(job_dir, plan, host, attempt)
+    sampler = _system_metrics(plan, host)
+    try:
+        code = run_master(job_dir, plan, host, attempt) if index == 0 else serve(job_dir, plan, host, attempt)
+    finally:
+        if sampler is not None:
+            sampler.stop()  # the last sample, and what is still pending, into the store
     left = end_adopted()
     if left:
         print(f"hora job: {host}: ended {len(left)} process(es) the job's scripts left running: {', '.join(left)}",

@@ -33,6 +33,8 @@ def add_job_parser(sub: argparse._SubParsersAction) -> None:
     m = jsub.add_parser("metrics", help="the metric values parsed from the logs")
     m.add_argument("job")
     m.add_argument("--plot", metavar="FILE.png", help="also draw the curves into FILE.png (needs matplotlib)")
+    m.add_argument("--system", action="store_true",
+                   help="the hosts' system metrics (CPU, memory, network, disk; profiler_config) instead")
     st = jsub.add_parser("stop", help="stop a running job (SIGTERM to the script, SIGKILL after stop_grace)")
     st.add_argument("job")
     st.add_argument("--wait", action="store_true", help="wait until it has stopped and show the summary")
@@ -93,10 +95,11 @@ def job_main(args: argparse.Namespace) -> int:
             for line in lines:
                 print(line, flush=args.follow)
         elif args.job_cmd == "metrics":
-            for line in views.metrics_table(store, args.job):
+            table = views.system_metrics_table if args.system else views.metrics_table
+            for line in table(store, args.job):
                 print(line)
             if args.plot:
-                print(f"plotted to {views.plot_metrics(store, args.job, args.plot)}")
+                print(f"plotted to {views.plot_metrics(store, args.job, args.plot, system=args.system)}")
         elif args.job_cmd == "rm":
             for name in args.job:
                 kept, removed = remove_job(store, name, args.artifacts)

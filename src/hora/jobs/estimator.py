@@ -21,6 +21,7 @@ from typing import Any
 from hora.errors import ConfigError, UnexpectedStatusException
 from hora.jobs import views
 from hora.jobs.api import start_job, stop_job, wait_job
+from hora.jobs.profiler import estimator_profiler_config
 from hora.jobs.spec import FIELDS, parse_spec
 from hora.jobs.spot import billable_seconds
 from hora.jobs.states import JobStatus
@@ -50,8 +51,6 @@ NO_EFFECT = (
     "encrypt_inter_container_traffic",
     "debugger_hook_config",
     "tensorboard_output_config",
-    "profiler_config",
-    "disable_profiler",
     "rules",
     "code_location",
     "container_log_level",
@@ -163,6 +162,9 @@ class Estimator:
     def __init__(self, home: str | None = None, base_job_name: str | None = None, **kwargs: Any) -> None:
         fields: dict[str, Any] = {}
         ignored = []
+        profiler = estimator_profiler_config(kwargs.pop("profiler_config", None), kwargs.pop("disable_profiler", None))
+        if profiler is not None:
+            fields["profiler_config"] = profiler
         for key, value in kwargs.items():
             if key in NO_EFFECT:
                 ignored.append(key)

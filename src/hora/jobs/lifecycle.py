@@ -345,6 +345,7 @@ class JobSupervisor(Attempts):
         command, the hora run settings, the parameter servers, the metric definitions."""
         python = str(self._env.python) if self._env.exists else sys.executable
         user_hps = json.loads(self.job_dir.joinpath("hora", f"env-{self.hosts[0]}.json").read_text())["SM_HPS"]
+        millis = self.spec.system_monitor_interval_millis
         plan = JobPlan(
             job_name=self.spec.job_name,
             home=str(self.store.home),
@@ -365,6 +366,7 @@ class JobSupervisor(Attempts):
             parameter_server=self._parameter_servers(),
             metric_definitions=self.spec.metric_definitions,
             echo=self.echo,
+            system_monitor_interval=None if millis is None else millis / 1000,
         )
         plan.write(self.job_dir)
         try:

@@ -1,6 +1,6 @@
 """The job's plan: what the supervisor decides once, before the first attempt, and every process of the job reads
 (``hora/plan.json``): the hosts and their addresses, the network, the command, the hora run settings, the
-parameter servers and the metric definitions.
+parameter servers, the metric definitions and the system metrics' sampling interval.
 
 One frozen record (:class:`JobPlan`) with one writer (:meth:`JobPlan.to_json`, :meth:`JobPlan.write`) and one
 reader (:meth:`JobPlan.from_json`, :meth:`JobPlan.read`), used by the supervisor (:mod:`hora.jobs.lifecycle`), each
@@ -83,6 +83,8 @@ class JobPlan:
     parameter_server: ParameterServerPlan | None
     metric_definitions: tuple[MetricDefinition, ...]
     echo: bool
+    #: seconds between two system metric samples on each host (profiler_config); None: not sampled
+    system_monitor_interval: float | None = None
 
     @property
     def world_size(self) -> int:
@@ -125,6 +127,7 @@ class JobPlan:
             "parameter_server": None if self.parameter_server is None else self.parameter_server.to_dict(),
             "metric_definitions": [{"Name": m.name, "Regex": m.regex} for m in self.metric_definitions],
             "echo": self.echo,
+            "system_monitor_interval": self.system_monitor_interval,
         }
         return json.dumps(data, indent=1)
 
@@ -194,6 +197,7 @@ class JobPlan:
             parameter_server=_servers(data.get("parameter_server"), len(hosts)),
             metric_definitions=_metrics(f.items("metric_definitions")),
             echo=f.boolean("echo"),
+            system_monitor_interval=_interval(data.get("system_monitor_interval")),
         )
 
 
@@ -211,6 +215,15 @@ def _servers(data: Any, host_count: int) -> ParameterServerPlan | None:
             f"{host_count} host(s); it needs one of each per host"
         )
     return ParameterServerPlan(servers, workers, ps)
+
+
+def _interval(value: Any) -> float | None:
+    """The sampling interval (absent in a plan from before system metrics: not sampled)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"field 'system_monitor_interval' is {value!r}; it must be a number of seconds > 0 or null")
+    return float(value)
 
 
 def _metrics(items: list[Any]) -> tuple[MetricDefinition, ...]:

@@ -86,7 +86,7 @@ def _from_directory(store: JobStore, name: str) -> tuple[dict[str, Any], list[tu
     }
     note = (
         f"rebuilt by `hora job reindex` from {job_dir} "
-        "(the earlier status history and metrics were lost with the index)"
+        "(the earlier status history, metrics and system metrics were lost with the index)"
     )
     record = _read_json(hora_dir / RECORD_FILE)
     if record is not None:

@@ -26,6 +26,7 @@ from hora.jobs.checks import Checker as _Checker
 from hora.jobs.checks import type_name as _type_name
 from hora.jobs.checks import unknown_field as _unknown
 from hora.jobs.distribution import parse_distribution
+from hora.jobs.profiler import DEFAULT_INTERVAL_MILLIS, parse_profiler_config
 from hora.runner.limits import process_count_problem
 
 __all__ = ["ChannelSpec", "JobSpec", "MetricDefinition", "SpecError", "load_spec", "parse_spec", "spec_from_dict"]
@@ -43,7 +44,7 @@ FIELDS = (
     "entry_point", "source_dir", "hyperparameters", "instance_count", "instance_type", "processes_per_host",
     "distribution", "inputs", "input_mode", "output_path", "checkpoint_path", "metric_definitions", "max_run",
     "max_retry_attempts", "environment", "job_name", "stop_grace", "network", "master_timeout",
-    "use_spot_instances", "max_wait", "spot_interruptions",
+    "use_spot_instances", "max_wait", "spot_interruptions", "profiler_config",
 )
 CHANNEL_FIELDS = ("uri", "s3_data", "input_mode", "distribution", "content_type", "record_wrapping")
 
@@ -112,6 +113,7 @@ class JobSpec:
     use_spot_instances: bool = False  # managed spot: reclaims restart the job from its checkpoints (spot.py)
     max_wait: float | None = None  # seconds the whole spot job may take, waits for capacity included
     spot_interruptions: tuple[float, ...] = ()  # seconds after the start at which to simulate a reclaim
+    system_monitor_interval_millis: int | None = DEFAULT_INTERVAL_MILLIS  # profiler_config's; None: disabled
 
     @property
     def host_count(self) -> int:
@@ -358,6 +360,7 @@ def parse_spec(
         c.add(f"instance_count {instance_count} x processes_per_host {pph}: {problem}")
 
     use_spot, max_wait, interruptions = _spot(data, max_run, c)
+    monitor_millis = parse_profiler_config(data.get("profiler_config"), c)  # None: the system monitoring is off
 
     job_name = c.str_(data, "job_name")
     if job_name is not None and not _JOB_NAME.match(job_name):
@@ -393,6 +396,7 @@ def parse_spec(
         use_spot_instances=use_spot,
         max_wait=max_wait,
         spot_interruptions=interruptions,
+        system_monitor_interval_millis=monitor_millis,
     )
 
 

@@ -1,4 +1,4 @@
-"""The job store: one SQLite database with every job's state, status history and metric values.
+"""The job store: one SQLite database with every job's state, status history, metric values and system metrics.
 
 It lives in the jobs home, ``~/.hora`` by default, or ``$HORA_JOB_HOME`` / ``hora job --home DIR``; each job's
 files (hosts, logs, artifacts unless ``output_path`` says otherwise) live in ``<home>/jobs/<job_name>/``. Several
@@ -61,6 +61,10 @@ CREATE TABLE IF NOT EXISTS metrics (
     host TEXT NOT NULL, rank INTEGER NOT NULL, attempt INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS metrics_job ON metrics (job, name, timestamp);
+CREATE TABLE IF NOT EXISTS system_metrics (
+    job TEXT NOT NULL, host TEXT NOT NULL, timestamp REAL NOT NULL, name TEXT NOT NULL, value REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS system_metrics_job ON system_metrics (job, timestamp);
 """
 
 
@@ -238,10 +242,10 @@ class JobStore:
         return self.get(name)
 
     def remove(self, name: str) -> None:
-        """Forget job ``name``: its index entries (record, transitions, metrics) and its directory."""
+        """Forget job ``name``: its index entries (record, transitions, metrics, system metrics) and its directory."""
         with self._db() as db:
-            for sql in ("DELETE FROM metrics WHERE job = ?", "DELETE FROM transitions WHERE job = ?",
-                        "DELETE FROM jobs WHERE name = ?"):
+            for sql in ("DELETE FROM metrics WHERE job = ?", "DELETE FROM system_metrics WHERE job = ?",
+                        "DELETE FROM transitions WHERE job = ?", "DELETE FROM jobs WHERE name = ?"):
                 db.execute(sql, (name,))
         shutil.rmtree(self.job_dir(name), ignore_errors=True)
 
@@ -322,6 +326,20 @@ class JobStore:
             "SELECT rowid, name, value, timestamp, host, rank, attempt FROM metrics WHERE job = ? AND rowid > ? "
             "ORDER BY rowid LIMIT ?", (job, after, limit)
         )[1]]
+
+    def add_system_metrics(self, job: str, rows: list[tuple[str, float, str, float]]) -> None:
+        """rows: (host, timestamp, name, value) -- a batch of one host's samples (:mod:`hora.runner.system_metrics`)."""
+        with self._db() as db:
+            db.executemany("INSERT INTO system_metrics VALUES (?,?,?,?,?)", [(job, *r) for r in rows])
+
+    def iter_system_metrics(self, job: str, since: float = 0.0) -> Iterator[tuple[str, float, str, float]]:
+        """The job's system metric samples, (host, timestamp, name, value), in time order from ``since`` (a
+        timestamp, inclusive), read as they are consumed."""
+        yield from self._stream(
+            "SELECT host, timestamp, name, value FROM system_metrics WHERE job = ? AND timestamp >= ? "
+            "ORDER BY timestamp, rowid",
+            (job, since),
+        )
 
     def _stream(self, sql: str, params: tuple[Any, ...]) -> Iterator[Any]:
         """The rows of a read as they are consumed; on a full disk, from the file as it is (as :meth:`_query`)."""

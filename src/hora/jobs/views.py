@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import signal
 import time
@@ -16,7 +17,8 @@ from hora.jobs.spot import billable_seconds
 from hora.jobs.states import SecondaryStatus
 from hora.jobs.store import JobRecord, JobStore
 
-__all__ = ["describe", "follow_logs", "job_table", "metrics_table", "plot_metrics", "read_logs", "summary"]
+__all__ = ["describe", "follow_logs", "job_table", "metrics_table", "plot_metrics", "read_logs", "summary",
+           "system_metrics_table"]
 
 
 def _when(t: float | None) -> str:
@@ -261,8 +263,30 @@ def metrics_table(store: JobStore, name: str) -> Iterator[str]:
         yield row((stamp, metric, f"{value:g}", host, str(rank), str(attempt)))
 
 
-def plot_metrics(store: JobStore, name: str, path: str) -> str:
-    """One subplot per metric, one line per host/rank, x = seconds since the job started."""
+def system_metrics_table(store: JobStore, name: str) -> Iterator[str]:
+    """The job's system metric samples (every host's CPU, memory, network, disk) as table lines, in time order."""
+    record = store.get(name)
+    rows = store.iter_system_metrics(name)
+    first = next(rows, None)
+    if first is None:
+        off = record.spec.get("system_monitor_interval_millis", 0) is None
+        yield f"job {name} has no system metrics" + (
+            " (its profiler_config disables them)" if off else " (yet: each host writes its samples every few seconds)")
+        return
+    widths = (12, 8, 34, 14)
+
+    def row(cells: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    yield row(("TIME", "HOST", "METRIC", "VALUE"))
+    for host, ts, metric, value in itertools.chain([first], rows):
+        stamp = time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts % 1 * 1000):03d}"
+        yield row((stamp, host, metric, f"{value:.10g}"))
+
+
+def plot_metrics(store: JobStore, name: str, path: str, system: bool = False) -> str:
+    """One subplot per metric, one line per host/rank (with ``system``: per host, the system metrics), x = seconds
+    since the job started."""
     try:
         import matplotlib
 
@@ -273,9 +297,10 @@ def plot_metrics(store: JobStore, name: str, path: str) -> str:
             "--plot needs matplotlib: pip install -c constraints.txt -e '.[jobs-plot]' in hora's checkout"
         ) from None
     record = store.get(name)
-    rows = store.metrics(name)
+    rows = store.metrics(name) if not system else [
+        (metric, value, ts, host, 0, 0) for host, ts, metric, value in store.iter_system_metrics(name)]
     if not rows:
-        raise ConfigError(f"job {name} has no metric values to plot")
+        raise ConfigError(f"job {name} has no {'system metrics' if system else 'metric values'} to plot")
     names = sorted({r[0] for r in rows})
     t0 = record.started or min(r[2] for r in rows)
     fig, axes = plt.subplots(len(names), 1, figsize=(8, 3 * len(names)), squeeze=False)
@@ -285,7 +310,8 @@ def plot_metrics(store: JobStore, name: str, path: str) -> str:
             if m == metric:
                 series.setdefault((host, rank), []).append((ts - t0, value))
         for (host, rank), points in sorted(series.items()):
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=f"{host} rank {rank}")
+            label = host if system else f"{host} rank {rank}"
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=label)
         ax.set_title(metric)
         ax.set_xlabel("seconds since start")
         ax.legend(fontsize="small")

@@ -124,13 +124,19 @@ def run_command(
         resolved = Config.resolve(env=outer, overrides=dict(settings))
         start_timeout, grace, oversubscribe = resolved.start_timeout, resolved.grace_period, resolved.oversubscribe
         merge_stderr = resolved.merge_stderr
+        system_metrics, interval = resolved.system_metrics or None, resolved.system_metrics_interval
     except (ConfigError, TypeError):
         start_timeout, grace, oversubscribe = 30.0, 30.0, False  # the workers report the bad setting themselves
-        merge_stderr = False
+        merge_stderr, system_metrics, interval = False, None, 0.5
     ssh = SshOptions(ssh_port, ssh_identity_file, tuple(ssh_options), start_timeout)
     if elastic and observer is not None:
         raise ConfigError("hora run --record does not record elastic jobs yet; leave out --record or the elastic "
                           "options (--min-np, --max-np, --host-discovery-script)")
+    if elastic and system_metrics:
+        raise ConfigError(
+            "--system-metrics (HORA_SYSTEM_METRICS) is not supported for elastic jobs yet: leave it out, or run the "
+            "job without --min-np/--max-np/--host-discovery-script"
+        )
     if elastic:
         return _run_elastic(
             command,
@@ -170,6 +176,8 @@ def run_command(
         oversubscribe=oversubscribe,
         merge_stderr=merge_stderr,
         observer=observer,
+        system_metrics=system_metrics,
+        system_metrics_interval=interval,
     )
     try:
         result = launch(spec)

@@ -23,6 +23,8 @@ HEADER = struct.Struct("!BiBI")
 HELLO, STARTED, OUTPUT, CLOSED, EXITED, ERROR = 1, 2, 3, 4, 5, 6
 #: A rank's Python stacks (all threads), the answer to a launcher's ``{"stacks": [ranks]}`` request.
 STACKS = 7
+#: A batch of the host's system metric samples, JSON ``[[time, name, value], ...]`` (``--system-metrics``).
+SYSTEM = 8
 #: Launcher -> agent messages are a 4-byte length and a JSON object; the job description is the largest.
 MAX_JOB_BYTES = 64 << 20
 _LEN = struct.Struct("!I")

@@ -3,7 +3,8 @@
 It reads its job description, the job secret included, as one length-prefixed JSON message on stdin, so the secret
 never appears on a command line or in the SSH command's environment string (``ps`` on either host cannot show it).
 It starts that host's ranks the way the local launcher does (a session per rank, PR_SET_PDEATHSIG) and reports on
-its stdout, in binary frames: that it started, each rank's pid, every chunk of output, and each rank's exit.
+its stdout, in binary frames: that it started, each rank's pid, every chunk of output, and each rank's exit (and,
+with ``--system-metrics``, batches of the host's system metric samples).
 
 With ``--num-ps``/``--ps-per-host`` it also starts the host's parameter servers (``python -m hora.ps``, with the
 environment of the host's first rank), reported under the negative numbers ``-1 - index`` like the launcher's own
@@ -39,7 +40,7 @@ from hora._proc import die_with_parent, kill_group, set_parent_death_signal, usa
 from hora.config import Config
 from hora.config.variables import environment
 from hora.config.worker_env import thread_defaults
-from hora.errors import ConfigError
+from hora.errors import ConfigError, HoraError
 from hora.runner.agent_protocol import (
     CLOSED,
     ERROR,
@@ -49,12 +50,14 @@ from hora.runner.agent_protocol import (
     OUTPUT,
     STACKS,
     STARTED,
+    SYSTEM,
     interface_address,
     read_message,
 )
 from hora.runner.limits import process_count_problem
 from hora.runner.ps_servers import RestartBudget, server_argv, server_key, server_of
 from hora.runner.stacks import agent_stacks
+from hora.runner.system_metrics import SystemSampler
 
 
 class _Agent:
@@ -231,10 +234,28 @@ def main() -> int:
         print(f"hora agent on {socket.gethostname()}: {exc}", file=sys.stderr)
         return 2
     agent = _Agent(job, out)
+    sampler = _sampler(agent, job.get("system_metrics_interval"))
     try:
         return _serve(agent, job, received)
     finally:
+        if sampler is not None:  # the last sample goes back before the session ends
+            sampler.stop()
         agent.stacks.save(None, keep=False)  # removes the stacks directory
+
+
+def _sampler(agent: _Agent, interval: Any) -> SystemSampler | None:
+    """``--system-metrics``: this host's samples, sent back to the launcher in batches."""
+    if not interval:
+        return None
+
+    def send(batch: list[tuple[float, str, float]]) -> None:
+        agent.send(SYSTEM, -1, 0, json.dumps(batch).encode())
+
+    try:
+        return SystemSampler(float(interval), send).start()
+    except (HoraError, OSError) as exc:
+        _say(f"no system metrics from {socket.gethostname()}: {exc}")
+        return None
 
 
 def _serve(agent: _Agent, job: dict[str, Any], received: list[int]) -> int:

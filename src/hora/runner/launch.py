@@ -26,8 +26,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from hora._proc import die_with_parent, handle_signals, usable_cpus
@@ -39,9 +39,9 @@ from hora.config.variables import environment
 from hora.config.worker_env import worker_env
 from hora.errors import ConfigError
 from hora.runner.contradictions import check_launch
-from hora.runner.hosts import HostSlots, RankSlot, assign_ranks, is_local_host, place_servers
+from hora.runner.hosts import RankSlot, assign_ranks, is_local_host, place_servers
+from hora.runner.launch_spec import LaunchSpec
 from hora.runner.limits import check_process_count
-from hora.runner.observer import RunObserver
 from hora.runner.output import OutputPump
 from hora.runner.ps_servers import PsServers, check_checkpoint_dir
 from hora.runner.reaper import GroupReaper
@@ -50,32 +50,9 @@ from hora.runner.result import Failure, RunResult, root_cause
 from hora.runner.ssh import SshOptions, advertise_address, preflight, remote_agent_command, ssh_command
 from hora.runner.stacks import StackDumps
 from hora.runner.supervise import SETTLE, ExitWatcher, JobProcesses, LocalRank
+from hora.runner.system_metrics import SystemMetricsLog
 
 __all__ = ["Failure", "LaunchSpec", "RunResult", "forwarded_env", "launch"]
-
-@dataclass
-class LaunchSpec:
-    command: Sequence[str]
-    np: int
-    hostname: str = "localhost"
-    env: Mapping[str, str] | None = None
-    settings: Mapping[str, object] = field(default_factory=dict)
-    output_filename: str | None = None
-    capture: bool = False
-    prefix_output: bool = True
-    verbose: bool = False
-    grace: float = 3.0
-    timeout: float | None = None
-    cwd: str | None = None
-    rendezvous_port: int = 0
-    hosts: Sequence[HostSlots] | None = None  # None: every rank on this machine, as ``hostname``
-    ssh: SshOptions | None = None
-    network_interface: str | None = None
-    start_timeout: float = 30.0
-    local_hosts: Sequence[str] = ()  # host names that are this machine whatever they resolve to (hora job's algo-1)
-    oversubscribe: bool = False  # allow more than MAX_PER_CPU processes per CPU here (the oversubscribe setting)
-    merge_stderr: bool = False  # one pipe for each process's stdout and stderr (the merge_stderr setting)
-    observer: RunObserver | None = None  # told of the ranks, their lines and the end (hora run --record)
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -229,6 +206,7 @@ def launch(spec: LaunchSpec) -> RunResult:
     exits: ExitWatcher | None = None
     try:
         servers = _parameter_servers(spec, plan, ps_hosts, base_env, rdv, secret, job_id, master, job)
+        sampled = SystemMetricsLog.open(spec.system_metrics, spec.system_metrics_interval)  # this host, from now
     except BaseException:
         server.shutdown()
         raise
@@ -253,6 +231,7 @@ def launch(spec: LaunchSpec) -> RunResult:
                 if job.interrupted is not None:
                     raise _StartInterrupted
                 host = _start_remote(spec, name, plan, ps_hosts, rdv, secret, job_id, master, forwarded, job)
+                host.on_system = sampled.write if sampled else None
                 hosts.append(host)
                 handles.update(host.ranks)
             job.procs = [handles[r] for r in range(spec.np)]
@@ -292,6 +271,8 @@ def launch(spec: LaunchSpec) -> RunResult:
                 servers.stop(spec.grace)
             reaper.close()
             server.shutdown()
+            if sampled is not None:  # after the hosts' sessions: their last samples are in
+                sampled.close()
             for name in sweep(job_id):
                 job.log(f"removed shared memory {name} that a crashed rank left behind")
             saved = stacks.save(spec.output_filename, keep=not spec.capture)
@@ -387,6 +368,7 @@ def _start_remote(
         "grace": spec.grace,
         "network_interface": spec.network_interface,
         "merge_stderr": spec.merge_stderr,
+        "system_metrics_interval": spec.system_metrics_interval if spec.system_metrics else None,
     }
     argv = ssh_command(name, spec.ssh or SshOptions(), remote_agent_command(sys.executable, agent_path))
     host = RemoteHost(

@@ -22,7 +22,18 @@ from typing import IO, Any
 
 from hora._proc import kill_group
 from hora._wire import read_fully
-from hora.runner.agent_protocol import CLOSED, ERROR, EXITED, HEADER, HELLO, OUTPUT, STACKS, STARTED, write_message
+from hora.runner.agent_protocol import (
+    CLOSED,
+    ERROR,
+    EXITED,
+    HEADER,
+    HELLO,
+    OUTPUT,
+    STACKS,
+    STARTED,
+    SYSTEM,
+    write_message,
+)
 from hora.runner.output import OutputPump
 from hora.runner.ps_servers import report_exit, restarting, server_failure, server_key, server_label, server_of
 from hora.runner.result import Failure
@@ -92,6 +103,8 @@ class RemoteHost:
         self._stdin_closed = False
         self.stacks: dict[int, str] = {}  # rank -> the dump its host's agent sent back
         self._stacks_came = threading.Condition()
+        #: where the host's system metric samples go (``--system-metrics``): called with the host and a batch
+        self.on_system: Callable[[str, list[Any]], None] | None = None
 
     def start(self) -> None:
         """Start the ssh client (threads come later: the launcher forks every process before starting threads)."""
@@ -158,6 +171,12 @@ class RemoteHost:
             with self._stacks_came:
                 self.stacks[rank] = payload.decode(errors="replace")
                 self._stacks_came.notify_all()
+        elif kind == SYSTEM and self.on_system is not None:
+            try:
+                batch = json.loads(payload)
+            except ValueError:
+                batch = None  # the log names a malformed batch
+            self.on_system(self.host, batch if isinstance(batch, list) else [None])
         elif kind == ERROR:
             self._fail_all(f"host {self.host}: {payload.decode(errors='replace')}", 1)
 

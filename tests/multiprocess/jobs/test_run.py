@@ -15,6 +15,7 @@ import pytest
 from hora.cli import main
 from hora.jobs import JobStore, load_spec, parse_spec, start_job, stop_job, wait_job
 from hora.jobs.states import JobStatus, SecondaryStatus
+from hora.runner.system_metrics import METRIC_NAMES
 from support import paths
 
 REPO = paths.REPO
@@ -44,7 +45,8 @@ def members(path: str) -> dict[str, bytes]:
 
 def test_example_trains_on_two_hosts_and_records_metrics(tmp_path, capsys):
     store = JobStore(tmp_path / "home")
-    record = start_job(load_spec(EXAMPLE, {"job_name": "example"}), store, wait=True, echo=False)
+    spec = load_spec(EXAMPLE, {"job_name": "example", "profiler_config": {"system_monitor_interval_millis": 100}})
+    record = start_job(spec, store, wait=True, echo=False)
     assert record.status == "Completed", record.failure_reason
     assert record.secondary_status == "Completed" and record.exit_code == 0 and record.attempts == 1
     model = members(record.artifacts["model"])
@@ -78,6 +80,19 @@ def test_example_trains_on_two_hosts_and_records_metrics(tmp_path, capsys):
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \[algo-1 rank 0\]<stdout> epoch 1: train_loss=", lines[0])
     assert main(["job", "--home", str(store.home), "list"]) == 0
     assert re.search(r"^example\s+Completed\s+Completed\s.*\s2x2$", capsys.readouterr().out, re.M)
+    # system metrics: each host sampled itself (its own network namespace) into the store, the last at its end
+    system = list(store.iter_system_metrics("example"))
+    for host in ("algo-1", "algo-2"):
+        names = [name for h, _, name, _ in system if h == host]
+        assert set(names) == set(METRIC_NAMES) and len(names) >= 2 * len(METRIC_NAMES), (host, names)
+    assert [t for _, t, _, _ in system] == sorted(t for _, t, _, _ in system)
+    assert all(0 <= v <= 100 for _, _, n, v in system if n.endswith("percent"))
+    # the ranks talked across hosts: the master's namespace carried traffic
+    assert any(v > 0 for h, _, n, v in system if h == "algo-1" and n == "network_transmit_bytes_per_second")
+    assert main(["job", "--home", str(store.home), "metrics", "example", "--system"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["TIME", "HOST", "METRIC", "VALUE"]
+    assert re.search(r"\salgo-2\s+cpu_percent\s+[\d.e+-]+$", out, re.M)
 
 
 def test_plot_metrics(tmp_path):
@@ -86,6 +101,9 @@ def test_plot_metrics(tmp_path):
     start_job(load_spec(EXAMPLE, {"job_name": "plotted"}), store, wait=True, echo=False)
     assert main(["job", "--home", str(store.home), "metrics", "plotted", "--plot", str(tmp_path / "m.png")]) == 0
     assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["job", "--home", str(store.home), "metrics", "plotted", "--system", "--plot",
+                 str(tmp_path / "s.png")]) == 0
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 FAILING = """

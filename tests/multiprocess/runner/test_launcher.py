@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hora.runner.system_metrics import METRIC_NAMES
 from support import paths
 from support.procs import child_states
 
@@ -41,11 +44,21 @@ def test_output_is_prefixed_by_rank_and_stream():
 
 def test_output_filename_writes_per_rank_files(tmp_path):
     code = "import os, sys; print('hello from', os.environ['HORA_RANK']); print('oops', file=sys.stderr)"
-    proc = hora_run("-np", "3", "--output-filename", str(tmp_path / "logs"), sys.executable, "-c", code)
+    (tmp_path / "system.jsonl").write_text('{"earlier": "run"}\n')
+    proc = hora_run("-np", "3", "--output-filename", str(tmp_path / "logs"), "--system-metrics", "system.jsonl",
+                    sys.executable, "-c", code, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     for r in range(3):
         assert (tmp_path / "logs" / f"rank.{r}" / "stdout").read_text() == f"hello from {r}\n"
         assert (tmp_path / "logs" / f"rank.{r}" / "stderr").read_text() == "oops\n"
+    # --system-metrics: this host's samples appended (relative to where hora run started), the last at its end
+    lines = [json.loads(line) for line in (tmp_path / "system.jsonl").read_text().splitlines()]
+    assert lines[0] == {"earlier": "run"}
+    assert [s["name"] for s in lines[1:]] == list(METRIC_NAMES) * ((len(lines) - 1) // len(METRIC_NAMES))
+    assert len(lines) > 1 and all(set(s) == {"time", "host", "name", "value"} for s in lines[1:])
+    assert {s["host"] for s in lines[1:]} == {socket.gethostname()}
+    bad = hora_run("-np", "1", "--system-metrics", str(tmp_path / "no" / "such" / "dir" / "m.jsonl"), "true")
+    assert bad.returncode != 0 and "--system-metrics" in bad.stderr and "cannot be opened" in bad.stderr
 
 
 def test_merge_stderr_to_stdout_keeps_the_order_of_everything_a_rank_writes():

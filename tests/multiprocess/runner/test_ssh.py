@@ -8,10 +8,12 @@ must not reach it), and that no process of the job is left on any host.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +26,7 @@ import pytest
 
 from hora.errors import ConfigError, HostError
 from hora.runner import run, run_command
+from hora.runner.system_metrics import METRIC_NAMES
 from support import netns_hosts as netns
 from support import paths
 from support.harness import run_failing, run_ranks
@@ -122,10 +125,18 @@ def test_cli_hostfile_interface_and_prefixed_output(netns_cluster, tmp_path):
     )
     proc = subprocess.run(
         hora_cli("--hostfile", str(hostfile), "--network-interface", c.bridge, "--start-timeout", "60",
-                 "--merge-stderr-to-stdout", *c.cli_args(), sys.executable, "-c", code),
+                 "--merge-stderr-to-stdout", "--system-metrics", "system.jsonl", "--system-metrics-interval", "0.1",
+                 *c.cli_args(), sys.executable, "-c", code),
         capture_output=True, text=True, timeout=LIMIT, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
+    # each host's agent sampled its own network namespace and sent the samples back through its SSH session
+    samples = [json.loads(line) for line in (tmp_path / "system.jsonl").read_text().splitlines()]
+    by_host = {h.addr: [s for s in samples if s["host"] == h.addr] for h in c.hosts}
+    for host, got in by_host.items():
+        assert {s["name"] for s in got} == set(METRIC_NAMES), (host, got)
+        assert any(s["name"] == "network_transmit_bytes_per_second" and s["value"] > 0 for s in got), (host, got)
+    assert {s["host"] for s in samples} == {*by_host, socket.gethostname()}  # and the launching host its own
     lines = proc.stdout.splitlines()
     for r, host in enumerate([c.hosts[0], c.hosts[1], c.hosts[1]]):
         # the agent resolved --network-interface on each host to that host's own address

@@ -278,6 +278,8 @@ def _non_default_config() -> Config:
         stall_shutdown_time=90.0,
         timeline="/tmp/hora-timeline.json",
         timeline_mark_cycles=True,
+        system_metrics="/tmp/hora-system-metrics.jsonl",
+        system_metrics_interval=0.1,
         autotune=True,
         autotune_log_file="/tmp/hora-autotune.csv",
         autotune_warmup_samples=1,

@@ -1,0 +1,43 @@
+"""What one launch of ``hora run`` is asked to do: the command, the ranks and hosts, and how to run them.
+
+:func:`hora.runner.launch.launch` carries it out; ``hora run`` (:func:`hora.runner.run_command`) and each ``hora
+job`` host's master fill it in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hora.runner.hosts import HostSlots
+from hora.runner.observer import RunObserver
+from hora.runner.ssh import SshOptions
+
+__all__ = ["LaunchSpec"]
+
+
+@dataclass
+class LaunchSpec:
+    command: Sequence[str]
+    np: int
+    hostname: str = "localhost"
+    env: Mapping[str, str] | None = None
+    settings: Mapping[str, object] = field(default_factory=dict)
+    output_filename: str | None = None
+    capture: bool = False
+    prefix_output: bool = True
+    verbose: bool = False
+    grace: float = 3.0
+    timeout: float | None = None
+    cwd: str | None = None
+    rendezvous_port: int = 0
+    hosts: Sequence[HostSlots] | None = None  # None: every rank on this machine, as ``hostname``
+    ssh: SshOptions | None = None
+    network_interface: str | None = None
+    start_timeout: float = 30.0
+    local_hosts: Sequence[str] = ()  # host names that are this machine whatever they resolve to (hora job's algo-1)
+    oversubscribe: bool = False  # allow more than MAX_PER_CPU processes per CPU here (the oversubscribe setting)
+    merge_stderr: bool = False  # one pipe for each process's stdout and stderr (the merge_stderr setting)
+    observer: RunObserver | None = None  # told of the ranks, their lines and the end (hora run --record)
+    system_metrics: str | None = None  # append every host's system metrics here (the system_metrics setting)
+    system_metrics_interval: float = 0.5
