@@ -161,6 +161,8 @@ def test_the_dashboard_shows_jobs_live_in_a_real_browser(tmp_path):
         chart = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#metrics .chart[data-metric="loss"]'))[0]
         wait.until(lambda d: int(chart.get_attribute("data-points") or 0) == 5)
         assert chart.find_elements(By.TAG_NAME, "canvas")
+        cpu = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#system .chart[data-metric="cpu_percent"]'))[0]
+        wait.until(lambda d: int(cpu.get_attribute("data-points") or 0) >= 2)  # the host's samples, as they come
         go.write_text("go")  # only now does the script print its last line
         wait.until(lambda d: "printed after the page loaded" in d.find_element(By.ID, "log").text)
         wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#status .status").text == "Completed")
