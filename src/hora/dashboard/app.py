@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 from hora.dashboard import data
 from hora.dashboard.access import Access
 from hora.dashboard.logs import LogFollower, log_sources
-from hora.errors import ConfigError
+from hora.errors import ConfigError, StorageError
 from hora.jobs.store import JobStore
 
 __all__ = ["create_app"]
@@ -154,7 +154,8 @@ def create_app(home: str | Path | None, token: str | None = None, poll: float = 
         Route("/api/jobs/{name}/download/{key}", api_download),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes, exception_handlers={_NotFound: _not_found, _BadRequest: _bad_request})
+    app = Starlette(routes=routes, exception_handlers={
+        _NotFound: _not_found, _BadRequest: _bad_request, StorageError: _store_problem})
     return Access(app, token)
 
 
@@ -172,6 +173,11 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 
 async def _bad_request(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": str(exc)}, status_code=400)
+
+
+async def _store_problem(request: Request, exc: Exception) -> Response:
+    """The jobs home cannot be read (a damaged index, a full disk): the message names the file and the fix."""
+    return JSONResponse({"error": str(exc)}, status_code=503)
 
 
 def _int(request: Request, key: str, default: int) -> int:
@@ -199,6 +205,16 @@ def _follower(store: JobStore, job: dict[str, Any], request: Request) -> LogFoll
     return LogFollower(sources, host, None if rank in (None, "") else _int(request, "rank", 0))
 
 
+async def _problems_said(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``events``; a store that cannot be read ends the stream with a ``problem`` event naming why (the browser
+    shows it and reconnects, which starts over)."""
+    try:
+        async for item in events:
+            yield item
+    except StorageError as exc:
+        yield _event("problem", json.dumps({"error": str(exc)}))
+
+
 def _event(kind: str, payload: str) -> str:
     return f"event: {kind}\ndata: {payload}\n\n"
 
@@ -210,14 +226,17 @@ def _stream(request: Request, events: AsyncIterator[str]) -> Response:
     async def body() -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
         since = loop.time()
-        async for item in events:
-            if await request.is_disconnected():
-                return
-            if item:
-                since = loop.time()
-                yield item
-            elif loop.time() - since >= KEEPALIVE:
-                since = loop.time()
-                yield ": keep-alive\n\n"
+        try:
+            async for item in _problems_said(events):
+                if await request.is_disconnected():
+                    return
+                if item:
+                    since = loop.time()
+                    yield item
+                elif loop.time() - since >= KEEPALIVE:
+                    since = loop.time()
+                    yield ": keep-alive\n\n"
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
 
     return StreamingResponse(body(), media_type="text/event-stream", headers={"X-Accel-Buffering": "no"})

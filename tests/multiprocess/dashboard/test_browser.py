@@ -192,6 +192,10 @@ def test_the_dashboard_shows_jobs_live_in_a_real_browser(tmp_path):
             By.ID, "facts").text
         driver.save_screenshot(str(tmp_path / "run.png"))
 
+        driver.get(url + "jobs/nope")  # a job that is not there: the server's reason, not an endless "reconnecting"
+        banner = wait.until(lambda d: d.find_element(By.ID, "problem").text)
+        assert "no job named 'nope'" in banner and driver.find_element(By.ID, "live").text == "stopped"
+
         driver.get(url + "compare?job=running&job=failing")
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#metrics .chart[data-metric="loss"] canvas'))
         driver.save_screenshot(str(tmp_path / "compare.png"))
@@ -239,3 +243,18 @@ def test_on_another_address_every_request_needs_the_token(tmp_path):
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args, **kwargs):
         return None
+
+
+def test_a_damaged_index_is_named_with_its_fix_not_a_server_error(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "jobs.db").write_bytes(b"this is not an SQLite database" * 100)
+    proc, url = _dashboard(home)
+    try:
+        status, body = _get(url + "api/jobs")
+        assert status == 503 and "reindex" in json.loads(body)["error"]
+        with urllib.request.urlopen(url + "api/events", timeout=30) as response:
+            first = response.read1(65536).decode()
+        assert first.startswith("event: problem\n") and "reindex" in first
+    finally:
+        _stop(proc)

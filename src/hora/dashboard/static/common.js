@@ -32,16 +32,39 @@ const hora = (() => {
 
   const status = (job) => el("span", { class: "status " + job.status, text: job.status });
 
+  // A message across the top of the page (the server's reason a page cannot be shown); null clears it.
+  const problem = (text) => {
+    let box = document.getElementById("problem");
+    if (!box) {
+      box = el("pre", { id: "problem", class: "failure" });
+      document.querySelector("main").prepend(box);
+    }
+    box.textContent = text || "";
+    box.classList.toggle("hidden", !text);
+  };
+
   // An EventSource with a marker showing whether it is connected; handlers: {event name: fn(parsed data)}.
-  const stream = (url, handlers, marker) => {
+  // A "problem" event (the store cannot be read) is shown; when the stream fails, `probe` (a JSON URL) is asked
+  // why, and a refusal (no such job, a bad filter) ends the stream with the server's reason.
+  const stream = (url, handlers, marker, probe) => {
     const source = new EventSource(url);
     for (const [name, fn] of Object.entries(handlers)) {
-      source.addEventListener(name, (e) => fn(JSON.parse(e.data)));
+      source.addEventListener(name, (e) => { problem(null); fn(JSON.parse(e.data)); });
     }
-    if (marker) {
-      source.onopen = () => { marker.classList.add("on"); marker.textContent = "live"; };
-      source.onerror = () => { marker.classList.remove("on"); marker.textContent = "reconnecting"; };
-    }
+    source.addEventListener("problem", (e) => problem(JSON.parse(e.data).error));
+    source.onopen = () => { if (marker) { marker.classList.add("on"); marker.textContent = "live"; } };
+    source.onerror = async () => {
+      if (marker) { marker.classList.remove("on"); marker.textContent = "reconnecting"; }
+      if (!probe) return;
+      try {
+        const response = await fetch(probe);
+        if (response.status >= 400 && response.status < 500) {
+          source.close();
+          if (marker) marker.textContent = "stopped";
+          problem((await response.json()).error || response.statusText);
+        }
+      } catch (err) { /* the server is away: EventSource keeps trying */ }
+    };
     return source;
   };
 
@@ -80,5 +103,5 @@ const hora = (() => {
     }
   }
 
-  return { el, when, duration, bytes, status, stream, Chart };
+  return { el, when, duration, bytes, status, problem, stream, Chart };
 })();

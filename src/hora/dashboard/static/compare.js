@@ -34,6 +34,6 @@
     stream(`/api/jobs/${encodeURIComponent(n)}/events?logs=0`, {
       job: (data) => { jobs[n] = data; redraw(); },
       metrics: (data) => { rows[n] = (data.reset ? [] : rows[n] || []).concat(data.rows); redraw(); },
-    }, $("live"));
+    }, $("live"), `/api/jobs/${encodeURIComponent(n)}`);
   }
 })();

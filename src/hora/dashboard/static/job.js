@@ -89,7 +89,7 @@
     if ($("log-host").value) params.set("host", $("log-host").value);
     if ($("log-rank").value) params.set("rank", $("log-rank").value);
     source = stream(`${api}/events?${params}`, { job: showJob, metrics: addMetrics, system: addSystem, log: addLog },
-      $("live"));
+      $("live"), `${api}/logs?lines=0&${params}`);
   };
 
   $("log-host").addEventListener("change", connect);
