@@ -41,6 +41,7 @@ KEEPALIVE = 15.0
 #: Log lines a page gets at first.
 TAIL_LINES = 500
 T = TypeVar("T")
+N = TypeVar("N", int, float)
 
 
 def create_app(home: str | Path | None, token: str | None = None, poll: float = POLL) -> Access:
@@ -71,20 +72,20 @@ def create_app(home: str | Path | None, token: str | None = None, poll: float = 
     async def api_metrics(request: Request) -> Response:
         name = request.path_params["name"]
         await job_or_404(name)
-        rows, last = await call(data.metric_rows, store, name, _int(request, "after", 0))
+        rows, last = await call(data.metric_rows, store, name, _number(request, "after", 0, int))
         return JSONResponse({"rows": rows, "after": last})
 
     async def api_system(request: Request) -> Response:
         name = request.path_params["name"]
         await job_or_404(name)
-        rows, last = await call(data.system_rows, store, name, _float(request, "since", 0.0))
+        rows, last = await call(data.system_rows, store, name, _number(request, "since", 0.0, float))
         return JSONResponse({"rows": rows, "since": last})
 
     async def api_logs(request: Request) -> Response:
         name = request.path_params["name"]
         job = await job_or_404(name)
         follower = _follower(store, job, request)
-        lines = await call(follower.tail, _int(request, "lines", TAIL_LINES))
+        lines = await call(follower.tail, _number(request, "lines", TAIL_LINES, int))
         return JSONResponse({"lines": lines})
 
     async def api_download(request: Request) -> Response:
@@ -180,20 +181,16 @@ async def _store_problem(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": str(exc)}, status_code=503)
 
 
-def _int(request: Request, key: str, default: int) -> int:
+def _number(request: Request, key: str, default: N, kind: type[N]) -> N:
+    """The query parameter ``key`` as an ``int`` or ``float`` (``default`` when absent); anything else is a 400."""
     value = request.query_params.get(key)
+    if value is None or value == "":
+        return default
     try:
-        return default if value in (None, "") else int(value)
+        return kind(value)
     except ValueError:
-        raise _BadRequest(f"{key} must be a whole number, not {value!r}") from None
-
-
-def _float(request: Request, key: str, default: float) -> float:
-    value = request.query_params.get(key)
-    try:
-        return default if value in (None, "") else float(value)
-    except ValueError:
-        raise _BadRequest(f"{key} must be a number, not {value!r}") from None
+        what = "a whole number" if kind is int else "a number"
+        raise _BadRequest(f"{key} must be {what}, not {value!r}") from None
 
 
 def _follower(store: JobStore, job: dict[str, Any], request: Request) -> LogFollower:
@@ -202,7 +199,7 @@ def _follower(store: JobStore, job: dict[str, Any], request: Request) -> LogFoll
     sources = log_sources(store.job_dir(job["name"]), job["host_names"])
     if host is not None and host not in sources:
         raise _BadRequest(f"job {job['name']} has no log {host!r}; its logs are {', '.join(sources)}")
-    return LogFollower(sources, host, None if rank in (None, "") else _int(request, "rank", 0))
+    return LogFollower(sources, host, None if rank in (None, "") else _number(request, "rank", 0, int))
 
 
 async def _problems_said(events: AsyncIterator[str]) -> AsyncIterator[str]:
