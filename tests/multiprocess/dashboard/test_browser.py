@@ -52,7 +52,7 @@ RUNNING = """
 """
 FAILING = """
     import sys
-    print("about to fail", flush=True)
+    print("about to fail: loss=0.75", flush=True)
     raise SystemExit("the data file is missing")
 """
 SECRET_VALUE = "env-value-that-must-not-show"
@@ -138,7 +138,7 @@ def test_the_dashboard_shows_jobs_live_in_a_real_browser(tmp_path):
          metric_definitions=metrics, environment={"MY_TOKEN": SECRET_VALUE},
          distribution={"mpi": {"enabled": True,
                                 "custom_mpi_options": "-x HOROVOD_TIMELINE=/opt/ml/output/data/timeline.json"}})
-    _job(tmp_path, store, "failing", FAILING)
+    _job(tmp_path, store, "failing", FAILING, metric_definitions=metrics)
     recorded = subprocess.run(
         [sys.executable, "-m", "hora", "run", "-np", "2", "--record", "--stall-check-warning-time-seconds", "1",
          sys.executable, "-c", STALLING_RUN],
@@ -197,7 +197,9 @@ def test_the_dashboard_shows_jobs_live_in_a_real_browser(tmp_path):
         assert "no job named 'nope'" in banner and driver.find_element(By.ID, "live").text == "stopped"
 
         driver.get(url + "compare?job=running&job=failing")
-        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#metrics .chart[data-metric="loss"] canvas'))
+        overlay = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#metrics .chart[data-metric="loss"]'))[0]
+        wait.until(lambda d: overlay.get_attribute("data-series") == "2" and overlay.find_elements(By.TAG_NAME, "canvas"))
+        assert overlay.get_attribute("data-points") == "6"  # the running job's five values, the failing one's one
         driver.save_screenshot(str(tmp_path / "compare.png"))
 
         # Nothing the server sends shows the job's secret or an environment value.

@@ -88,6 +88,7 @@ const hora = (() => {
         return ys;
       })];
       this.box.dataset.points = String(labels.reduce((n, l) => n + series[l].length, 0));
+      this.box.dataset.series = String(labels.length);
       if (this.plot && this.labels === labels.join("\n")) { this.plot.setData(data); return; }
       if (this.plot) this.plot.destroy();
       this.labels = labels.join("\n");
