@@ -49,7 +49,6 @@ NO_EFFECT = (
     "enable_network_isolation",
     "encrypt_inter_container_traffic",
     "debugger_hook_config",
-    "tensorboard_output_config",
     "profiler_config",
     "disable_profiler",
     "rules",

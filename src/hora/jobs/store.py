@@ -325,6 +325,16 @@ class JobStore:
         except sqlite3.DatabaseError as exc:
             raise self.problem(exc) from None
 
+    def metrics_after(self, job: str, rowid: int, limit: int = 10_000) -> list[tuple[Any, ...]]:
+        """The job's metric values stored after row ``rowid``, in the order they were stored (at most ``limit``):
+        (rowid, name, value, timestamp, host, rank, attempt). A follower polls with the last rowid it saw; ``+job``
+        keeps SQLite on the rowid range (the new rows), not on the job's whole index."""
+        return self._query(
+            "SELECT rowid, name, value, timestamp, host, rank, attempt FROM metrics WHERE rowid > ? AND +job = ? "
+            "ORDER BY rowid LIMIT ?",
+            (rowid, job, limit),
+        )[1]
+
     def metric_names(self, job: str) -> list[str]:
         return [str(r[0]) for r in self._query("SELECT DISTINCT name FROM metrics WHERE job = ?", (job,))[1]]
 
