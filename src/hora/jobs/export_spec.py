@@ -111,7 +111,9 @@ def _tensorboard(value: Any, base: Path, c: Checker) -> TensorBoardOutputConfig 
             if key not in _TB_KEYS:
                 c.add(unknown_field(str(key), _TB_KEYS[:2], f" in {where}"))
     elif hasattr(value, "s3_output_path"):  # the SDK's own TensorBoardOutputConfig (v2), or its v3 shape
-        fields = {k: getattr(value, k, None) for k in _TB_KEYS}
+        v2 = hasattr(value, "container_local_output_path")
+        local = value.container_local_output_path if v2 else getattr(value, "local_path", None)
+        fields = {"s3_output_path": value.s3_output_path, "container_local_output_path": local}
     else:
         c.add(f"{where} must be a mapping with s3_output_path (and container_local_output_path), a "
               f"TensorBoardOutputConfig or a destination string, got {type_name(value)}")
