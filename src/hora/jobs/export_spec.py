@@ -78,13 +78,14 @@ def require(module: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ConfigError(f"exporting a job to {module} needs the {module} package ({exc}): "
-                          f"pip install 'hora[{_EXTRAS[module]}]' (-c constraints.txt in hora's checkout)") from None
+                          f"pip install -c constraints.txt -e '.[{_EXTRAS[module]}]' in hora's checkout") from None
 
 
 def _missing(module: str, why: str) -> str | None:
     if importlib.util.find_spec(module) is not None:
         return None
-    return f"{why} needs the {module} package, which is not installed: pip install 'hora[{_EXTRAS[module]}]'"
+    return (f"{why} needs the {module} package, which is not installed: "
+            f"pip install -c constraints.txt -e '.[{_EXTRAS[module]}]' in hora's checkout")
 
 
 def _destination(value: str, base: Path, what: str, c: Checker) -> str | None:

@@ -134,12 +134,13 @@ def test_a_missing_extra_is_one_error_naming_the_install(code, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/m.db")
     assert problems(code, tensorboard_output_config="s3://b/tb") == [
         "tensorboard_output_config needs the tensorboard package, which is not installed: "
-        "pip install 'hora[tensorboard]'",
+        "pip install -c constraints.txt -e '.[tensorboard]' in hora's checkout",
         "exporting the job to MLflow (MLFLOW_TRACKING_URI='sqlite:////tmp/m.db' (set mlflow: false to leave it out)) "
-        "needs the mlflow package, which is not installed: pip install 'hora[mlflow]'",
+        "needs the mlflow package, which is not installed: pip install -c constraints.txt -e '.[mlflow]' in hora's "
+        "checkout",
     ]
     assert spec(code, mlflow=False).mlflow is None  # the way out it names
-    with pytest.raises(ConfigError, match=r"needs the tensorboard package .*pip install 'hora\[tensorboard\]'"):
+    with pytest.raises(ConfigError, match=r"needs the tensorboard package .*-e '\.\[tensorboard\]' in hora's checkout"):
         require("tensorboard")
 
 
