@@ -137,6 +137,12 @@ def _tensorboard(value: Any, base: Path, c: Checker) -> TensorBoardOutputConfig 
             return None
         local = norm
     where_to = _destination(dest, base, f"s3_output_path of {where}", c)
+    shared = local if local is not None and not local.startswith("/opt/ml/") else None  # this machine's own path
+    if where_to and shared and not where_to.startswith("s3://") and (
+            Path(where_to).is_relative_to(shared) or Path(shared).is_relative_to(where_to)):
+        c.add(f"s3_output_path {where_to} and container_local_output_path {shared} of {where} overlap: the sync "
+              "would copy its own copies forever; keep them apart")
+        where_to = None
     problem = _missing("tensorboard", where)
     if problem:
         c.add(problem)

@@ -110,6 +110,13 @@ def test_every_mistake_is_named_at_once(code):
         code, mlflow=["x"])[0]
 
 
+def test_a_destination_overlapping_a_shared_local_path_is_refused(code):
+    assert problems(code, tensorboard_output_config={"s3_output_path": str(code / "tb" / "copy"),
+                                                     "container_local_output_path": str(code / "tb")}) == [
+        f"s3_output_path {code}/tb/copy and container_local_output_path {code}/tb of tensorboard_output_config "
+        "overlap: the sync would copy its own copies forever; keep them apart"]
+
+
 @pytest.mark.parametrize("local", ["/opt/ml", "/opt/ml/", "/opt/ml/input", "/opt/ml/code", "/opt/ml/output", "/"])
 def test_a_local_path_that_would_sync_a_whole_tree_is_refused(code, local):
     assert problems(code, tensorboard_output_config={"s3_output_path": "s3://b/tb",
