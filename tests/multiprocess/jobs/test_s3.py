@@ -443,6 +443,7 @@ def test_mlflow_logs_artifacts_that_went_to_s3(bucket, tmp_path, monkeypatch):
 
     from hora.jobs import JobStore, parse_spec
     from hora.jobs.mlflow_export import MlflowExport
+    from hora.jobs.states import JobStatus, SecondaryStatus
 
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     client, name = bucket
@@ -454,12 +455,16 @@ def test_mlflow_logs_artifacts_that_went_to_s3(bucket, tmp_path, monkeypatch):
     assert spec.mlflow is not None
     store = JobStore(tmp_path / "home")
     store.create(spec.job_name, spec.to_dict())
-    store.update(spec.job_name, started=1.0, ended=2.0,
+    store.update(spec.job_name, started=1.0, ended=2.0, failure_reason="AlgorithmError: it broke", exit_code=3,
                  artifacts={"model": f"s3://{name}/out/job/output/model.tar.gz"})
+    store.transition(spec.job_name, JobStatus.Failed, SecondaryStatus.Failed, "AlgorithmError: it broke")
     export = MlflowExport(spec.mlflow, spec)
     run_id = export.open(1.0)
     export.end(store.get(spec.job_name))
     run = MlflowClient(tracking_uri=uri).get_run(run_id)
     assert run.data.tags["hora.artifact.model"] == f"s3://{name}/out/job/output/model.tar.gz"
+    assert (run.info.status, run.info.end_time) == ("FAILED", 2000)
+    assert (run.data.tags["hora.status"], run.data.tags["hora.failure_reason"], run.data.tags["hora.exit_code"]) == (
+        "Failed", "AlgorithmError: it broke", "3")
     artifact = Path(run.info.artifact_uri) / "model.tar.gz"
     assert artifact.read_bytes() == b"model bytes"
