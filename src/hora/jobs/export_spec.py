@@ -21,6 +21,8 @@ __all__ = [
     "EXPORT_FIELDS",
     "MlflowConfig",
     "TensorBoardOutputConfig",
+    "describe_lines",
+    "describe_request",
     "export_from_dict",
     "export_to_dict",
     "parse_exports",
@@ -213,3 +215,25 @@ def export_from_dict(fields: Mapping[str, Any]) -> dict[str, Any]:
         "tensorboard_output_config": None if tb is None else TensorBoardOutputConfig(**tb),
         "mlflow": None if ml is None else MlflowConfig(**ml),
     }
+
+
+def describe_lines(spec: Mapping[str, Any]) -> list[str]:
+    """``hora job describe``'s lines for the exports of a stored spec (:meth:`JobSpec.to_dict`)."""
+    lines = []
+    tb, ml = spec.get("tensorboard_output_config"), spec.get("mlflow")
+    if tb:
+        local = tb.get("container_local_output_path") or DEFAULT_TENSORBOARD_LOCAL_PATH
+        lines.append(f"TensorBoard:       {local} synced to {tb['s3_output_path']} (metrics: run {spec['job_name']})")
+    if ml:
+        lines.append(f"MLflow:            run {spec['job_name']} in experiment {ml['experiment']!r} at "
+                     f"{ml['tracking_uri']}")
+    return lines
+
+
+def describe_request(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """DescribeTrainingJob's ``TensorBoardOutputConfig`` of a stored spec, when it has one."""
+    tb = spec.get("tensorboard_output_config")
+    if not tb:
+        return {}
+    local = tb.get("container_local_output_path") or DEFAULT_TENSORBOARD_LOCAL_PATH
+    return {"TensorBoardOutputConfig": {"S3OutputPath": tb["s3_output_path"], "LocalPath": local}}

@@ -18,6 +18,7 @@ from mlflow import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
+from hora.cli import main
 from hora.jobs import JobStore, parse_spec, start_job
 
 # Rank 0 writes an event file of its own into its TensorBoard directory and waits (bounded) until it shows up at
@@ -70,7 +71,7 @@ def scalars(run_dir) -> dict[str, list[tuple[int, float, float]]]:
     }
 
 
-def test_job_exports_to_tensorboard_and_mlflow(tmp_path, monkeypatch):
+def test_job_exports_to_tensorboard_and_mlflow(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # a test reports nothing to MLflow's telemetry
     src = tmp_path / "src"
     src.mkdir()
@@ -134,3 +135,8 @@ def test_job_exports_to_tensorboard_and_mlflow(tmp_path, monkeypatch):
     with tarfile.open(local) as tar:
         assert tar.getnames() == ["weights.txt"]
     assert tags["hora.artifact.model"] == record.artifacts["model"]
+
+    assert main(["job", "--home", str(store.home), "describe", "exported"]) == 0
+    out = capsys.readouterr().out
+    assert f"TensorBoard:       /opt/ml/output/tensorboard synced to {tb_dest} (metrics: run exported)" in out
+    assert f"MLflow:            run exported in experiment 'hora-tests' at sqlite:///{db}" in out

@@ -11,7 +11,7 @@ import pytest
 
 from hora.errors import ConfigError, SpecError, StorageError
 from hora.jobs import Estimator, TensorBoardOutputConfig, load_spec, parse_spec
-from hora.jobs.export_spec import MlflowConfig, require
+from hora.jobs.export_spec import MlflowConfig, describe_lines, describe_request, require
 from hora.jobs.exporter import series_key
 from hora.jobs.mlflow_export import mlflow_name
 from hora.jobs.sagemaker_env import host_layout
@@ -53,6 +53,14 @@ def test_a_yaml_spec_with_both_exports_round_trips_through_the_store(code):
     assert s.mlflow == MlflowConfig(f"sqlite:///{code}/runs/mlflow.db", "exp-1")
     back = spec_from_dict(s.to_dict())
     assert back == s
+    # what describe shows (hora job describe; the Estimator's DescribeTrainingJob)
+    assert describe_lines(s.to_dict()) == [
+        f"TensorBoard:       /opt/ml/output/tb synced to {code}/tb/run-1 (metrics: run {s.job_name})",
+        f"MLflow:            run {s.job_name} in experiment 'exp-1' at sqlite:///{code}/runs/mlflow.db",
+    ]
+    assert describe_request(s.to_dict()) == {
+        "TensorBoardOutputConfig": {"S3OutputPath": f"{code}/tb/run-1", "LocalPath": "/opt/ml/output/tb"}}
+    assert describe_lines(spec(code).to_dict()) == [] and describe_request(spec(code).to_dict()) == {}
 
 
 def test_sagemaker_shapes_are_accepted(code):
