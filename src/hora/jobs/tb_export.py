@@ -101,7 +101,8 @@ class DirectorySync:
                 src.seek(before[1])
                 _copy_bytes(src, out, size - before[1])
             return
-        partial = target.with_name(f".{target.name}.part")
+        # not named after the file: TensorBoard reads every file with "tfevents" in its name, a partial one too
+        partial = target.with_name(f".hora-copy-{os.getpid()}.part")
         try:
             with open(path, "rb") as src, open(partial, "wb") as out:
                 _copy_bytes(src, out, size)
