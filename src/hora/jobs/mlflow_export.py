@@ -36,14 +36,19 @@ def mlflow_name(name: str) -> str:
     return _INVALID.sub("_", name)[:250] or "_"
 
 
+def _sqlite_file(config: MlflowConfig) -> Path | None:
+    uri = config.tracking_uri
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
 def artifact_root(config: MlflowConfig) -> str | None:
     """Where a new experiment of a local store keeps its artifacts: ``mlruns/<experiment>`` beside the database
     (MLflow's own default is ``./mlruns`` in the current directory, which for a detached supervisor is nobody's
     choice); a tracking server (``http://``, ``databricks``...) chooses for itself (None)."""
-    uri = config.tracking_uri
-    if uri.startswith("sqlite:///"):
-        return str(Path(uri[len("sqlite:///"):]).parent / "mlruns" / mlflow_name(config.experiment).replace("/", "_"))
-    return None
+    database = _sqlite_file(config)
+    if database is None:
+        return None
+    return str(database.parent / "mlruns" / mlflow_name(config.experiment).replace("/", "_"))
 
 
 def _text(value: Any, limit: int) -> str:
@@ -60,6 +65,14 @@ class MlflowExport:
 
         self.config = config
         self.spec = spec
+        database = _sqlite_file(config)
+        if database is not None and not database.exists():
+            # Made here, with its artifact root beside it: MlflowClient would make it with ./mlruns (the current
+            # directory's) as the root of its Default experiment.
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+            database.parent.mkdir(parents=True, exist_ok=True)
+            SqlAlchemyStore(config.tracking_uri, str(database.parent / "mlruns"))
         self.client = MlflowClient(tracking_uri=config.tracking_uri)
         self.run_id: str | None = None
 

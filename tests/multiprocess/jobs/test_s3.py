@@ -462,6 +462,8 @@ def test_mlflow_logs_artifacts_that_went_to_s3(bucket, tmp_path, monkeypatch):
     run_id = export.open(1.0)
     export.end(store.get(spec.job_name))
     run = MlflowClient(tracking_uri=uri).get_run(run_id)
+    # the experiment MLflow makes with a new database (Default) keeps its artifacts beside it too, not in ./mlruns
+    assert run.info.artifact_uri == str(tmp_path / "mlruns" / "0" / run_id / "artifacts")
     assert run.data.tags["hora.artifact.model"] == f"s3://{name}/out/job/output/model.tar.gz"
     assert (run.info.status, run.info.end_time) == ("FAILED", 2000)
     assert (run.data.tags["hora.status"], run.data.tags["hora.failure_reason"], run.data.tags["hora.exit_code"]) == (
