@@ -64,6 +64,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("HORA_S3_ENDPOINT_URL", "S3 endpoint of hora job's channels and artifacts (before AWS_ENDPOINT_URL_S3)"),
     Variable("AWS_ENDPOINT_URL_S3", "the AWS SDKs' S3 endpoint variable, honoured by hora job"),
     Variable("AWS_ENDPOINT_URL", "the AWS SDKs' endpoint for every service, honoured by hora job after the two above"),
+    Variable("MLFLOW_TRACKING_URI", "MLflow's tracking URI: hora job exports each job as an MLflow run there"),
     Variable("SM_CHANNEL_*", "SageMaker: the directory of an input channel (read by hora.data.PipeDataset)"),
     Variable("SM_INPUT_DIR", "SageMaker: the job's input directory (default /opt/ml/input)"),
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from hora.errors import SpecError, UnexpectedStatusException
 from hora.jobs.api import start_job, stop_job, wait_job
 from hora.jobs.estimator import Estimator, MXNet, PyTorch, TensorFlow, TrainingJob
+from hora.jobs.export_spec import TensorBoardOutputConfig
 from hora.jobs.spec import ChannelSpec, JobSpec, MetricDefinition, load_spec, parse_spec
 from hora.jobs.store import JobRecord, JobStore
 
@@ -24,6 +25,7 @@ __all__ = [
     "MetricDefinition",
     "PyTorch",
     "SpecError",
+    "TensorBoardOutputConfig",
     "TensorFlow",
     "TrainingJob",
     "UnexpectedStatusException",

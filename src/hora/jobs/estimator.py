@@ -21,6 +21,7 @@ from typing import Any
 from hora.errors import ConfigError, UnexpectedStatusException
 from hora.jobs import views
 from hora.jobs.api import start_job, stop_job, wait_job
+from hora.jobs.export_spec import describe_request
 from hora.jobs.profiler import estimator_profiler_config
 from hora.jobs.spec import FIELDS, parse_spec
 from hora.jobs.spot import billable_seconds
@@ -50,7 +51,6 @@ NO_EFFECT = (
     "enable_network_isolation",
     "encrypt_inter_container_traffic",
     "debugger_hook_config",
-    "tensorboard_output_config",
     "rules",
     "code_location",
     "container_log_level",
@@ -88,6 +88,7 @@ def _describe(store: JobStore, record: JobRecord) -> dict[str, Any]:
         out["StoppingCondition"]["MaxWaitTimeInSeconds"] = spec["max_wait"]
     if spec.get("checkpoint_path"):
         out["CheckpointConfig"] = {"S3Uri": spec["checkpoint_path"], "LocalPath": "/opt/ml/checkpoints"}
+    out.update(describe_request(spec))
     if record.started is not None:  # as the service: whole seconds; billable = the time spent training
         out["TrainingTimeInSeconds"] = int((record.ended or time.time()) - record.started)
         out["BillableTimeInSeconds"] = int(billable_seconds(store.transitions(record.name), record.ended))

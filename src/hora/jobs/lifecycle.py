@@ -38,6 +38,7 @@ from hora.jobs.cluster import (
     resolve_network,
     runtime_dir,
 )
+from hora.jobs.exporter import JobExporter
 from hora.jobs.host_trees import HOST_START_SECONDS, HostTrees
 from hora.jobs.install import JobEnvironment
 from hora.jobs.outcome import archive, failure_reason
@@ -146,6 +147,7 @@ class JobSupervisor(Attempts):
         self.interface = LOOPBACK_INTERFACE
         self._trees = HostTrees(self.job_dir, self.hosts, spec.stop_grace, self.say)
         self._env = JobEnvironment(self.job_dir)
+        self._exporter: JobExporter | None = None  # TensorBoard and MLflow (exporter.py), when the spec asks
 
     # -- messages --------------------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -193,6 +195,8 @@ class JobSupervisor(Attempts):
                 for timer in timers:
                     timer.cancel()
                 self._trees.stop(signal.SIGKILL)
+                if self._exporter is not None:  # the job's end is recorded: its last export
+                    self._exporter.finish()
                 if self._net is not None:
                     self._net.remove()
                     self._net = None
@@ -210,6 +214,8 @@ class JobSupervisor(Attempts):
         status, secondary = JobStatus.Failed, SecondaryStatus.Failed
         reason: str | None = None
         exit_code: int | None = None
+        layouts = [self.layouts[h] for h in self.hosts]
+        self._exporter = JobExporter.start_for(self.spec, self.store, layouts, self.say)
         try:
             self._status(
                 JobStatus.InProgress,

@@ -22,6 +22,7 @@ from typing import Any
 from hora.config import parse_value
 from hora.config.variables import read
 from hora.errors import ConfigError, SpecError
+from hora.jobs import export_spec
 from hora.jobs.checks import Checker as _Checker
 from hora.jobs.checks import type_name as _type_name
 from hora.jobs.checks import unknown_field as _unknown
@@ -44,7 +45,7 @@ FIELDS = (
     "entry_point", "source_dir", "hyperparameters", "instance_count", "instance_type", "processes_per_host",
     "distribution", "inputs", "input_mode", "output_path", "checkpoint_path", "metric_definitions", "max_run",
     "max_retry_attempts", "environment", "job_name", "stop_grace", "network", "master_timeout",
-    "use_spot_instances", "max_wait", "spot_interruptions", "profiler_config",
+    "use_spot_instances", "max_wait", "spot_interruptions", "profiler_config", *export_spec.EXPORT_FIELDS,
 )
 CHANNEL_FIELDS = ("uri", "s3_data", "input_mode", "distribution", "content_type", "record_wrapping")
 
@@ -114,6 +115,8 @@ class JobSpec:
     max_wait: float | None = None  # seconds the whole spot job may take, waits for capacity included
     spot_interruptions: tuple[float, ...] = ()  # seconds after the start at which to simulate a reclaim
     system_monitor_interval_millis: int | None = DEFAULT_INTERVAL_MILLIS  # profiler_config's; None: disabled
+    tensorboard_output_config: export_spec.TensorBoardOutputConfig | None = None  # exporter.py acts on these
+    mlflow: export_spec.MlflowConfig | None = None
 
     @property
     def host_count(self) -> int:
@@ -128,8 +131,9 @@ class JobSpec:
         out: dict[str, Any] = {
             k: getattr(self, k)
             for k in self.__dataclass_fields__
-            if k not in ("inputs", "metric_definitions")
+            if k not in ("inputs", "metric_definitions", *export_spec.EXPORT_FIELDS)
         }
+        out.update(export_spec.export_to_dict(self.tensorboard_output_config, self.mlflow))
         out["inputs"] = {c.name: c.__dict__ for c in self.inputs}
         out["metric_definitions"] = [{"Name": m.name, "Regex": m.regex} for m in self.metric_definitions]
         return out
@@ -361,6 +365,7 @@ def parse_spec(
 
     use_spot, max_wait, interruptions = _spot(data, max_run, c)
     monitor_millis = parse_profiler_config(data.get("profiler_config"), c)  # None: the system monitoring is off
+    exports = export_spec.parse_exports(data, base, c)
 
     job_name = c.str_(data, "job_name")
     if job_name is not None and not _JOB_NAME.match(job_name):
@@ -397,6 +402,7 @@ def parse_spec(
         max_wait=max_wait,
         spot_interruptions=interruptions,
         system_monitor_interval_millis=monitor_millis,
+        **exports,
     )
 
 
@@ -487,6 +493,7 @@ def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:
     fields = dict(data)
     fields["inputs"] = tuple(ChannelSpec(**c) for c in fields.get("inputs", {}).values())
     fields["spot_interruptions"] = tuple(fields.get("spot_interruptions", ()))
+    fields.update(export_spec.export_from_dict(fields))
     fields["metric_definitions"] = tuple(
         MetricDefinition(m["Name"], m["Regex"]) for m in fields.get("metric_definitions", [])
     )

@@ -319,14 +319,6 @@ class JobStore:
             (job,),
         )
 
-    def metrics_after(self, job: str, after: int = 0, limit: int = 50_000) -> list[tuple[Any, ...]]:
-        """Up to ``limit`` of the job's metric values stored after row ``after``, in the order they were stored:
-        ``(rowid, name, value, timestamp, host, rank, attempt)`` (what a live view asks for as a job runs)."""
-        return [tuple(r) for r in self._query(
-            "SELECT rowid, name, value, timestamp, host, rank, attempt FROM metrics WHERE job = ? AND rowid > ? "
-            "ORDER BY rowid LIMIT ?", (job, after, limit)
-        )[1]]
-
     def add_system_metrics(self, job: str, rows: list[tuple[str, float, str, float]]) -> None:
         """rows: (host, timestamp, name, value) -- a batch of one host's samples (:mod:`hora.runner.system_metrics`)."""
         with self._db() as db:
@@ -358,6 +350,16 @@ class JobStore:
                 conn.close()
         except sqlite3.DatabaseError as exc:
             raise self.problem(exc) from None
+
+    def metrics_after(self, job: str, rowid: int, limit: int = 10_000) -> list[tuple[Any, ...]]:
+        """The job's metric values stored after row ``rowid``, in the order they were stored (at most ``limit``):
+        (rowid, name, value, timestamp, host, rank, attempt). A follower polls with the last rowid it saw; ``+job``
+        keeps SQLite on the rowid range (the new rows), not on the job's whole index."""
+        return self._query(
+            "SELECT rowid, name, value, timestamp, host, rank, attempt FROM metrics WHERE rowid > ? AND +job = ? "
+            "ORDER BY rowid LIMIT ?",
+            (rowid, job, limit),
+        )[1]
 
     def metric_names(self, job: str) -> list[str]:
         return [str(r[0]) for r in self._query("SELECT DISTINCT name FROM metrics WHERE job = ?", (job,))[1]]

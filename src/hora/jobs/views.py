@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hora.errors import ConfigError, StorageError
+from hora.jobs.export_spec import describe_lines
 from hora.jobs.plan import JobPlan
 from hora.jobs.records import AttemptResult, RankEnd, attempt_dir
 from hora.jobs.spot import billable_seconds
@@ -77,6 +78,7 @@ def describe(store: JobStore, name: str) -> str:
     ]
     for ch in spec.get("inputs", {}).values():
         lines.append(f"Channel {ch['name']}: {ch['uri']} ({ch['input_mode']}, {ch['distribution']})")
+    lines += describe_lines(spec)
     if r.exit_code is not None:
         lines.append(f"Exit code:         {r.exit_code}")
     if r.failure_reason:

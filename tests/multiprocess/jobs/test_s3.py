@@ -405,3 +405,68 @@ def test_a_job_with_a_sharded_s3_channel_and_s3_output(bucket, tmp_path):
     assert seen == [["part-00.csv", "part-02.csv", "part-04.csv"], ["part-01.csv", "part-03.csv"]]
     listed = {o["Key"] for o in client.list_objects_v2(Bucket=name, Prefix="results/")["Contents"]}
     assert listed == {"results/s3-job/output/model.tar.gz", "results/s3-job/output/output.tar.gz"}
+
+
+def test_tensorboard_files_sync_to_an_s3_prefix(bucket, tmp_path):
+    """hora job's TensorBoard sync (tensorboard_output_config) with an s3:// destination: new and changed files
+    are uploaded whole, nothing is deleted, and algo-1's file wins a name clash."""
+    from hora.jobs.tb_export import DirectorySync
+
+    client, name = bucket
+    algo1, algo2 = tmp_path / "algo-1", tmp_path / "algo-2"
+    (algo1 / "run").mkdir(parents=True)
+    (algo2 / "run").mkdir(parents=True)
+    (algo1 / "run" / "events").write_bytes(b"first")
+    (algo2 / "run" / "events").write_bytes(b"algo-2's")
+    (algo2 / "run" / "other").write_bytes(b"other")
+    sync = DirectorySync([(algo1, ""), (algo2, "")], f"s3://{name}/tb/job", tmp_path / "staging")
+    assert sync.sync() == 2
+
+    def objects() -> dict[str, bytes]:
+        keys = [o["Key"] for o in client.list_objects_v2(Bucket=name, Prefix="tb/")["Contents"]]
+        return {k: client.get_object(Bucket=name, Key=k)["Body"].read() for k in keys}
+
+    assert objects() == {"tb/job/run/events": b"first", "tb/job/run/other": b"other"}
+    with open(algo1 / "run" / "events", "ab") as f:
+        f.write(b" and more")
+    (algo2 / "run" / "other").unlink()
+    assert sync.sync() == 1 and sync.sync() == 0
+    assert objects() == {"tb/job/run/events": b"first and more", "tb/job/run/other": b"other"}
+    assert list((tmp_path / "staging").iterdir()) == []  # the snapshots uploaded are removed
+
+
+def test_mlflow_logs_artifacts_that_went_to_s3(bucket, tmp_path, monkeypatch):
+    """A job whose output_path is s3://: the MLflow run still gets model.tar.gz (downloaded, then logged)."""
+    pytest.importorskip("mlflow", reason="the MLflow export needs the mlflow extra")
+    pytest.importorskip("sqlalchemy", reason="a SQLite MLflow store needs the mlflow extra's sqlalchemy")
+    from mlflow import MlflowClient
+
+    from hora.jobs import JobStore, parse_spec
+    from hora.jobs.mlflow_export import MlflowExport
+    from hora.jobs.states import JobStatus, SecondaryStatus
+
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    client, name = bucket
+    _put(client, name, {"out/job/output/model.tar.gz": b"model bytes"})
+    (tmp_path / "train.py").write_text("")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    spec = parse_spec({"entry_point": "train.py", "job_name": "s3-artifacts", "mlflow": {"tracking_uri": uri}},
+                      base_dir=tmp_path)
+    assert spec.mlflow is not None
+    store = JobStore(tmp_path / "home")
+    store.create(spec.job_name, spec.to_dict())
+    store.update(spec.job_name, started=1.0, ended=2.0, failure_reason="AlgorithmError: it broke", exit_code=3,
+                 artifacts={"model": f"s3://{name}/out/job/output/model.tar.gz"})
+    store.transition(spec.job_name, JobStatus.Failed, SecondaryStatus.Failed, "AlgorithmError: it broke")
+    export = MlflowExport(spec.mlflow, spec)
+    run_id = export.open(1.0)
+    export.end(store.get(spec.job_name))
+    run = MlflowClient(tracking_uri=uri).get_run(run_id)
+    # the experiment MLflow makes with a new database (Default) keeps its artifacts beside it too, not in ./mlruns
+    assert run.info.artifact_uri == str(tmp_path / "mlruns" / "0" / run_id / "artifacts")
+    assert run.data.tags["hora.artifact.model"] == f"s3://{name}/out/job/output/model.tar.gz"
+    assert (run.info.status, run.info.end_time) == ("FAILED", 2000)
+    assert (run.data.tags["hora.status"], run.data.tags["hora.failure_reason"], run.data.tags["hora.exit_code"]) == (
+        "Failed", "AlgorithmError: it broke", "3")
+    artifact = Path(run.info.artifact_uri) / "model.tar.gz"
+    assert artifact.read_bytes() == b"model bytes"
