@@ -6,7 +6,8 @@ job's status, failure reason and artifacts.
 A value's step is its index in its series: the values of one metric from one rank, in the order the rank printed
 them (over every attempt). Rank 0's series keeps the metric's name; another rank's is ``<name>/rank<r>``
 (:func:`series_key`), so a script that prints its metrics on rank 0 only gets plain names, and no two ranks'
-values are ever mixed into one series.
+values are ever mixed into one series. The hosts' system metrics (CPU, memory, network, disk: docs/jobs.md) go
+too, as ``system/<host>/<name>`` series, stepped the same way.
 
 An export failure never changes the job's outcome: it is said once in ``logs/job.log`` (and again if it is still
 failing at the end); metric values MLflow refused are kept and sent again at the next poll.
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # imported when an export starts: they import tensorboard and
     from hora.jobs.mlflow_export import MlflowExport
     from hora.jobs.tb_export import TensorBoardExport
 
-__all__ = ["FINISH_SECONDS", "POLL_SECONDS", "JobExporter", "series_key"]
+__all__ = ["FINISH_SECONDS", "POLL_SECONDS", "JobExporter", "series_key", "system_key"]
 
 POLL_SECONDS = 2.0
 #: How long the supervisor waits for the last export (artifacts to a remote MLflow may take a while) before it
@@ -40,6 +41,11 @@ def series_key(name: str, rank: int) -> str:
     return name if rank == 0 else f"{name}/rank{rank}"
 
 
+def system_key(host: str, name: str) -> str:
+    """The TensorBoard tag and MLflow key of a host's system metric (``system/algo-1/cpu_percent``)."""
+    return f"system/{host}/{name}"
+
+
 class JobExporter:
     """Exports one job to TensorBoard and/or MLflow as its spec asks; :meth:`start` it when the job starts and
     :meth:`finish` it when the job's end is recorded."""
@@ -51,6 +57,7 @@ class JobExporter:
         self.layouts = layouts
         self.say = say
         self._rowid = 0
+        self._system_since: dict[str, float] = {}  # system/<host>/<name> -> its last sample exported
         self._steps: dict[tuple[str, int], int] = {}
         self._pending: list[tuple[str, float, int, float]] = []  # for MLflow, until it takes them
         self._failing: set[str] = set()  # what failed and was said (said again only once it recovered)
@@ -132,11 +139,27 @@ class JobExporter:
             if len(rows) < 10_000:
                 return points
 
+    def _system_points(self) -> list[tuple[str, float, int, float]]:
+        """The hosts' system metric samples read since the last poll, as ``system/<host>/<name>`` series (a host
+        stores its samples in batches, so each series is followed from its own last sample)."""
+        points = []
+        since = min(self._system_since.values(), default=0.0)
+        for host, timestamp, name, value in self.store.iter_system_metrics(self.spec.job_name, since):
+            key = system_key(host, name)
+            if timestamp <= self._system_since.get(key, 0.0):
+                continue
+            self._system_since[key] = timestamp
+            step = self._steps.get((key, 0), 0)
+            self._steps[(key, 0)] = step + 1
+            points.append((key, float(value), step, float(timestamp)))
+        return points
+
     def _poll(self) -> None:
         points: list[tuple[str, float, int, float]] = []
 
         def read() -> None:
             points.extend(self._new_points())
+            points.extend(self._system_points())
 
         self._guard("reading the job's metrics", read)
         tb, ml = self._tb, self._ml

@@ -63,7 +63,7 @@ def tensorflow_imported():
 
 def scalars(run_dir) -> dict[str, list[tuple[int, float, float]]]:
     """tag -> [(step, value, wall time)] of the event files in ``run_dir``, as TensorBoard reads them."""
-    acc = EventAccumulator(str(run_dir))
+    acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})  # every event (it keeps 10 a tag by default)
     acc.Reload()
     return {
         tag: [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)), e.wall_time) for e in acc.Tensors(tag)]
@@ -101,7 +101,15 @@ def test_job_exports_to_tensorboard_and_mlflow(tmp_path, monkeypatch, capsys):
 
     # TensorBoard: the metrics as the run <job name>, beside the script's own run, at the destination
     got = scalars(tb_dest / "exported")
+    system = {tag: got.pop(tag) for tag in [t for t in got if t.startswith("system/")]}
     assert sorted(got) == sorted(expected)
+    # the host's system metrics too, as system/<host>/<name>, every sample the store has
+    samples: dict[str, list[float]] = collections.defaultdict(list)
+    for host, _t, name, value in store.iter_system_metrics("exported"):
+        samples[f"system/{host}/{name}"].append(value)
+    assert set(system) == set(samples) and "system/algo-1/cpu_percent" in system
+    for tag, values in samples.items():
+        assert [v for _, v, _ in system[tag]] == pytest.approx(values, rel=1e-6), tag
     for tag, values in expected.items():
         assert [step for step, _, _ in got[tag]] == list(range(len(values)))
         assert [v for _, v, _ in got[tag]] == pytest.approx([v for v, _ in values], rel=1e-6)  # float32
@@ -122,6 +130,8 @@ def test_job_exports_to_tensorboard_and_mlflow(tmp_path, monkeypatch, capsys):
                                                                                             "Completed", "0")
     assert "hora.failure_reason" not in tags and tags["mlflow.source.name"] == "train.py"
     assert run.info.start_time == int(record.started * 1000) and run.info.end_time == int(record.ended * 1000)
+    assert len(client.get_metric_history(run.info.run_id, "system/algo-1/memory_used_bytes")) == len(
+        samples["system/algo-1/memory_used_bytes"])
     for key, values in expected.items():
         history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
         assert [(m.step, m.value, m.timestamp) for m in history] == [
