@@ -30,6 +30,16 @@ const hora = (() => {
     return (i ? n.toFixed(1) : String(n)) + " " + units[i];
   };
 
+  // An axis value short enough for its axis: 1.5G, 250M, 12k, 0.25.
+  const compact = (v) => {
+    if (v === null) return "";
+    const a = Math.abs(v);
+    for (const [scale, unit] of [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]]) {
+      if (a >= scale) return +(v / scale).toFixed(2) + unit;
+    }
+    return String(+v.toFixed(4));
+  };
+
   const status = (job) => el("span", { class: "status " + job.status, text: job.status });
 
   // A message across the top of the page (the server's reason a page cannot be shown); null clears it.
@@ -97,7 +107,7 @@ const hora = (() => {
       this.plot = new uPlot({
         width: Math.max(420, this.box.clientWidth - 4), height: 240,
         scales: { x: { time } },
-        axes: [{ label: time ? "" : this.xLabel }, {}],
+        axes: [{ label: time ? "" : this.xLabel }, { values: (u, splits) => splits.map(compact), size: 60 }],
         series: [{ label: this.xLabel }, ...labels.map((l, i) => ({
           label: l, stroke: colors[i % colors.length], width: 1.5, spanGaps: true }))],
       }, data, this.box);
