@@ -169,7 +169,7 @@ class TuningSupervisor:
         record = reconcile(self.store, self.store.get(trial["name"]))
         trial["started"] = record.started
         series = objective_series(self.store, trial["name"], self.metric)
-        if self.early and not record.done and self._stop_reason is None:
+        if self.early and not record.done and self._stop_reason is None and not trial.get("stop_sent"):
             earlier = [t.get("series") or [] for t in self._trials() if t["created"] < trial["created"]]
             for k in range(trial["epochs_checked"] + 1, len(series) + 1):
                 reason = median_stop(series[:k], earlier, self.maximize)
