@@ -39,7 +39,8 @@ def start_tuning_job(tstore: TuningStore, name: str, config: dict[str, Any]) -> 
         " stderr=open(sys.argv[3], 'ab'), close_fds=True)"
     )
     log = tstore.dir(name) / "supervisor.err"
-    subprocess.run([sys.executable, "-c", code, str(tstore.jobs.home), name, str(log)], check=True, timeout=60)
+    home = str(tstore.jobs.home.resolve())  # the trials run with another working directory
+    subprocess.run([sys.executable, "-c", code, home, name, str(log)], check=True, timeout=60)
 
 
 def stop_tuning_job(tstore: TuningStore, name: str) -> dict[str, Any]:

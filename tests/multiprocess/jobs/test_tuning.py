@@ -146,7 +146,8 @@ def test_hora_job_tune_spec_list_describe_and_stop(tmp_path, capsys):
     _estimator(tmp_path)
     spec = tmp_path / "tune.yaml"
     spec.write_text(textwrap.dedent("""
-        entry_point: src/train.py
+        entry_point: train.py
+        source_dir: src
         hyperparameters: {epochs: 2, mode: hold}
         metric_definitions: [{Name: acc, Regex: 'acc=([0-9.]+)'}]
         tuning:
@@ -189,7 +190,7 @@ def test_hora_job_tune_spec_list_describe_and_stop(tmp_path, capsys):
     assert trial in capsys.readouterr().out
     # a bad tuning section: every problem named, with the spec
     bad = tmp_path / "bad.yaml"
-    bad.write_text("entry_point: src/train.py\ntuning:\n  objective_metric_name: loss\n  stratgy: Random\n"
+    bad.write_text("entry_point: train.py\nsource_dir: src\ntuning:\n  objective_metric_name: loss\n  stratgy: Random\n"
                    "  hyperparameter_ranges:\n    lr: {type: Float, min_value: 0}\n")
     assert main(["job", "--home", home, "tune", str(bad)]) == 2
     err = capsys.readouterr().err
