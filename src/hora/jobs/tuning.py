@@ -157,6 +157,7 @@ class TuningSupervisor:
                                  "epochs_checked": 0}
         self.state["trials"].append(trial)
         self._tokens[job] = token
+        self.tstore.write_state(self.name, self.state)  # named as a trial before it shows as a job
         spec = dataclasses.replace(self.template, job_name=job,
                                    hyperparameters={**self.template.hyperparameters, **tuned})
         try:

@@ -85,6 +85,17 @@ class TuningStore:
         state["modified"] = time.time()
         write_private(self.dir(name) / "state.json", json.dumps(state, indent=1))
 
+    def trial_index(self) -> dict[str, str]:
+        """trial job name -> its tuning job, for every tuning job (what the dashboard marks trials with)."""
+        out: dict[str, str] = {}
+        for name in self.names():
+            try:
+                trials = json.loads((self.dir(name) / "state.json").read_text())["trials"]
+            except (OSError, ValueError, KeyError):
+                continue
+            out.update((t["name"], name) for t in trials)
+        return out
+
     def record_supervisor(self, name: str, pid: int) -> None:
         write_private(self.dir(name) / "supervisor.json",
                       json.dumps({"pid": pid, "start": process_start_time(pid)}))
