@@ -112,9 +112,9 @@ class TuningSupervisor:
         with handle_signals(self._signal, signal.SIGTERM, signal.SIGINT):
             try:
                 self._loop()
-            except HoraError as exc:
+            except Exception as exc:  # recorded, and no trial is left running without its tuning job
                 self._stop_running()
-                self._end("Failed", f"the tuning job's supervisor failed: {exc}")
+                self._end("Failed", f"InternalError: the tuning job's supervisor failed: {type(exc).__name__}: {exc}")
                 raise
 
     def _trials(self, status: str | None = None) -> list[dict[str, Any]]:

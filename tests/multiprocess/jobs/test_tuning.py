@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -14,7 +16,16 @@ import time
 import pytest
 
 from hora.cli import main
-from hora.jobs import CategoricalParameter, Estimator, HyperparameterTuner, IntegerParameter, JobStore
+from hora.errors import UnexpectedStatusException
+from hora.jobs import (
+    CategoricalParameter,
+    Estimator,
+    HyperparameterTuner,
+    IntegerParameter,
+    JobStore,
+    stop_job,
+    wait_job,
+)
 from hora.jobs.tuning_store import TuningStore
 from support import paths
 
@@ -140,6 +151,34 @@ def test_random_with_a_seed_repeats_its_values_and_early_stopping_stops_a_poor_t
     assert JobStore(tmp_path / "home").get(trials["1"]["TrainingJobName"]).status == "Stopped"
     assert tuner.describe()["TrainingJobStatusCounters"]["Stopped"] == 1
     assert tuner.best_training_job() == trials["9"]["TrainingJobName"]
+
+
+def test_max_runtime_stops_a_tuning_job_and_a_killed_supervisor_fails_it(tmp_path):
+    est = _estimator(tmp_path, mode="hold")
+    ranges = {"width": IntegerParameter(1, 9)}
+    tuner = HyperparameterTuner(est, "acc", ranges, strategy="Random", max_jobs=3, max_runtime_in_seconds=3)
+    tuner.fit(job_name="short")  # its first trial holds for 2 minutes: the limit stops it
+    desc = tuner.describe()
+    assert desc["HyperParameterTuningJobStatus"] == "Stopped"
+    assert desc["FailureReason"] == "MaxRuntimeInSeconds (3) was reached"
+    assert desc["TrainingJobStatusCounters"] == {
+        "Completed": 0, "InProgress": 0, "RetryableError": 0, "NonRetryableError": 0, "Stopped": 1}
+    # a supervisor killed outright: the next look marks the tuning job Failed, wait() raises, nothing hangs
+    killed = HyperparameterTuner(est, "acc", ranges, strategy="Random", max_jobs=2)
+    killed.fit(job_name="killed", wait=False)
+    tstore = TuningStore(est.store)
+    deadline = time.monotonic() + 60
+    while tstore.supervisor_pid("killed") is None or not tstore.state("killed")["trials"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.kill(tstore.supervisor_pid("killed"), signal.SIGKILL)  # type: ignore[arg-type]
+    with pytest.raises(UnexpectedStatusException, match=re.escape(
+            "Error for HyperParameterTuning job killed: Failed. Reason: InternalError: the tuning job's supervisor "
+            "died without finishing it")):
+        killed.wait()
+    trial = tstore.state("killed")["trials"][0]["name"]
+    stop_job(est.store, trial)  # its trial was left running: stop it
+    assert wait_job(est.store, trial, timeout=60).status == "Stopped"
 
 
 def test_hora_job_tune_spec_list_describe_and_stop(tmp_path, capsys):
