@@ -243,6 +243,9 @@ class HyperparameterTuner:
         spec = parse_spec(data, source="the HyperparameterTuner's estimator")
         config = self.tuning_config(name)
         config["template"] = spec.to_dict()
+        config["TrainingJobDefinition"].update(
+            ResourceConfig={"InstanceType": spec.instance_type, "InstanceCount": spec.instance_count},
+            StoppingCondition={"MaxRuntimeInSeconds": spec.max_run})
         fields = {**self.estimator.fields, "source_dir": spec.source_dir, "entry_point": spec.entry_point}
         for key in ("output_path", "checkpoint_path"):
             if getattr(spec, key):

@@ -84,6 +84,7 @@ def test_a_grid_tuning_job_runs_two_trials_at_a_time_counts_the_failing_one_and_
         "Completed": 4, "InProgress": 0, "RetryableError": 0, "NonRetryableError": 4, "Stopped": 0}
     assert desc["ObjectiveStatusCounters"] == {"Succeeded": 4, "Pending": 0, "Failed": 4}
     assert desc["TrainingJobDefinition"]["StaticHyperParameters"] == {"epochs": "3", "pause": "0.5"}
+    assert desc["TrainingJobDefinition"]["ResourceConfig"] == {"InstanceType": "local", "InstanceCount": 1}
     best = desc["BestTrainingJob"]
     assert best["TunedHyperParameters"] == {"width": "7", "mode": "ok"}
     assert best["FinalHyperParameterTuningJobObjectiveMetric"] == {"Type": "Maximize", "MetricName": "acc",
@@ -227,6 +228,8 @@ def test_hora_job_tune_spec_list_describe_and_stop(tmp_path, capsys):
     assert main(["job", "--home", home, "rm", trial]) == 0
     assert main(["job", "--home", home, "tune", "describe", "held"]) == 0
     assert trial in capsys.readouterr().out
+    assert main(["job", "--home", home, "reindex"]) == 0  # the tuning/ directory is none of its business
+    assert capsys.readouterr().out.splitlines()[-1].startswith("indexed 0 job(s)")
     # a bad tuning section: every problem named, with the spec
     bad = tmp_path / "bad.yaml"
     bad.write_text("entry_point: train.py\nsource_dir: src\ntuning:\n  objective_metric_name: loss\n  stratgy: Random\n"
