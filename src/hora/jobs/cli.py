@@ -88,6 +88,10 @@ def _tune(args: argparse.Namespace) -> int:
         return 0
     from hora.jobs.tuning_spec import load_tuning_spec
 
+    if args.name:
+        raise ConfigError(f"hora job tune SPEC takes no second argument (got {args.name!r}); name the tuning job "
+                          "with --job-name")
+
     tuner, name = load_tuning_spec(action, tstore.jobs.home)
     tuner.fit(job_name=args.job_name or name, wait=False)
     name = tuner.latest_tuning_job.name  # type: ignore[union-attr]
