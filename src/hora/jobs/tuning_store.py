@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hora._proc import process_start_time
+from hora._proc import process_alive, process_start_time
 from hora.errors import ConfigError, StorageError
 from hora.jobs.store import JobStore, write_private
 
@@ -107,4 +107,5 @@ class TuningStore:
         except (OSError, ValueError):
             return None
         pid = int(info["pid"])
-        return pid if info["start"] and process_start_time(pid) == info["start"] else None
+        # a zombie is dead too: its reaper may be a subreaper that has not waited for it yet
+        return pid if info["start"] and process_alive(pid, info["start"]) else None

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from hora.cli import main
-from hora.errors import UnexpectedStatusException
+from hora.errors import ConfigError, UnexpectedStatusException
 from hora.jobs import (
     CategoricalParameter,
     Estimator,
@@ -26,6 +26,7 @@ from hora.jobs import (
     stop_job,
     wait_job,
 )
+from hora.jobs.tuning import wait_tuning_job
 from hora.jobs.tuning_store import TuningStore
 from support import paths
 
@@ -154,6 +155,14 @@ def test_random_with_a_seed_repeats_its_values_and_early_stopping_stops_a_poor_t
     assert tuner.best_training_job() == trials["9"]["TrainingJobName"]
 
 
+def _has_supervisor(store: JobStore, state: dict) -> bool:
+    """Whether the tuning job's first trial runs under its own supervisor yet."""
+    try:
+        return bool(state["trials"]) and store.get(state["trials"][0]["name"]).supervisor_pid is not None
+    except ConfigError:  # named in the tuning job's state, not yet created
+        return False
+
+
 def test_max_runtime_stops_a_tuning_job_and_a_killed_supervisor_fails_it(tmp_path):
     est = _estimator(tmp_path, mode="hold")
     ranges = {"width": IntegerParameter(1, 9)}
@@ -169,10 +178,11 @@ def test_max_runtime_stops_a_tuning_job_and_a_killed_supervisor_fails_it(tmp_pat
     killed.fit(job_name="killed", wait=False)
     tstore = TuningStore(est.store)
     deadline = time.monotonic() + 60
-    while tstore.supervisor_pid("killed") is None or not tstore.state("killed")["trials"]:
+    while tstore.supervisor_pid("killed") is None or not _has_supervisor(est.store, tstore.state("killed")):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     os.kill(tstore.supervisor_pid("killed"), signal.SIGKILL)  # type: ignore[arg-type]
+    assert wait_tuning_job(tstore, "killed", timeout=60)["status"] == "Failed"
     with pytest.raises(UnexpectedStatusException, match=re.escape(
             "Error for HyperParameterTuning job killed: Failed. Reason: InternalError: the tuning job's supervisor "
             "died without finishing it")):
