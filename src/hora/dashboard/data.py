@@ -14,6 +14,7 @@ from typing import Any
 
 from hora.jobs.api import reconcile
 from hora.jobs.store import JobRecord, JobStore
+from hora.jobs.tuning_store import TuningStore
 
 __all__ = ["downloads", "job_detail", "job_summary", "jobs", "metric_rows", "system_rows"]
 
@@ -28,8 +29,8 @@ TIMELINE = ("HOROVOD_TIMELINE", "HORA_TIMELINE", "timeline")
 AUTOTUNE_LOG = ("HOROVOD_AUTOTUNE_LOG", "HORA_AUTOTUNE_LOG", "autotune_log_file")
 
 
-def job_summary(r: JobRecord) -> dict[str, Any]:
-    """One row of the job list."""
+def job_summary(r: JobRecord, tuning_job: str | None = None) -> dict[str, Any]:
+    """One row of the job list (``tuning_job``: the tuning job the job is a trial of)."""
     spec = r.spec
     return {
         "name": r.name,
@@ -46,13 +47,15 @@ def job_summary(r: JobRecord) -> dict[str, Any]:
         "entry_point": spec.get("entry_point"),
         "hyperparameters": _plain(spec.get("hyperparameters") or {}),
         "attempts": r.attempts,
+        "tuning_job": tuning_job,
     }
 
 
 def jobs(store: JobStore) -> list[dict[str, Any]]:
     """Every job, newest first."""
     records = [reconcile(store, r) if not r.done else r for r in store.jobs()]
-    return [job_summary(r) for r in sorted(records, key=lambda r: r.created, reverse=True)]
+    trials = TuningStore(store).trial_index()
+    return [job_summary(r, trials.get(r.name)) for r in sorted(records, key=lambda r: r.created, reverse=True)]
 
 
 def job_detail(store: JobStore, name: str) -> dict[str, Any]:
@@ -62,7 +65,7 @@ def job_detail(store: JobStore, name: str) -> dict[str, Any]:
     spec = {k: _plain(r.spec[k]) for k in SHOWN_SPEC if r.spec.get(k) not in (None, "", [], {})}
     environment = r.spec.get("environment") or {}
     return {
-        **job_summary(r),
+        **job_summary(r, TuningStore(store).trial_index().get(name)),
         "spec": spec,
         "environment_names": sorted(environment) if isinstance(environment, dict) else [],
         "failure_reason": r.failure_reason,

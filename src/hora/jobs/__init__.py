@@ -12,12 +12,28 @@ from hora.errors import SpecError, UnexpectedStatusException
 from hora.jobs.api import start_job, stop_job, wait_job
 from hora.jobs.estimator import Estimator, MXNet, PyTorch, TensorFlow, TrainingJob
 from hora.jobs.export_spec import TensorBoardOutputConfig
+from hora.jobs.parameter import CategoricalParameter, ContinuousParameter, IntegerParameter
 from hora.jobs.spec import ChannelSpec, JobSpec, MetricDefinition, load_spec, parse_spec
 from hora.jobs.store import JobRecord, JobStore
+from hora.jobs.tuner import (
+    HyperbandStrategyConfig,
+    HyperparameterTuner,
+    HyperparameterTuningJobAnalytics,
+    StrategyConfig,
+    TuningJobCompletionCriteriaConfig,
+    WarmStartConfig,
+    WarmStartTypes,
+)
 
 __all__ = [
+    "CategoricalParameter",
     "ChannelSpec",
+    "ContinuousParameter",
     "Estimator",
+    "HyperbandStrategyConfig",
+    "HyperparameterTuner",
+    "HyperparameterTuningJobAnalytics",
+    "IntegerParameter",
     "JobRecord",
     "JobSpec",
     "JobStore",
@@ -25,10 +41,14 @@ __all__ = [
     "MetricDefinition",
     "PyTorch",
     "SpecError",
+    "StrategyConfig",
     "TensorBoardOutputConfig",
     "TensorFlow",
     "TrainingJob",
+    "TuningJobCompletionCriteriaConfig",
     "UnexpectedStatusException",
+    "WarmStartConfig",
+    "WarmStartTypes",
     "load_spec",
     "parse_spec",
     "start_job",

@@ -1,11 +1,11 @@
-"""``hora job run | list | describe | logs | metrics | stop | reindex``: argument parsing and printing only."""
+"""``hora job run | list | describe | logs | metrics | stop | reindex | tune``: argument parsing and printing only."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from hora.errors import HoraError
+from hora.errors import ConfigError, HoraError
 
 __all__ = ["add_job_parser", "job_main"]
 
@@ -44,9 +44,66 @@ def add_job_parser(sub: argparse._SubParsersAction) -> None:
     it.add_argument("job")
     it.add_argument("--host", help="the reclaimed host (default algo-1); as on SageMaker, the whole job restarts")
     jsub.add_parser("reindex", help="rebuild a lost or damaged job index (jobs.db) from the job directories")
+    _add_tune_parser(jsub)
     rm = jsub.add_parser("rm", help="delete an ended job (its artifacts are kept unless --artifacts)")
     rm.add_argument("job", nargs="+")
     rm.add_argument("--artifacts", action="store_true", help="also delete its local model.tar.gz and output.tar.gz")
+
+
+def _add_tune_parser(jsub: argparse._SubParsersAction) -> None:
+    tune = jsub.add_parser("tune", help="hyperparameter tuning jobs: start one from a spec, list, describe, stop",
+                           description="hora job tune SPEC starts a tuning job (a spec with a tuning: section); "
+                           "hora job tune list | describe NAME | stop NAME. See docs/tuning.md.")
+    tune.add_argument("spec", help="the job spec with a tuning: section (YAML), or list, describe or stop")
+    tune.add_argument("name", nargs="?", help="the tuning job (describe, stop)")
+    tune.add_argument("--wait", action="store_true", help="wait until the tuning job ends and show its summary")
+    tune.add_argument("--job-name", help="the tuning job's name (default: the spec's tuning.job_name, or generated)")
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from hora.jobs.store import JobStore
+    from hora.jobs.tuning import stop_tuning_job, wait_tuning_job
+    from hora.jobs.tuning_store import TuningStore
+    from hora.jobs.tuning_views import tuning_describe, tuning_summary, tuning_table
+
+    tstore = TuningStore(JobStore(args.home))
+    action = args.spec
+    if action in ("describe", "stop") and not args.name:
+        raise ConfigError(f"hora job tune {action} needs the tuning job's name (hora job tune list shows them)")
+    if action == "list":
+        print(tuning_table(tstore))
+        return 0
+    if action == "describe":
+        print(tuning_describe(tstore, args.name))
+        return 0
+    if action == "stop":
+        state = stop_tuning_job(tstore, args.name)
+        if state["status"] in ("Completed", "Failed", "Stopped"):
+            print(f"tuning job {args.name} has already ended: {state['status']}")
+            return 0
+        print(f"stopping tuning job {args.name} and its running trials")
+        if args.wait:
+            wait_tuning_job(tstore, args.name)
+            print(tuning_summary(tstore, args.name))
+        return 0
+    from hora.jobs.tuning_spec import load_tuning_spec
+
+    if args.name:
+        raise ConfigError(f"hora job tune SPEC takes no second argument (got {args.name!r}); name the tuning job "
+                          "with --job-name")
+
+    tuner, name = load_tuning_spec(action, tstore.jobs.home)
+    tuner.fit(job_name=args.job_name or name, wait=False)
+    name = tuner.latest_tuning_job.name  # type: ignore[union-attr]
+    limits = tuner.tuning_config(name)["HyperParameterTuningJobConfig"]["ResourceLimits"]
+    print(f"started tuning job {name} ({tuner.strategy}: {limits['MaxNumberOfTrainingJobs']} trial(s), at most "
+          f"{tuner.max_parallel_jobs} at once) in {tstore.dir(name)}")
+    if not args.wait:
+        print(f"follow it with: hora job tune describe {name}")
+        return 0
+    state = wait_tuning_job(tstore, name)
+    print(tuning_summary(tstore, name))
+    return 0 if state["status"] == "Completed" else 1
 
 
 def _progress(message: str) -> None:
@@ -62,6 +119,8 @@ def job_main(args: argparse.Namespace) -> int:
 
     store = JobStore(args.home)
     try:
+        if args.job_cmd == "tune":
+            return _tune(args)
         if args.job_cmd == "run":
             spec = load_spec(args.spec, {"job_name": args.job_name} if args.job_name else None)
             if not args.wait:

@@ -46,3 +46,17 @@ def test_metric_rows_come_after_the_row_asked_for(tmp_path):
     assert rows == [["loss", 1.0, 10.0, "algo-1", 0, 1], ["loss", 0.5, 11.0, "algo-1", 0, 1]]
     store.add_metrics("j", [("loss", 0.25, 12.0, "algo-2", 3, 1)])
     assert data.metric_rows(store, "j", after) == ([["loss", 0.25, 12.0, "algo-2", 3, 1]], after + 1)
+
+
+def test_a_trial_of_a_tuning_job_is_marked_with_it(tmp_path):
+    import json
+
+    store = _store_with_job(tmp_path)
+    store.create("tune-001-0a1b2c3d", {"entry_point": "train.py", "hyperparameters": {"lr": 0.2}})
+    tuning = store.home / "tuning" / "tune"
+    tuning.mkdir(parents=True)
+    (tuning / "config.json").write_text("{}")
+    (tuning / "state.json").write_text(json.dumps({"trials": [{"name": "tune-001-0a1b2c3d"}]}))
+    marks = {job["name"]: job["tuning_job"] for job in data.jobs(store)}
+    assert marks == {"j": None, "tune-001-0a1b2c3d": "tune"}
+    assert data.job_detail(store, "tune-001-0a1b2c3d")["tuning_job"] == "tune"

@@ -183,15 +183,18 @@ def test_public_names_are_pinned_and_import_is_light():
     import hora.jobs
 
     assert sorted(hora.jobs.__all__) == [
-        "ChannelSpec", "Estimator", "JobRecord", "JobSpec", "JobStore", "MXNet", "MetricDefinition", "PyTorch",
-        "SpecError", "TensorBoardOutputConfig", "TensorFlow", "TrainingJob", "UnexpectedStatusException",
+        "CategoricalParameter", "ChannelSpec", "ContinuousParameter", "Estimator", "HyperbandStrategyConfig",
+        "HyperparameterTuner", "HyperparameterTuningJobAnalytics", "IntegerParameter", "JobRecord", "JobSpec",
+        "JobStore", "MXNet", "MetricDefinition", "PyTorch", "SpecError", "StrategyConfig", "TensorBoardOutputConfig",
+        "TensorFlow", "TrainingJob", "TuningJobCompletionCriteriaConfig", "UnexpectedStatusException", "WarmStartConfig",
+        "WarmStartTypes",
         "load_spec", "parse_spec", "start_job", "stop_job", "wait_job",
     ]
     assert all(hasattr(hora.jobs, n) for n in hora.jobs.__all__)
     out = subprocess.run(
         [sys.executable, "-c", "import hora.cli, hora.jobs, sys; "
-         "print(sorted(m for m in ('yaml', 'matplotlib', 'torch', 'boto3', 'tensorboard', 'mlflow') "
-         "if m in sys.modules))"],
+         "print(sorted(m for m in ('yaml', 'matplotlib', 'torch', 'boto3', 'tensorboard', 'mlflow', 'optuna', "
+         "'pandas') if m in sys.modules))"],
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout
     assert out.strip() == "[]"

@@ -19,7 +19,8 @@
       const hp = Object.entries(job.hyperparameters).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(" ");
       return el("tr", { "data-job": job.name },
         el("td", {}, box),
-        el("td", {}, el("a", { href: "/jobs/" + encodeURIComponent(job.name), text: job.name })),
+        el("td", {}, el("a", { href: "/jobs/" + encodeURIComponent(job.name), text: job.name }),
+          ...(job.tuning_job ? [el("div", { class: "muted", text: "trial of tuning job " + job.tuning_job })] : [])),
         el("td", {}, status(job)),
         el("td", { text: job.secondary_status }),
         el("td", { text: `${job.hosts} x ${job.processes_per_host}` }),

@@ -1,0 +1,428 @@
+"""The SageMaker SDK's ``HyperparameterTuner`` (``sagemaker.tuner``), run by hora on this machine: each trial is an
+ordinary hora job (``hora job list/describe/logs``), the tuning job runs in a detached supervisor process
+(:mod:`.tuning`) and lives in the jobs home (:mod:`.tuning_store`), so it outlives the Python process that started
+it and :meth:`HyperparameterTuner.attach` finds it from any other.
+
+>>> tuner = HyperparameterTuner(estimator, "validation:accuracy",
+...                             {"lr": ContinuousParameter(1e-4, 1e-1, "Logarithmic")},
+...                             metric_definitions=[{"Name": "validation:accuracy", "Regex": "acc=([0-9.]+)"}],
+...                             strategy="Random", max_jobs=6, max_parallel_jobs=2)   # doctest: +SKIP
+>>> tuner.fit({"training": "data/"})                                                  # doctest: +SKIP
+>>> tuner.best_training_job(), tuner.analytics().dataframe()                          # doctest: +SKIP
+
+Differences from SageMaker are listed in docs/tuning.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from hora.errors import ConfigError, SpecError, UnexpectedStatusException
+from hora.jobs.estimator import Estimator, TrainingJob
+from hora.jobs.parameter import ParameterRange, check_ranges, ranges_from_dict, ranges_to_dict
+from hora.jobs.search import grid_size, make_search
+from hora.jobs.spec import parse_spec
+from hora.jobs.store import JobStore
+from hora.jobs.tuner_configs import (
+    HyperbandStrategyConfig,
+    StrategyConfig,
+    TuningJobCompletionCriteriaConfig,
+    WarmStartConfig,
+    WarmStartTypes,
+)
+from hora.jobs.tuning import start_tuning_job, stop_tuning_job, wait_tuning_job
+from hora.jobs.tuning_describe import describe_tuning_job, training_job_summaries
+from hora.jobs.tuning_store import TuningStore
+
+__all__ = [
+    "HyperbandStrategyConfig",
+    "HyperparameterTuner",
+    "HyperparameterTuningJobAnalytics",
+    "StrategyConfig",
+    "TuningJobCompletionCriteriaConfig",
+    "WarmStartConfig",
+    "WarmStartTypes",
+    "tuning_problems",
+]
+
+log = logging.getLogger("hora")
+
+STRATEGIES = ("Bayesian", "Random", "Hyperband", "Grid")
+RUNNABLE = ("Bayesian", "Random", "Grid")
+_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,31}$")  # HyperParameterTuningJobName's pattern
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def tuning_problems(ranges: Any, static: dict[str, Any], metric_names: list[str], objective_metric_name: Any,
+                    strategy: Any, objective_type: Any, max_jobs: Any, max_parallel_jobs: Any,
+                    max_runtime_in_seconds: Any, early_stopping_type: Any, random_seed: Any) -> list[str]:
+    """Every problem of a tuning job's settings (the service's CreateHyperParameterTuningJob rules), each naming
+    the argument and the fix; empty when they are valid."""
+    problems = check_ranges(ranges, static)
+    if strategy not in STRATEGIES:
+        problems.append(f"strategy {strategy!r} must be one of {', '.join(STRATEGIES)}")
+    elif strategy == "Hyperband":
+        if early_stopping_type != "Off":
+            problems.append("early_stopping_type must be 'Off' with the Hyperband strategy (Hyperband stops "
+                            "trials itself)")
+        problems.append("strategy 'Hyperband' is not supported by hora yet (docs/tuning.md): use Bayesian, Random "
+                        "or Grid, with early_stopping_type 'Auto' to stop poor trials early")
+    if objective_type not in ("Maximize", "Minimize"):
+        problems.append(f"objective_type {objective_type!r} must be 'Maximize' or 'Minimize'")
+    if early_stopping_type not in ("Off", "Auto"):
+        problems.append(f"early_stopping_type {early_stopping_type!r} must be 'Off' or 'Auto'")
+    if not isinstance(objective_metric_name, str) or not objective_metric_name:
+        problems.append(f"objective_metric_name must be a metric's name, got {objective_metric_name!r}")
+    elif objective_metric_name not in metric_names:
+        known = ", ".join(repr(n) for n in metric_names) or "none"
+        problems.append(f"objective_metric_name {objective_metric_name!r} is not among the metric_definitions' "
+                        f"names ({known}): add {{'Name': {objective_metric_name!r}, 'Regex': ...}} to "
+                        "metric_definitions so the trials' logs give its values")
+    if strategy == "Grid":
+        if max_jobs is not None:
+            problems.append(f"max_jobs={max_jobs!r}: the Grid strategy runs every combination of the categorical "
+                            "values once and computes max_jobs itself; leave max_jobs out")
+        if isinstance(ranges, dict):
+            other = sorted(n for n, r in ranges.items() if r.__name__ != "Categorical")
+            if other:
+                problems.append(f"the Grid strategy takes CategoricalParameter ranges only; {', '.join(other)} "
+                                "must be CategoricalParameter (list the values to try) or use another strategy")
+    elif max_jobs is not None and not _positive_int(max_jobs):
+        problems.append(f"max_jobs must be a whole number >= 1, got {max_jobs!r}")
+    if not _positive_int(max_parallel_jobs):
+        problems.append(f"max_parallel_jobs must be a whole number >= 1, got {max_parallel_jobs!r}")
+    if max_runtime_in_seconds is not None and not _positive_int(max_runtime_in_seconds):
+        problems.append(f"max_runtime_in_seconds must be a whole number of seconds >= 1, got "
+                        f"{max_runtime_in_seconds!r}")
+    if random_seed is not None and (not isinstance(random_seed, int) or isinstance(random_seed, bool)
+                                    or random_seed < 0):
+        problems.append(f"random_seed must be a whole number >= 0, got {random_seed!r}")
+    return problems
+
+
+class _TuningJob:
+    """``tuner.latest_tuning_job``: the SDK's ``_TuningJob`` for a tuning job of this machine's store."""
+
+    def __init__(self, tstore: TuningStore, name: str) -> None:
+        self._tstore = tstore
+        self.name = name
+
+    def describe(self) -> dict[str, Any]:
+        return describe_tuning_job(self._tstore, self.name)
+
+    def stop(self) -> None:
+        stop_tuning_job(self._tstore, self.name)
+
+    def wait(self) -> None:
+        """Wait until the tuning job ends; a Failed one raises UnexpectedStatusException (as the SDK)."""
+        state = wait_tuning_job(self._tstore, self.name)
+        if state["status"] == "Failed":
+            reason = state.get("failure_reason") or "(No reason provided)"
+            raise UnexpectedStatusException(
+                f"Error for HyperParameterTuning job {self.name}: Failed. Reason: {reason}",
+                allowed_statuses=["Completed", "Stopped"], actual_status="Failed")
+
+
+class HyperparameterTuner:
+    """SageMaker's ``HyperparameterTuner``, run on this machine (the SDK's arguments; see the module's docstring).
+
+    ``tags`` has no effect; ``warm_start_config``, ``completion_criteria_config``, ``strategy_config``
+    (Hyperband), ``estimator_name`` and ``autotune`` are not supported yet and say so.
+    """
+
+    TUNING_JOB_NAME_MAX_LENGTH = 32
+
+    def __init__(
+        self,
+        estimator: Estimator,
+        objective_metric_name: str,
+        hyperparameter_ranges: dict[str, ParameterRange],
+        metric_definitions: list[dict[str, str]] | None = None,
+        strategy: str = "Bayesian",
+        objective_type: str = "Maximize",
+        max_jobs: int | None = None,
+        max_parallel_jobs: int = 1,
+        max_runtime_in_seconds: int | None = None,
+        tags: Any = None,
+        base_tuning_job_name: str | None = None,
+        warm_start_config: WarmStartConfig | None = None,
+        strategy_config: StrategyConfig | None = None,
+        completion_criteria_config: TuningJobCompletionCriteriaConfig | None = None,
+        early_stopping_type: str = "Off",
+        estimator_name: str | None = None,
+        random_seed: int | None = None,
+        autotune: bool = False,
+        hyperparameters_to_keep_static: list[str] | None = None,
+    ) -> None:
+        if not hyperparameter_ranges and not autotune:
+            raise ConfigError("Need to specify hyperparameter ranges or set autotune=True.")
+        unsupported = [n for n, v in (("warm_start_config", warm_start_config), ("strategy_config", strategy_config),
+                                      ("completion_criteria_config", completion_criteria_config),
+                                      ("estimator_name", estimator_name), ("autotune", autotune or None),
+                                      ("hyperparameters_to_keep_static", hyperparameters_to_keep_static))
+                       if v is not None]
+        if unsupported:
+            raise ConfigError(f"{', '.join(unsupported)}: not supported by hora's tuner yet (docs/tuning.md lists "
+                              "what is not done); leave them out")
+        if tags:
+            log.warning("hora tunes on this machine: tags have no effect here")
+        self.estimator = estimator
+        self.objective_metric_name = objective_metric_name
+        self._hyperparameter_ranges = dict(hyperparameter_ranges)
+        self.metric_definitions = metric_definitions
+        self.strategy = strategy
+        self.objective_type = objective_type
+        self.max_jobs = max_jobs if max_jobs is not None or strategy == "Grid" else 1  # the SDK's default
+        self.max_parallel_jobs = max_parallel_jobs
+        self.max_runtime_in_seconds = max_runtime_in_seconds
+        self.base_tuning_job_name = base_tuning_job_name
+        self.early_stopping_type = early_stopping_type
+        self.random_seed = random_seed
+        self.warm_start_config = warm_start_config
+        self.strategy_config = strategy_config
+        self.completion_criteria_config = completion_criteria_config
+        self.latest_tuning_job: _TuningJob | None = None
+        self._current_job_name: str | None = None
+        self._tstore = TuningStore(estimator.store)
+        problems = tuning_problems(
+            self._hyperparameter_ranges, self.static_hyperparameters(), self._metric_names(), objective_metric_name,
+            strategy, objective_type, max_jobs, max_parallel_jobs, max_runtime_in_seconds, early_stopping_type,
+            random_seed)
+        if problems:
+            raise SpecError(problems, "the HyperparameterTuner")
+
+    def _metric_definitions(self) -> list[dict[str, str]]:
+        """The tuner's metric definitions, else the estimator's (each trial parses its logs with them)."""
+        if self.metric_definitions is not None:
+            return list(self.metric_definitions)
+        return list(self.estimator.fields.get("metric_definitions") or [])
+
+    def _metric_names(self) -> list[str]:
+        return [str(m.get("Name")) for m in self._metric_definitions() if isinstance(m, dict)]
+
+    def static_hyperparameters(self) -> dict[str, Any]:
+        """The estimator's hyperparameters less the tuned ones (the SDK's ``_prepare_static_hyperparameters``)."""
+        hps = self.estimator.fields.get("hyperparameters") or {}
+        return {k: v for k, v in hps.items() if k not in self._hyperparameter_ranges}
+
+    def hyperparameter_ranges(self) -> dict[str, Any]:
+        """The ranges as CreateHyperParameterTuningJob's ``ParameterRanges``."""
+        return ranges_to_dict(self._hyperparameter_ranges)
+
+    def _job_name(self, job_name: str | None) -> str:
+        if job_name is not None:
+            if not _NAME.match(job_name):
+                raise ConfigError(f"job_name {job_name!r}: a tuning job's name is 1-32 letters, digits and hyphens, "
+                                  "starting with a letter or digit")
+            return job_name
+        base = self.base_tuning_job_name or Path(str(self.estimator.fields.get("entry_point", "tuning"))).stem
+        base = re.sub(r"[^A-Za-z0-9]+", "-", base).strip("-") or "tuning"
+        suffix = f"{time.strftime('%y%m%d-%H%M')}-{uuid.uuid4().hex[:4]}"
+        return f"{base[: self.TUNING_JOB_NAME_MAX_LENGTH - len(suffix) - 1].strip('-')}-{suffix}"
+
+    def fit(self, inputs: Any = None, job_name: str | None = None, include_cls_metadata: Any = False,
+            estimator_kwargs: Any = None, wait: bool = True, **kwargs: Any) -> None:
+        """Start the tuning job (its trials run the estimator with ``inputs``, as ``Estimator.fit`` takes them); with
+        ``wait``, block until it ends."""
+        name = self._job_name(job_name)
+        data = dict(self.estimator.fields)
+        data["hyperparameters"] = self.static_hyperparameters()
+        data["metric_definitions"] = self._metric_definitions()
+        if inputs is not None:
+            data["inputs"] = {"training": inputs} if isinstance(inputs, str) else dict(inputs)
+        data["job_name"] = f"{name}-000-00000000"
+        spec = parse_spec(data, source="the HyperparameterTuner's estimator")
+        config = self.tuning_config(name)
+        config["template"] = spec.to_dict()
+        config["TrainingJobDefinition"].update(
+            ResourceConfig={"InstanceType": spec.instance_type, "InstanceCount": spec.instance_count},
+            StoppingCondition={"MaxRuntimeInSeconds": spec.max_run})
+        fields = {**self.estimator.fields, "source_dir": spec.source_dir, "entry_point": spec.entry_point}
+        for key in ("output_path", "checkpoint_path"):
+            if getattr(spec, key):
+                fields[key] = getattr(spec, key)
+        config["estimator"] = json.loads(json.dumps(fields, default=str))
+        cfg = config["HyperParameterTuningJobConfig"]
+        make_search(cfg["Strategy"], self._hyperparameter_ranges, True, self.random_seed)  # Optuna is there
+        start_tuning_job(self._tstore, name, config)
+        self._current_job_name = name
+        self.latest_tuning_job = _TuningJob(self._tstore, name)
+        if wait:
+            self.latest_tuning_job.wait()
+
+    def tuning_config(self, name: str) -> dict[str, Any]:
+        """The CreateHyperParameterTuningJob request's fields for this tuner (stored as the job's config)."""
+        max_jobs = grid_size(self._hyperparameter_ranges) if self.strategy == "Grid" else self.max_jobs
+        limits: dict[str, Any] = {"MaxNumberOfTrainingJobs": max_jobs,
+                                  "MaxParallelTrainingJobs": self.max_parallel_jobs}
+        if self.max_runtime_in_seconds is not None:
+            limits["MaxRuntimeInSeconds"] = self.max_runtime_in_seconds
+        cfg: dict[str, Any] = {
+            "Strategy": self.strategy,
+            "HyperParameterTuningJobObjective": {"Type": self.objective_type, "MetricName": self.objective_metric_name},
+            "ResourceLimits": limits,
+            "ParameterRanges": self.hyperparameter_ranges(),
+            "TrainingJobEarlyStoppingType": self.early_stopping_type,
+        }
+        if self.random_seed is not None:
+            cfg["RandomSeed"] = self.random_seed
+        return {
+            "HyperParameterTuningJobName": name,
+            "created": time.time(),
+            "HyperParameterTuningJobConfig": cfg,
+            "TrainingJobDefinition": {
+                "StaticHyperParameters": {str(k): str(v) for k, v in self.static_hyperparameters().items()},
+                "AlgorithmSpecification": {"TrainingInputMode": self.estimator.fields.get("input_mode", "File"),
+                                           "MetricDefinitions": self._metric_definitions()},
+            },
+        }
+
+    @classmethod
+    def attach(cls, tuning_job_name: str, sagemaker_session: Any = None, job_details: Any = None,
+               estimator_cls: Any = None, home: str | None = None) -> HyperparameterTuner:
+        """A tuner bound to an existing tuning job of the jobs home (``home``, default ``~/.hora``), from any
+        process."""
+        tstore = TuningStore(JobStore(home))
+        config = tstore.config(tuning_job_name)
+        cfg = config["HyperParameterTuningJobConfig"]
+        fields = dict(config["estimator"])
+        estimator = Estimator(home=str(tstore.jobs.home), **fields)
+        tuner = cls(
+            estimator, cfg["HyperParameterTuningJobObjective"]["MetricName"], ranges_from_dict(cfg["ParameterRanges"]),
+            metric_definitions=config["TrainingJobDefinition"]["AlgorithmSpecification"]["MetricDefinitions"],
+            strategy=cfg["Strategy"], objective_type=cfg["HyperParameterTuningJobObjective"]["Type"],
+            max_jobs=None if cfg["Strategy"] == "Grid" else cfg["ResourceLimits"]["MaxNumberOfTrainingJobs"],
+            max_parallel_jobs=cfg["ResourceLimits"]["MaxParallelTrainingJobs"],
+            max_runtime_in_seconds=cfg["ResourceLimits"].get("MaxRuntimeInSeconds"),
+            early_stopping_type=cfg["TrainingJobEarlyStoppingType"], random_seed=cfg.get("RandomSeed"))
+        tuner._current_job_name = tuning_job_name
+        tuner.latest_tuning_job = _TuningJob(tstore, tuning_job_name)
+        return tuner
+
+    def _ensure_last_tuning_job(self) -> _TuningJob:
+        if self.latest_tuning_job is None:
+            raise ConfigError("No tuning job available")
+        return self.latest_tuning_job
+
+    def wait(self) -> None:
+        self._ensure_last_tuning_job().wait()
+
+    def stop_tuning_job(self) -> None:
+        self._ensure_last_tuning_job().stop()
+
+    def describe(self) -> dict[str, Any]:
+        """DescribeHyperParameterTuningJob's response for the latest tuning job."""
+        return self._ensure_last_tuning_job().describe()
+
+    def _get_best_training_job(self) -> dict[str, Any]:
+        job = self._ensure_last_tuning_job()
+        try:
+            best: dict[str, Any] = job.describe()["BestTrainingJob"]
+            return best
+        except KeyError:
+            raise ConfigError(f"Best training job not available for tuning job: {job.name}") from None
+
+    def best_training_job(self) -> str:
+        """The name of the best trial so far (among those with an objective value; failed ones never count)."""
+        return str(self._get_best_training_job()["TrainingJobName"])
+
+    def best_estimator(self, best_training_job: dict[str, Any] | None = None) -> Estimator:
+        """An Estimator attached to the best trial: ``model_data`` is its model, ``hyperparameters`` its own."""
+        best = best_training_job or self._get_best_training_job()
+        store = self._tstore.jobs
+        record = store.get(best["TrainingJobName"])
+        fields = {**self.estimator.fields, "hyperparameters": dict(record.spec.get("hyperparameters") or {})}
+        estimator = Estimator(home=str(store.home), base_job_name=self.estimator.base_job_name, **fields)
+        estimator.latest_job = record
+        estimator.latest_training_job = TrainingJob(store, record.name)
+        return estimator
+
+    def analytics(self) -> HyperparameterTuningJobAnalytics:
+        return HyperparameterTuningJobAnalytics(self._ensure_last_tuning_job().name, home=str(self._tstore.jobs.home))
+
+
+class HyperparameterTuningJobAnalytics:
+    """The SDK's ``HyperparameterTuningJobAnalytics``: the trials of a tuning job as a pandas DataFrame."""
+
+    def __init__(self, hyperparameter_tuning_job_name: str, sagemaker_session: Any = None,
+                 home: str | None = None) -> None:
+        self._tstore = TuningStore(JobStore(home))
+        self._tuning_job_name = hyperparameter_tuning_job_name
+        self.clear_cache()
+
+    @property
+    def name(self) -> str:
+        return self._tuning_job_name
+
+    def __repr__(self) -> str:
+        return f"<hora.jobs.HyperparameterTuningJobAnalytics for {self.name}>"
+
+    def clear_cache(self) -> None:
+        self._dataframe: Any = None
+        self._description: dict[str, Any] | None = None
+        self._summaries: list[dict[str, Any]] | None = None
+
+    def description(self, force_refresh: bool = False) -> dict[str, Any]:
+        if force_refresh:
+            self.clear_cache()
+        if self._description is None:
+            self._description = describe_tuning_job(self._tstore, self.name)
+        return self._description
+
+    def training_job_summaries(self, force_refresh: bool = False) -> list[dict[str, Any]]:
+        if force_refresh:
+            self.clear_cache()
+        if self._summaries is None:
+            self._summaries = training_job_summaries(self._tstore, self.name)
+        return self._summaries
+
+    @property
+    def tuning_ranges(self) -> dict[str, Any]:
+        ranges = self.description()["HyperParameterTuningJobConfig"]["ParameterRanges"]
+        return {p["Name"]: p for group in ranges.values() for p in group}
+
+    def dataframe(self, force_refresh: bool = False) -> Any:
+        if force_refresh:
+            self.clear_cache()
+        if self._dataframe is None:
+            self._dataframe = self._fetch_dataframe()
+        return self._dataframe
+
+    def export_csv(self, filename: str) -> None:
+        self.dataframe().to_csv(filename)
+
+    def _fetch_dataframe(self) -> Any:
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ConfigError("analytics().dataframe() needs pandas: pip install -c constraints.txt -e '.[tuning]' "
+                              "in hora's checkout") from None
+
+        def reshape(summary: dict[str, Any]) -> dict[str, Any]:  # the SDK's, column for column
+            out: dict[str, Any] = {}
+            for k, v in summary["TunedHyperParameters"].items():
+                try:
+                    v = float(v)
+                except (TypeError, ValueError):
+                    pass
+                out[k] = v
+            out["TrainingJobName"] = summary["TrainingJobName"]
+            out["TrainingJobStatus"] = summary["TrainingJobStatus"]
+            out["FinalObjectiveValue"] = summary.get("FinalHyperParameterTuningJobObjectiveMetric", {}).get("Value")
+            start, end = summary.get("TrainingStartTime"), summary.get("TrainingEndTime")
+            out["TrainingStartTime"] = start
+            out["TrainingEndTime"] = end
+            if start and end:
+                out["TrainingElapsedTimeSeconds"] = (end - start).total_seconds()
+            return out
+
+        return pd.DataFrame([reshape(s) for s in self.training_job_summaries()])
