@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hora._proc import process_start_time
+from hora._proc import process_alive
 from hora.errors import ConfigError, StorageError, TimeoutError
 from hora.jobs.lifecycle import JobSupervisor
 from hora.jobs.spec import JobSpec
@@ -43,7 +43,9 @@ def start_job(spec: JobSpec, store: JobStore | None = None, wait: bool = True, e
     )
     log = store.job_dir(spec.job_name) / "logs" / "supervisor.err"
     log.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-c", code, str(store.home), spec.job_name, str(log)], check=True, timeout=60)
+    # The home as an absolute path: the supervisor (and the ranks it starts) run in other working directories.
+    home = str(store.home.resolve())
+    subprocess.run([sys.executable, "-c", code, home, spec.job_name, str(log)], check=True, timeout=60)
     if wait:
         return wait_job(store, spec.job_name)
     return store.get(spec.job_name)
@@ -90,7 +92,7 @@ def _supervisor_alive(record: JobRecord) -> int | None:
     except (OSError, ValueError):
         return None
     pid = int(info["pid"])
-    return pid if process_start_time(pid) == info["start"] and info["start"] else None
+    return pid if info["start"] and process_alive(pid, int(info["start"])) else None  # a zombie is not alive
 
 
 def stop_job(store: JobStore, name: str) -> JobRecord:

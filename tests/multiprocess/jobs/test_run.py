@@ -204,13 +204,14 @@ def test_max_run_stops_with_sigterm_then_sigkill(tmp_path, capsys):
     assert re.search(r"^ +1 +algo-1 +killed by SIGKILL$", out, re.M), out
 
 
-def test_stop_reaches_the_script_of_a_detached_job(tmp_path):
+def test_stop_reaches_the_script_of_a_detached_job(tmp_path, monkeypatch):
     src = tmp_path / "src"
     src.mkdir()
     (src / "train.py").write_text(textwrap.dedent(STUBBORN).replace("if rank == 0:", "if True:"))
     spec = parse_spec({"entry_point": "train.py", "source_dir": str(src), "job_name": "detached",
                        "instance_count": 2, "stop_grace": 20})
-    store = JobStore(tmp_path / "home")
+    monkeypatch.chdir(tmp_path)
+    store = JobStore("home")  # relative: the detached supervisor runs elsewhere (it failed every such job)
     start_job(spec, store, wait=False)
     started = [store.job_dir("detached") / "hosts" / h / "checkpoints" / f"started-{r}"
                for h, r in (("algo-1", 0), ("algo-2", 1))]
