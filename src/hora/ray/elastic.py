@@ -119,6 +119,8 @@ class _ActorRank:
 class _ActorStarter:
     """Starts each slot's worker as an actor on the slot's node, running ``fn`` as that rank."""
 
+    loss_detection = 0.0  # a dead actor's call fails at once
+
     def __init__(
         self,
         ctx: JobContext,

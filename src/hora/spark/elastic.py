@@ -118,6 +118,8 @@ class _TaskRank:
 class _TaskStarter:
     """Starts each slot's worker in an idle task of the slot's executor."""
 
+    loss_detection = LOST_AFTER + 1.0  # its tasks stop beating; host discovery (which drops it) runs every second
+
     def __init__(
         self,
         ctx: JobContext,

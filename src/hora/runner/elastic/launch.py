@@ -50,7 +50,8 @@ __all__ = ["DISCOVER_HOSTS_FREQUENCY_SECS", "ElasticSpec", "launch_elastic"]
 #: How often the discovery script runs (Horovod's frequency).
 DISCOVER_HOSTS_FREQUENCY_SECS = 1.0
 #: A member that has not left its round this long after every other member did is stuck (the others left because
-#: their collectives with it timed out): its stack is taken and it is killed, so the job can re-form.
+#: their collectives with it timed out): its stack is taken and it is killed, so the job can re-form. An engine's
+#: workers get their starter's ``loss_detection`` on top (a lost Spark executor is found lost, not killed as stuck).
 STUCK_AFTER = 2.0
 
 
@@ -358,7 +359,7 @@ class _ElasticJob:
             return
         if self._alone_since is None:
             self._alone_since = now
-        if now - self._alone_since < STUCK_AFTER:
+        if now - self._alone_since < STUCK_AFTER + self.starter.loss_detection:
             return
         self._alone_since = None
         workers = [

@@ -91,6 +91,11 @@ def elastic_env(
 
 
 class WorkerStarter(Protocol):
+    #: Seconds this starter may take to notice that a worker's host is gone (a Spark executor's heartbeats): a
+    #: worker that has not left its round is taken for stuck only that much later, so a lost host is found lost
+    #: (and blacklisted), not killed as stuck. 0 for processes, whose end is seen at once.
+    loss_detection: float
+
     def start(self, slot: RankSlot, size: int, round_: int, index: int) -> Worker:
         """Start the worker of ``slot`` for round ``round_``; ``index``: its number in the job."""
         ...
@@ -105,6 +110,8 @@ class WorkerStarter(Protocol):
 class ProcessStarter:
     """Workers as processes: on this machine directly (own session, PR_SET_PDEATHSIG, output through the pump), on
     other hosts through one SSH session running hora's agent each."""
+
+    loss_detection = 0.0
 
     def __init__(
         self,
