@@ -216,8 +216,10 @@ def corrupt_checkpoint_worker(directory: str) -> None:
 
 
 def lost_while_connecting_worker() -> float:
-    """Rank 0 SIGKILLs server 0 just after it published its address and before any worker connected: under
-    --max-restarts the workers must find its restart, not retry the dead address until the start timeout."""
+    """Rank 0 SIGKILLs server 0 as soon as it finds the process, before any worker connected (before or after the
+    server published its address and wrote its first manifest: both happen): under --max-restarts the workers must
+    find its restart, not retry the dead address until the start timeout, and a restart of a server that never
+    served starts empty instead of missing a manifest it never had."""
     import signal
 
     import hora.numpy as hvd

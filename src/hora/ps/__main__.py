@@ -54,8 +54,10 @@ def main(argv: list[str] | None = None) -> int:
             server.saver = ShardSaver(
                 config.ps_checkpoint_dir, args.index, config.ps_checkpoint_steps, server._layouts
             )
-            # a new job: what an earlier job left in DIR/ps<i> must never be restored
-            if args.generation == 0:
+            # a new job: what an earlier job left in DIR/ps<i> must never be restored. A restart whose earlier
+            # generations never served (killed before they published their address) has nothing to restore either:
+            # no worker could have registered a variable, and the first may have died before writing its manifest.
+            if args.generation == 0 or store.get(str(args.index)) is None:
                 server.saver.forget()
             else:
                 restored = restore_server(server, server.saver)
