@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 from hora._proc import process_start_time
 from hora.jobs.api import reconcile
@@ -22,7 +23,7 @@ def test_a_supervisor_left_as_a_zombie_counts_as_dead(tmp_path):
         write_private(store.job_dir("j") / "hora" / "supervisor.json", json.dumps({"pid": child.pid, "start": start}))
         store.update("j", supervisor_pid=child.pid, started=time.time())
         deadline = time.monotonic() + 30
-        while b") Z" not in open(f"/proc/{child.pid}/stat", "rb").read():  # dead, not reaped: a zombie
+        while b") Z" not in Path(f"/proc/{child.pid}/stat").read_bytes():  # dead, not reaped: a zombie
             assert time.monotonic() < deadline
             time.sleep(0.02)
         record = reconcile(store, store.get("j"))
