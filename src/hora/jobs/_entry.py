@@ -40,7 +40,7 @@ from hora.errors import HoraError
 from hora.jobs.outcome import describe_code
 from hora.jobs.parameter_server import MasterWatch, ps_command, tf_config_for
 from hora.jobs.plan import JobPlan
-from hora.jobs.records import RankEnd
+from hora.jobs.records import RankEnd, log_line
 from hora.jobs.store import JobStore
 
 TAIL_LINES = 60
@@ -110,10 +110,9 @@ class _Pump:
 
     def line(self, stream: str, text: str) -> None:
         now = time.time()
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
         # One write per line with O_APPEND: lines of the host's ranks interleave but never tear.
         try:
-            os.write(self.log_fd, f"{stamp} {self.tag}<{stream}> {text}\n".encode(errors="replace"))
+            os.write(self.log_fd, log_line(self.tag, stream, text, now))
         except OSError as exc:  # a full disk: the script goes on; say so once, on the wrapper's own stderr
             if not self.log_failed:
                 self.log_failed = True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -13,12 +12,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hora._proc import process_alive
 from hora.errors import ConfigError, StorageError, TimeoutError
 from hora.jobs.lifecycle import JobSupervisor
 from hora.jobs.spec import JobSpec
 from hora.jobs.states import JobStatus, SecondaryStatus
-from hora.jobs.store import JobRecord, JobStore
+from hora.jobs.store import JobRecord, JobStore, live_supervisor
 
 __all__ = ["reconcile", "start_job", "stop_job", "wait_job"]
 
@@ -86,13 +84,8 @@ def wait_job(store: JobStore, name: str, timeout: float | None = None, poll: flo
 
 
 def _supervisor_alive(record: JobRecord) -> int | None:
-    """The supervisor's pid if that very process (same start time) still runs."""
-    try:
-        info = json.loads(Path(record.job_dir, "hora", "supervisor.json").read_text())
-    except (OSError, ValueError):
-        return None
-    pid = int(info["pid"])
-    return pid if info["start"] and process_alive(pid, int(info["start"])) else None  # a zombie is not alive
+    """The supervisor's pid if that very process still runs (a zombie does not)."""
+    return live_supervisor(Path(record.job_dir, "hora"))
 
 
 def stop_job(store: JobStore, name: str) -> JobRecord:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hora._proc import handle_signals, process_start_time
+from hora._proc import handle_signals
 from hora.config.settings import Config, env_names, parse_value
 from hora.config.variables import environment
 from hora.errors import HoraError, HostStartError, StorageError
@@ -53,7 +53,7 @@ from hora.jobs.sagemaker_env import (
 )
 from hora.jobs.spec import JobSpec
 from hora.jobs.states import JobStatus, SecondaryStatus
-from hora.jobs.store import JobRecord, JobStore, write_private
+from hora.jobs.store import JobRecord, JobStore, record_supervisor, write_private
 from hora.runner.result import RunResult
 
 __all__ = ["JobSupervisor", "entry_command", "failure_reason", "layouts_of"]
@@ -178,10 +178,7 @@ class JobSupervisor(Attempts):
         log_file = self._log_file
         _reserve(self.job_dir / "hora" / RESERVE_NAME)
         pid = os.getpid()
-        write_private(
-            self.job_dir / "hora" / "supervisor.json",
-            json.dumps({"pid": pid, "start": process_start_time(pid)}),
-        )
+        record_supervisor(self.job_dir / "hora", pid)
         start = time.time()
         self.store.update(name, started=start, supervisor_pid=pid)
         # max_run bounds the whole job, or, for a spot job, the time it trains (each attempt's timer: _run_attempt)

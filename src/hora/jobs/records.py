@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,14 @@ from typing import Any
 from hora.jobs.json_fields import Fields
 from hora.runner.result import Failure, RunResult
 
-__all__ = ["AttemptResult", "HostReport", "MasterRecord", "RankEnd", "attempt_dir"]
+__all__ = ["AttemptResult", "HostReport", "MasterRecord", "RankEnd", "attempt_dir", "log_line"]
+
+
+def log_line(tag: str, stream: str, text: str, now: float) -> bytes:
+    """One line of a host's log, ``2026-11-22T21:40:01.123Z [algo-2 rank 3]<stderr> text`` (UTC to the
+    millisecond: ``hora job logs`` and the dashboard order lines by it)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    return f"{stamp} {tag}<{stream}> {text}\n".encode(errors="replace")
 
 
 def attempt_dir(job_dir: str | os.PathLike[str], attempt: int) -> Path:

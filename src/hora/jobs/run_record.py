@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from hora._proc import process_start_time
 from hora.errors import HoraError
+from hora.jobs.records import log_line
 from hora.jobs.states import JobStatus, SecondaryStatus
-from hora.jobs.store import JobStore, write_private
+from hora.jobs.store import JobStore, record_supervisor, write_private
 
 __all__ = ["RunRecorder"]
 
@@ -53,10 +53,8 @@ class RunRecorder:
         self.dir = Path(record.job_dir)
         (self.dir / "logs").mkdir(mode=0o700, exist_ok=True)
         self._job_log = open(self.dir / "logs" / "job.log", "a", opener=_private)  # noqa: SIM115 - closed in ended
-        pid = os.getpid()
-        write_private(self.dir / "hora" / "supervisor.json",
-                      json.dumps({"pid": pid, "start": process_start_time(pid)}))
-        self.store.update(self.name, started=time.time(), supervisor_pid=pid, attempts=1)
+        record_supervisor(self.dir / "hora")
+        self.store.update(self.name, started=time.time(), supervisor_pid=os.getpid(), attempts=1)
         self._note(f"hora run {self._spec['entry_point']}")
 
     def started(self, ranks: Sequence[tuple[int, str]]) -> None:
@@ -82,9 +80,8 @@ class RunRecorder:
             return
         host = self._host_of.get(label) or next(iter(self._logs))
         tag = f"[{host} rank {label}]" if label.isdigit() else f"[{host} {label}]"
-        now = time.time()
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
-        self._guard(lambda: os.write(self._logs[host], f"{stamp} {tag}<{stream}> {text}\n".encode(errors="replace")))
+        line = log_line(tag, stream, text, time.time())
+        self._guard(lambda: os.write(self._logs[host], line))
 
     def ended(self, exit_code: int, report: str) -> None:
         def record() -> None:

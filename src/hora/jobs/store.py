@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hora._proc import process_alive, process_start_time
 from hora.config.variables import read
 from hora.errors import ConfigError, StorageError
 from hora.jobs.states import TERMINAL, JobStatus, SecondaryStatus
 
-__all__ = ["JobRecord", "JobStore", "default_home", "write_private"]
+__all__ = ["JobRecord", "JobStore", "default_home", "live_supervisor", "record_supervisor", "write_private"]
 
 SPEC_FILE = "spec.json"  # in <job dir>/hora/
 RECORD_FILE = "record.json"
@@ -363,6 +364,27 @@ class JobStore:
 
     def metric_names(self, job: str) -> list[str]:
         return [str(r[0]) for r in self._query("SELECT DISTINCT name FROM metrics WHERE job = ?", (job,))[1]]
+
+
+SUPERVISOR_FILE = "supervisor.json"
+
+
+def record_supervisor(directory: Path, pid: int | None = None) -> None:
+    """Note in ``directory/supervisor.json`` which process supervises a job, run or tuning job (this one by
+    default): its pid and start time, so a later look can tell it from a process that reused the pid."""
+    pid = os.getpid() if pid is None else pid
+    write_private(directory / SUPERVISOR_FILE, json.dumps({"pid": pid, "start": process_start_time(pid)}))
+
+
+def live_supervisor(directory: Path) -> int | None:
+    """The pid :func:`record_supervisor` noted in ``directory`` if that very process still runs; None when it is
+    gone, reused, or a zombie (a subreaper that has not waited for it yet still shows a dead one)."""
+    try:
+        info = json.loads((directory / SUPERVISOR_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    pid = int(info["pid"])
+    return pid if info["start"] and process_alive(pid, int(info["start"])) else None
 
 
 def write_private(path: Path, text: str) -> None:

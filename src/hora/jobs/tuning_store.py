@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hora._proc import process_alive, process_start_time
 from hora.errors import ConfigError, StorageError
-from hora.jobs.store import JobStore, write_private
+from hora.jobs.store import JobStore, live_supervisor, record_supervisor, write_private
 
 __all__ = ["TERMINAL", "TuningStore"]
 
@@ -97,15 +96,8 @@ class TuningStore:
         return out
 
     def record_supervisor(self, name: str, pid: int) -> None:
-        write_private(self.dir(name) / "supervisor.json",
-                      json.dumps({"pid": pid, "start": process_start_time(pid)}))
+        record_supervisor(self.dir(name), pid)
 
     def supervisor_pid(self, name: str) -> int | None:
-        """The supervisor's pid if that very process (same start time) still runs."""
-        try:
-            info = json.loads((self.dir(name) / "supervisor.json").read_text())
-        except (OSError, ValueError):
-            return None
-        pid = int(info["pid"])
-        # a zombie is dead too: its reaper may be a subreaper that has not waited for it yet
-        return pid if info["start"] and process_alive(pid, info["start"]) else None
+        """The supervisor's pid if that very process still runs (a zombie does not)."""
+        return live_supervisor(self.dir(name))
