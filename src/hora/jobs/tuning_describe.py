@@ -97,7 +97,8 @@ def describe_tuning_job(tstore: TuningStore, name: str) -> dict[str, Any]:
         out["FailureReason"] = state["failure_reason"]
     if "WarmStartConfig" in config:
         out["WarmStartConfig"] = config["WarmStartConfig"]
-        parents = [p["HyperParameterTuningJobName"] for p in config["WarmStartConfig"]["ParentHyperParameterTuningJobs"]]
+        parents = [p["HyperParameterTuningJobName"]
+                   for p in config["WarmStartConfig"]["ParentHyperParameterTuningJobs"]]
         overall = best_trial([{**t, "tuning_job": name} for t in trials] + parent_trials(tstore, parents),
                              objective["Type"] == "Maximize")
         if overall is not None:
