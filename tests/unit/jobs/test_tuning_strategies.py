@@ -191,7 +191,8 @@ def test_completion_criteria_decisions_and_checks():
     back = TuningJobCompletionCriteriaConfig.from_job_desc(req)
     assert (back.max_number_of_training_jobs_not_improving, back.complete_on_convergence,
             back.target_objective_metric_value) == (5, True, 0.42)
-    off = TuningJobCompletionCriteriaConfig.from_job_desc({"ConvergenceDetected": {"CompleteOnConvergence": "Disabled"}})
+    off = TuningJobCompletionCriteriaConfig.from_job_desc(
+        {"ConvergenceDetected": {"CompleteOnConvergence": "Disabled"}})
     assert off.complete_on_convergence is False and off.max_number_of_training_jobs_not_improving is None
     assert completion_problems(TuningJobCompletionCriteriaConfig(3, None, 1)) == []
     problems = completion_problems(TuningJobCompletionCriteriaConfig(2, "yes", "high"))
@@ -336,7 +337,9 @@ def test_the_spec_takes_the_three_configs(tmp_path):
           strategy: Hyperband
           max_jobs: 4
           strategy_config: {hyperband_strategy_config: {min_resource: 1, max_resource: 9}}
-          completion_criteria_config: {target_objective_metric_value: 0.95, max_number_of_training_jobs_not_improving: 3}
+          completion_criteria_config:
+            target_objective_metric_value: 0.95
+            max_number_of_training_jobs_not_improving: 3
           warm_start_config: {type: TransferLearning, parents: [old-job]}
           hyperparameter_ranges:
             lr: {type: Continuous, min_value: 0.001, max_value: 0.1}
