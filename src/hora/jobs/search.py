@@ -6,10 +6,12 @@
 - :class:`BayesianSearch`: Optuna's TPE sampler (the ``tuning`` extra); a range's scaling type picks a log or linear
   distribution; a seed makes the suggestions reproducible (with one trial at a time: in parallel the suggestions
   also depend on the order trials end in).
+- Hyperband samples as :class:`RandomSearch` does; its brackets and rungs are :mod:`.hyperband`'s.
 - :func:`median_stop`: SageMaker's early stopping ``Auto``, the median stopping rule on the objective's series.
 
 A strategy hands out ``(token, hyperparameters)`` pairs with :meth:`SearchStrategy.suggest` and is told each
-trial's outcome with :meth:`SearchStrategy.observe`.
+trial's outcome with :meth:`SearchStrategy.observe`; a warm start's parents' trials are told first with
+:meth:`SearchStrategy.warm`.
 """
 
 from __future__ import annotations
@@ -62,6 +64,12 @@ class SearchStrategy:
 
     def observe(self, token: int, value: float | None, status: str) -> None:
         """Trial ``token`` ended ``status`` (Completed, Failed or Stopped) with final objective ``value``."""
+
+    def warm(self, trials: Sequence[tuple[Mapping[str, Any], float, str]]) -> int:
+        """Told before the first suggestion: earlier trials (a warm start's parents'), each as (its
+        hyperparameters as strings, its final objective, Completed or Stopped). Returns how many the strategy
+        uses (Random, Grid and Hyperband: none; they do not learn from results)."""
+        return 0
 
 
 def _draw(r: ParameterRange, rng: random.Random) -> Any:
@@ -162,13 +170,61 @@ class BayesianSearch(SearchStrategy):
             self._study.tell(trial, value)
 
 
-STRATEGIES = {"Random": RandomSearch, "Grid": GridSearch, "Bayesian": BayesianSearch}
+    def _point(self, hps: Mapping[str, Any]) -> dict[str, Any] | None:
+        """A trial's hyperparameters as the study's params, or None when one is missing or out of its range."""
+        params: dict[str, Any] = {}
+        for name, r in self.ranges.items():
+            if name not in hps:
+                return None
+            raw = hps[name]
+            if isinstance(r, CategoricalParameter):
+                if str(raw) not in r.values:
+                    return None
+                params[name] = str(raw)
+                continue
+            try:
+                x = float(raw)
+            except (TypeError, ValueError):
+                return None
+            if not (float(r.min_value) <= x <= float(r.max_value)) or (
+                    isinstance(r, IntegerParameter) and not x.is_integer()):
+                return None
+            dist = self._dists[name]
+            if isinstance(r, IntegerParameter):
+                params[name] = int(x)
+            elif r.scaling_type == "ReverseLogarithmic":
+                params[name] = min(max(1.0 - x, dist.low), dist.high)
+            else:
+                params[name] = x
+        return params
+
+    def warm(self, trials: Sequence[tuple[Mapping[str, Any], float, str]]) -> int:
+        """Each earlier trial inside this study's ranges is added to it: a Completed one as complete, a Stopped one
+        as pruned (as this study's own stopped trials are); one outside the ranges is skipped."""
+        told = 0
+        state = self._optuna.trial.TrialState
+        for hps, value, status in trials:
+            params = self._point(hps)
+            if params is None or value is None or not math.isfinite(value):
+                continue
+            if status == "Completed":
+                trial = self._optuna.trial.create_trial(params=params, distributions=self._dists, value=value)
+            else:
+                trial = self._optuna.trial.create_trial(params=params, distributions=self._dists,
+                                                        intermediate_values={0: value}, state=state.PRUNED)
+            self._study.add_trial(trial)
+            told += 1
+        return told
+
+
+STRATEGIES = {"Random": RandomSearch, "Grid": GridSearch, "Bayesian": BayesianSearch, "Hyperband": RandomSearch}
 
 
 def make_search(strategy: str, ranges: Mapping[str, ParameterRange], maximize: bool,
                 seed: int | None) -> SearchStrategy:
+    """The strategy's search (Hyperband samples at random; its early stopping is :mod:`.hyperband`'s)."""
     if strategy not in STRATEGIES:
-        raise ConfigError(f"strategy {strategy!r}: hora runs Bayesian, Random and Grid")
+        raise ConfigError(f"strategy {strategy!r}: hora runs Bayesian, Random, Grid and Hyperband")
     return STRATEGIES[strategy](ranges, maximize, seed)
 
 

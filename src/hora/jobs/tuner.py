@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from hora.errors import ConfigError, SpecError, UnexpectedStatusException
+from hora.jobs.completion import completion_problems
 from hora.jobs.estimator import Estimator, TrainingJob
+from hora.jobs.hyperband import hyperband_problems
 from hora.jobs.parameter import ParameterRange, check_ranges, ranges_from_dict, ranges_to_dict
 from hora.jobs.search import grid_size, make_search
 from hora.jobs.spec import parse_spec
@@ -37,8 +39,10 @@ from hora.jobs.tuner_configs import (
     WarmStartTypes,
 )
 from hora.jobs.tuning import start_tuning_job, stop_tuning_job, wait_tuning_job
-from hora.jobs.tuning_describe import describe_tuning_job, training_job_summaries
+from hora.jobs.tuning_analytics import HyperparameterTuningJobAnalytics
+from hora.jobs.tuning_describe import describe_tuning_job
 from hora.jobs.tuning_store import TuningStore
+from hora.jobs.warm_start import parent_problems, warm_start_problems
 
 __all__ = [
     "HyperbandStrategyConfig",
@@ -54,7 +58,6 @@ __all__ = [
 log = logging.getLogger("hora")
 
 STRATEGIES = ("Bayesian", "Random", "Hyperband", "Grid")
-RUNNABLE = ("Bayesian", "Random", "Grid")
 _NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,31}$")  # HyperParameterTuningJobName's pattern
 
 
@@ -64,18 +67,22 @@ def _positive_int(value: Any) -> bool:
 
 def tuning_problems(ranges: Any, static: dict[str, Any], metric_names: list[str], objective_metric_name: Any,
                     strategy: Any, objective_type: Any, max_jobs: Any, max_parallel_jobs: Any,
-                    max_runtime_in_seconds: Any, early_stopping_type: Any, random_seed: Any) -> list[str]:
+                    max_runtime_in_seconds: Any, early_stopping_type: Any, random_seed: Any,
+                    strategy_config: Any = None, completion_criteria_config: Any = None,
+                    warm_start_config: Any = None) -> list[str]:
     """Every problem of a tuning job's settings (the service's CreateHyperParameterTuningJob rules), each naming
-    the argument and the fix; empty when they are valid."""
+    the argument and the fix; empty when they are valid (a warm start's parents are checked when it starts)."""
     problems = check_ranges(ranges, static)
     if strategy not in STRATEGIES:
         problems.append(f"strategy {strategy!r} must be one of {', '.join(STRATEGIES)}")
-    elif strategy == "Hyperband":
-        if early_stopping_type != "Off":
-            problems.append("early_stopping_type must be 'Off' with the Hyperband strategy (Hyperband stops "
-                            "trials itself)")
-        problems.append("strategy 'Hyperband' is not supported by hora yet (docs/tuning.md): use Bayesian, Random "
-                        "or Grid, with early_stopping_type 'Auto' to stop poor trials early")
+    elif strategy == "Hyperband" and early_stopping_type != "Off":
+        problems.append("early_stopping_type must be 'Off' with the Hyperband strategy (Hyperband stops "
+                        "trials itself)")
+    if strategy in STRATEGIES:
+        problems += hyperband_problems(strategy, strategy_config, static,
+                                       list(ranges) if isinstance(ranges, dict) else [])[0]
+    problems += completion_problems(completion_criteria_config)
+    problems += warm_start_problems(warm_start_config)
     if objective_type not in ("Maximize", "Minimize"):
         problems.append(f"objective_type {objective_type!r} must be 'Maximize' or 'Minimize'")
     if early_stopping_type not in ("Off", "Auto"):
@@ -135,8 +142,8 @@ class _TuningJob:
 class HyperparameterTuner:
     """SageMaker's ``HyperparameterTuner``, run on this machine (the SDK's arguments; see the module's docstring).
 
-    ``tags`` has no effect; ``warm_start_config``, ``completion_criteria_config``, ``strategy_config``
-    (Hyperband), ``estimator_name`` and ``autotune`` are not supported yet and say so.
+    ``tags`` has no effect; ``estimator_name``, ``autotune`` and ``hyperparameters_to_keep_static`` are not
+    supported yet and say so.
     """
 
     TUNING_JOB_NAME_MAX_LENGTH = 32
@@ -165,9 +172,7 @@ class HyperparameterTuner:
     ) -> None:
         if not hyperparameter_ranges and not autotune:
             raise ConfigError("Need to specify hyperparameter ranges or set autotune=True.")
-        unsupported = [n for n, v in (("warm_start_config", warm_start_config), ("strategy_config", strategy_config),
-                                      ("completion_criteria_config", completion_criteria_config),
-                                      ("estimator_name", estimator_name), ("autotune", autotune or None),
+        unsupported = [n for n, v in (("estimator_name", estimator_name), ("autotune", autotune or None),
                                       ("hyperparameters_to_keep_static", hyperparameters_to_keep_static))
                        if v is not None]
         if unsupported:
@@ -196,7 +201,7 @@ class HyperparameterTuner:
         problems = tuning_problems(
             self._hyperparameter_ranges, self.static_hyperparameters(), self._metric_names(), objective_metric_name,
             strategy, objective_type, max_jobs, max_parallel_jobs, max_runtime_in_seconds, early_stopping_type,
-            random_seed)
+            random_seed, strategy_config, completion_criteria_config, warm_start_config)
         if problems:
             raise SpecError(problems, "the HyperparameterTuner")
 
@@ -235,13 +240,16 @@ class HyperparameterTuner:
         ``wait``, block until it ends."""
         name = self._job_name(job_name)
         data = dict(self.estimator.fields)
+        config = self.tuning_config(name)
         data["hyperparameters"] = self.static_hyperparameters()
+        hyperband = config.get("hyperband")
+        if hyperband is not None and hyperband["epochs_key"] is not None:
+            data["hyperparameters"][hyperband["epochs_key"]] = hyperband["max_resource"]
         data["metric_definitions"] = self._metric_definitions()
         if inputs is not None:
             data["inputs"] = {"training": inputs} if isinstance(inputs, str) else dict(inputs)
         data["job_name"] = f"{name}-000-00000000"
         spec = parse_spec(data, source="the HyperparameterTuner's estimator")
-        config = self.tuning_config(name)
         config["template"] = spec.to_dict()
         config["TrainingJobDefinition"].update(
             ResourceConfig={"InstanceType": spec.instance_type, "InstanceCount": spec.instance_count},
@@ -251,6 +259,13 @@ class HyperparameterTuner:
             if getattr(spec, key):
                 fields[key] = getattr(spec, key)
         config["estimator"] = json.loads(json.dumps(fields, default=str))
+        if self.warm_start_config is not None:
+            problems = parent_problems(
+                self._tstore, self.warm_start_config.type.value, sorted(self.warm_start_config.parents),
+                self.objective_metric_name, self._hyperparameter_ranges, self.static_hyperparameters(),
+                config["template"])
+            if problems:
+                raise SpecError(problems, f"the warm start of tuning job {name!r}")
         cfg = config["HyperParameterTuningJobConfig"]
         make_search(cfg["Strategy"], self._hyperparameter_ranges, True, self.random_seed)  # Optuna is there
         start_tuning_job(self._tstore, name, config)
@@ -275,16 +290,32 @@ class HyperparameterTuner:
         }
         if self.random_seed is not None:
             cfg["RandomSeed"] = self.random_seed
-        return {
+        hyperband = hyperband_problems(self.strategy, self.strategy_config, self.static_hyperparameters(),
+                                       list(self._hyperparameter_ranges))[1]
+        if self.strategy_config is not None:
+            cfg["StrategyConfig"] = {"HyperbandStrategyConfig": {
+                k: v for k, v in self.strategy_config.hyperband_strategy_config.to_input_req().items()
+                if v is not None}}
+        if self.completion_criteria_config is not None:
+            cfg["TuningJobCompletionCriteria"] = self.completion_criteria_config.to_input_req()
+        static = self.static_hyperparameters()
+        if hyperband is not None and hyperband["epochs_key"] is not None:  # every trial may run max_resource
+            static[hyperband["epochs_key"]] = hyperband["max_resource"]
+        out: dict[str, Any] = {
             "HyperParameterTuningJobName": name,
             "created": time.time(),
             "HyperParameterTuningJobConfig": cfg,
             "TrainingJobDefinition": {
-                "StaticHyperParameters": {str(k): str(v) for k, v in self.static_hyperparameters().items()},
+                "StaticHyperParameters": {str(k): str(v) for k, v in static.items()},
                 "AlgorithmSpecification": {"TrainingInputMode": self.estimator.fields.get("input_mode", "File"),
                                            "MetricDefinitions": self._metric_definitions()},
             },
         }
+        if hyperband is not None:
+            out["hyperband"] = hyperband
+        if self.warm_start_config is not None:
+            out["WarmStartConfig"] = self.warm_start_config.to_input_req()
+        return out
 
     @classmethod
     def attach(cls, tuning_job_name: str, sagemaker_session: Any = None, job_details: Any = None,
@@ -303,7 +334,11 @@ class HyperparameterTuner:
             max_jobs=None if cfg["Strategy"] == "Grid" else cfg["ResourceLimits"]["MaxNumberOfTrainingJobs"],
             max_parallel_jobs=cfg["ResourceLimits"]["MaxParallelTrainingJobs"],
             max_runtime_in_seconds=cfg["ResourceLimits"].get("MaxRuntimeInSeconds"),
-            early_stopping_type=cfg["TrainingJobEarlyStoppingType"], random_seed=cfg.get("RandomSeed"))
+            early_stopping_type=cfg["TrainingJobEarlyStoppingType"], random_seed=cfg.get("RandomSeed"),
+            warm_start_config=WarmStartConfig.from_job_desc(config.get("WarmStartConfig")),
+            strategy_config=StrategyConfig.from_job_desc(cfg["StrategyConfig"]) if "StrategyConfig" in cfg else None,
+            completion_criteria_config=(TuningJobCompletionCriteriaConfig.from_job_desc(
+                cfg["TuningJobCompletionCriteria"]) if "TuningJobCompletionCriteria" in cfg else None))
         tuner._current_job_name = tuning_job_name
         tuner.latest_tuning_job = _TuningJob(tstore, tuning_job_name)
         return tuner
@@ -318,6 +353,30 @@ class HyperparameterTuner:
 
     def stop_tuning_job(self) -> None:
         self._ensure_last_tuning_job().stop()
+
+    def transfer_learning_tuner(self, additional_parents: Any = None,
+                                estimator: Estimator | None = None) -> HyperparameterTuner:
+        """A new tuner with this one's settings, warm started (TransferLearning) from this tuning job and
+        ``additional_parents``; ``estimator`` replaces the estimator (another script or data)."""
+        return self._create_warm_start_tuner(additional_parents, WarmStartTypes.TRANSFER_LEARNING, estimator)
+
+    def identical_dataset_and_algorithm_tuner(self, additional_parents: Any = None) -> HyperparameterTuner:
+        """A new tuner with this one's settings, warm started (IdenticalDataAndAlgorithm) from this tuning job and
+        ``additional_parents``."""
+        return self._create_warm_start_tuner(additional_parents, WarmStartTypes.IDENTICAL_DATA_AND_ALGORITHM)
+
+    def _create_warm_start_tuner(self, additional_parents: Any, warm_start_type: WarmStartTypes,
+                                 estimator: Estimator | None = None) -> HyperparameterTuner:
+        parents = {self._ensure_last_tuning_job().name} | set(additional_parents or ())
+        return HyperparameterTuner(
+            estimator=estimator or self.estimator, objective_metric_name=self.objective_metric_name,
+            hyperparameter_ranges=self._hyperparameter_ranges, metric_definitions=self.metric_definitions,
+            strategy=self.strategy, strategy_config=self.strategy_config,
+            completion_criteria_config=self.completion_criteria_config, objective_type=self.objective_type,
+            max_jobs=self.max_jobs, max_parallel_jobs=self.max_parallel_jobs,
+            max_runtime_in_seconds=self.max_runtime_in_seconds,
+            warm_start_config=WarmStartConfig(warm_start_type=warm_start_type, parents=parents),
+            early_stopping_type=self.early_stopping_type, random_seed=self.random_seed)
 
     def describe(self) -> dict[str, Any]:
         """DescribeHyperParameterTuningJob's response for the latest tuning job."""
@@ -348,81 +407,3 @@ class HyperparameterTuner:
 
     def analytics(self) -> HyperparameterTuningJobAnalytics:
         return HyperparameterTuningJobAnalytics(self._ensure_last_tuning_job().name, home=str(self._tstore.jobs.home))
-
-
-class HyperparameterTuningJobAnalytics:
-    """The SDK's ``HyperparameterTuningJobAnalytics``: the trials of a tuning job as a pandas DataFrame."""
-
-    def __init__(self, hyperparameter_tuning_job_name: str, sagemaker_session: Any = None,
-                 home: str | None = None) -> None:
-        self._tstore = TuningStore(JobStore(home))
-        self._tuning_job_name = hyperparameter_tuning_job_name
-        self.clear_cache()
-
-    @property
-    def name(self) -> str:
-        return self._tuning_job_name
-
-    def __repr__(self) -> str:
-        return f"<hora.jobs.HyperparameterTuningJobAnalytics for {self.name}>"
-
-    def clear_cache(self) -> None:
-        self._dataframe: Any = None
-        self._description: dict[str, Any] | None = None
-        self._summaries: list[dict[str, Any]] | None = None
-
-    def description(self, force_refresh: bool = False) -> dict[str, Any]:
-        if force_refresh:
-            self.clear_cache()
-        if self._description is None:
-            self._description = describe_tuning_job(self._tstore, self.name)
-        return self._description
-
-    def training_job_summaries(self, force_refresh: bool = False) -> list[dict[str, Any]]:
-        if force_refresh:
-            self.clear_cache()
-        if self._summaries is None:
-            self._summaries = training_job_summaries(self._tstore, self.name)
-        return self._summaries
-
-    @property
-    def tuning_ranges(self) -> dict[str, Any]:
-        ranges = self.description()["HyperParameterTuningJobConfig"]["ParameterRanges"]
-        return {p["Name"]: p for group in ranges.values() for p in group}
-
-    def dataframe(self, force_refresh: bool = False) -> Any:
-        if force_refresh:
-            self.clear_cache()
-        if self._dataframe is None:
-            self._dataframe = self._fetch_dataframe()
-        return self._dataframe
-
-    def export_csv(self, filename: str) -> None:
-        self.dataframe().to_csv(filename)
-
-    def _fetch_dataframe(self) -> Any:
-        try:
-            import pandas as pd
-        except ImportError:
-            raise ConfigError("analytics().dataframe() needs pandas: pip install -c constraints.txt -e '.[tuning]' "
-                              "in hora's checkout") from None
-
-        def reshape(summary: dict[str, Any]) -> dict[str, Any]:  # the SDK's, column for column
-            out: dict[str, Any] = {}
-            for k, v in summary["TunedHyperParameters"].items():
-                try:
-                    v = float(v)
-                except (TypeError, ValueError):
-                    pass
-                out[k] = v
-            out["TrainingJobName"] = summary["TrainingJobName"]
-            out["TrainingJobStatus"] = summary["TrainingJobStatus"]
-            out["FinalObjectiveValue"] = summary.get("FinalHyperParameterTuningJobObjectiveMetric", {}).get("Value")
-            start, end = summary.get("TrainingStartTime"), summary.get("TrainingEndTime")
-            out["TrainingStartTime"] = start
-            out["TrainingEndTime"] = end
-            if start and end:
-                out["TrainingElapsedTimeSeconds"] = (end - start).total_seconds()
-            return out
-
-        return pd.DataFrame([reshape(s) for s in self.training_job_summaries()])

@@ -1,6 +1,7 @@
 """Running a tuning job: its detached supervisor starts the trials (ordinary hora jobs), at most
-``max_parallel_jobs`` at once, tells the strategy how each ended, stops a trial early under the median rule, and
-records everything in the tuning job's ``state.json`` (:mod:`.tuning_store`).
+``max_parallel_jobs`` at once, tells the strategy how each ended (and first, for a warm start, how the parents'
+trials did), stops a trial early under the median rule or at a Hyperband rung, ends the tuning job early when its
+completion criteria are met, and records everything in the tuning job's ``state.json`` (:mod:`.tuning_store`).
 
 :func:`start_tuning_job` records a tuning job and starts its supervisor (``python -m hora.jobs._tuning_supervisor
 HOME NAME``) detached from the caller, so it survives the caller's exit and any process can follow it.
@@ -20,11 +21,14 @@ from typing import Any
 from hora._proc import handle_signals
 from hora.errors import ConfigError, HoraError, TimeoutError
 from hora.jobs.api import reconcile, start_job, stop_job
+from hora.jobs.completion import CompletionCriteria, converged, not_improving
+from hora.jobs.hyperband import Hyperband
 from hora.jobs.parameter import ranges_from_dict
 from hora.jobs.search import SearchStrategy, make_search, median_stop
 from hora.jobs.spec import spec_from_dict
 from hora.jobs.store import JobStore
 from hora.jobs.tuning_store import TERMINAL, TuningStore
+from hora.jobs.warm_start import parent_trials
 
 __all__ = ["TuningSupervisor", "objective_series", "start_tuning_job", "stop_tuning_job", "wait_tuning_job"]
 
@@ -102,8 +106,23 @@ class TuningSupervisor:
         self.search: SearchStrategy = make_search(cfg["Strategy"], ranges_from_dict(cfg["ParameterRanges"]),
                                                   self.maximize, cfg.get("RandomSeed"))
         self.template = spec_from_dict(self.config["template"])
+        hb = self.config.get("hyperband")
+        self.hyperband = None if hb is None else Hyperband(hb["min_resource"], hb["max_resource"])
+        self.criteria = CompletionCriteria.from_request(cfg.get("TuningJobCompletionCriteria"))
         self._stop_reason: str | None = None
+        self._complete_reason: str | None = None
         self._tokens: dict[str, int] = {}
+        self._warm_start()
+
+    def _warm_start(self) -> None:
+        """Tell the strategy the parents' trials before its first suggestion (once: not again on a restart)."""
+        warm = self.config.get("WarmStartConfig")
+        if warm is None:
+            return
+        parents = [p["HyperParameterTuningJobName"] for p in warm["ParentHyperParameterTuningJobs"]]
+        trials = parent_trials(self.tstore, parents)
+        told = self.search.warm([(t["hyperparameters"], t["objective"], t["status"]) for t in trials])
+        self.state["warm_start"] = {"parent_trials": len(trials), "told": told}
 
     def _signal(self, signum: int, _frame: Any) -> None:
         self._stop_reason = self._stop_reason or "stopped by request"
@@ -128,16 +147,19 @@ class TuningSupervisor:
             if self._stop_reason is not None:
                 self.state["status"] = "Stopping"
                 self._stop_running()
+            elif self._complete_reason is not None:  # SageMaker stops the trials still running
+                self._stop_running(f"stopped: the tuning job is complete ({self._complete_reason})")
             for trial in self._trials("InProgress"):
                 self._follow(trial)
-            if self._stop_reason is None:
+            self._check_completion()
+            if self._stop_reason is None and self._complete_reason is None:
                 while len(self._trials("InProgress")) < self.max_parallel and len(self._trials()) < self.max_jobs:
                     if not self._launch():
                         self.max_jobs = len(self._trials())  # the strategy has no more (a Grid is done)
                         break
-            if not self._trials("InProgress") and (self._stop_reason is not None
+            if not self._trials("InProgress") and (self._stop_reason is not None or self._complete_reason is not None
                                                   or len(self._trials()) >= self.max_jobs):
-                if self._stop_reason is None:
+                if self._stop_reason is None or self._complete_reason is not None:
                     self._end("Completed", None)
                 else:
                     self._end("Stopped", self._stop_reason)
@@ -155,6 +177,8 @@ class TuningSupervisor:
         trial: dict[str, Any] = {"name": job, "tuned": tuned, "created": time.time(), "status": "InProgress",
                                  "objective": None, "started": None, "ended": None, "failure_reason": None,
                                  "epochs_checked": 0}
+        if self.hyperband is not None:
+            trial["bracket"] = self.hyperband.bracket(index - 1)
         self.state["trials"].append(trial)
         self._tokens[job] = token
         self.tstore.write_state(self.name, self.state)  # named as a trial before it shows as a job
@@ -171,10 +195,11 @@ class TuningSupervisor:
         record = reconcile(self.store, self.store.get(trial["name"]))
         trial["started"] = record.started
         series = objective_series(self.store, trial["name"], self.metric)
-        if self.early and not record.done and self._stop_reason is None and not trial.get("stop_sent"):
-            earlier = [t.get("series") or [] for t in self._trials() if t["created"] < trial["created"]]
+        if ((self.early or self.hyperband is not None) and not record.done and self._stop_reason is None
+                and not trial.get("stop_sent")):
+            peers = self._peers(trial)
             for k in range(trial["epochs_checked"] + 1, len(series) + 1):
-                reason = median_stop(series[:k], earlier, self.maximize)
+                reason = self._judge(trial, series[:k], peers)
                 trial["epochs_checked"] = k
                 if reason is not None:
                     try:
@@ -192,18 +217,48 @@ class TuningSupervisor:
             trial["started"], trial["ended"] = record.started, record.ended
             self._finish(trial, status, value, reason)
 
+    def _peers(self, trial: dict[str, Any]) -> list[list[float]]:
+        """The series a trial is judged against: the median rule's earlier trials, or the other trials of its
+        Hyperband bracket."""
+        if self.hyperband is not None:
+            return [t.get("series") or [] for t in self._trials()
+                    if t is not trial and t.get("bracket") == trial.get("bracket")]
+        return [t.get("series") or [] for t in self._trials() if t["created"] < trial["created"]]
+
+    def _judge(self, trial: dict[str, Any], series: list[float], peers: list[list[float]]) -> str | None:
+        if self.hyperband is not None:
+            return self.hyperband.judge(int(trial.get("bracket", 0)), series, peers, self.maximize)
+        return median_stop(series, peers, self.maximize)
+
+    def _check_completion(self) -> None:
+        """Record TuningJobCompletionDetails and note when a completion criterion is met (the loop then stops the
+        running trials, starts no more and ends Completed)."""
+        if self.criteria is None or self._complete_reason is not None:
+            return
+        ended = sorted((t for t in self._trials() if t["status"] != "InProgress" and t["objective"] is not None),
+                       key=lambda t: t["ended"])
+        values = [float(t["objective"]) for t in ended]
+        self.state["not_improving"] = not_improving(values, self.maximize)
+        if self.state.get("convergence_detected") is None and converged(values, self.maximize):
+            self.state["convergence_detected"] = time.time()
+        self._complete_reason = self.criteria.met(values, self.maximize)
+        if self._complete_reason is not None:
+            self.state["completion_reason"] = self._complete_reason
+
     def _finish(self, trial: dict[str, Any], status: str, value: float | None, reason: str | None) -> None:
         trial.update(status=status, objective=value, failure_reason=reason)
         trial["ended"] = trial["ended"] or time.time()
         self.search.observe(self._tokens.pop(trial["name"], -1), value, status)
 
-    def _stop_running(self) -> None:
+    def _stop_running(self, reason: str | None = None) -> None:
         for trial in self._trials("InProgress"):
             if trial.get("stop_sent"):
                 continue
             try:
                 stop_job(self.store, trial["name"])
                 trial["stop_sent"] = True
+                if reason is not None:
+                    trial["early_stop_reason"] = reason
             except HoraError:  # no supervisor yet: the next round tries again
                 pass
 

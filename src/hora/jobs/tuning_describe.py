@@ -9,6 +9,7 @@ from typing import Any
 
 from hora.errors import ConfigError
 from hora.jobs.tuning_store import TuningStore
+from hora.jobs.warm_start import parent_trials
 
 __all__ = ["best_trial", "describe_tuning_job", "training_job_summaries"]
 
@@ -94,4 +95,18 @@ def describe_tuning_job(tstore: TuningStore, name: str) -> dict[str, Any]:
         out["BestTrainingJob"] = _summary(best, objective["MetricName"], objective["Type"])
     if state.get("failure_reason") and state["status"] in ("Failed", "Stopped"):
         out["FailureReason"] = state["failure_reason"]
+    if "WarmStartConfig" in config:
+        out["WarmStartConfig"] = config["WarmStartConfig"]
+        parents = [p["HyperParameterTuningJobName"]
+                   for p in config["WarmStartConfig"]["ParentHyperParameterTuningJobs"]]
+        overall = best_trial([{**t, "tuning_job": name} for t in trials] + parent_trials(tstore, parents),
+                             objective["Type"] == "Maximize")
+        if overall is not None:
+            out["OverallBestTrainingJob"] = {**_summary(overall, objective["MetricName"], objective["Type"]),
+                                             "TuningJobName": overall["tuning_job"]}
+    if "TuningJobCompletionCriteria" in cfg:
+        details: dict[str, Any] = {"NumberOfTrainingJobsObjectiveNotImproving": state.get("not_improving", 0)}
+        if state.get("convergence_detected") is not None:
+            details["ConvergenceDetectedTime"] = _time(state["convergence_detected"])
+        out["TuningJobCompletionDetails"] = details
     return out

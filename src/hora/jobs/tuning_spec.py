@@ -12,6 +12,11 @@ The training fields are an ordinary job spec (docs/jobs.md; relative paths are r
         lr: {type: Continuous, min_value: 0.0001, max_value: 0.1, scaling_type: Logarithmic}
         layers: {type: Integer, min_value: 1, max_value: 4}
         activation: {type: Categorical, values: [relu, tanh]}
+      # optional, as the SDK's classes take them:
+      warm_start_config: {type: IdenticalDataAndAlgorithm, parents: [earlier-tuning-job]}
+      completion_criteria_config: {target_objective_metric_value: 0.95}
+      # strategy: Hyperband with
+      # strategy_config: {hyperband_strategy_config: {min_resource: 1, max_resource: 27}}
 """
 
 from __future__ import annotations
@@ -26,14 +31,58 @@ from hora.jobs.estimator import Estimator
 from hora.jobs.parameter import CategoricalParameter, ContinuousParameter, IntegerParameter, ParameterRange
 from hora.jobs.spec import parse_spec
 from hora.jobs.tuner import HyperparameterTuner
+from hora.jobs.tuner_configs import (
+    HyperbandStrategyConfig,
+    StrategyConfig,
+    TuningJobCompletionCriteriaConfig,
+    WarmStartConfig,
+    WarmStartTypes,
+)
 
 __all__ = ["TUNING_FIELDS", "load_tuning_spec"]
 
 TUNING_FIELDS = (
     "objective_metric_name", "hyperparameter_ranges", "metric_definitions", "strategy", "objective_type", "max_jobs",
     "max_parallel_jobs", "max_runtime_in_seconds", "base_tuning_job_name", "early_stopping_type", "random_seed",
-    "job_name",
+    "job_name", "warm_start_config", "completion_criteria_config", "strategy_config",
 )
+WARM_START_FIELDS = ("type", "parents")
+COMPLETION_FIELDS = ("max_number_of_training_jobs_not_improving", "complete_on_convergence",
+                     "target_objective_metric_value")
+HYPERBAND_FIELDS = ("min_resource", "max_resource")
+
+
+def _fields(value: Any, where: str, allowed: tuple[str, ...], problems: list[str]) -> dict[str, Any] | None:
+    if not isinstance(value, Mapping):
+        problems.append(f"{where} must be a mapping of {', '.join(allowed)}, got {type_name(value)}")
+        return None
+    problems += [unknown_field(str(k), allowed, f" in {where}") for k in value if k not in allowed]
+    return {k: v for k, v in value.items() if k in allowed}
+
+
+def _configs(tuning: dict[str, Any], problems: list[str]) -> None:
+    """The SDK config classes from their mappings, in place."""
+    if "warm_start_config" in tuning:
+        raw = _fields(tuning["warm_start_config"], "tuning.warm_start_config", WARM_START_FIELDS, problems)
+        types = [t.value for t in WarmStartTypes]
+        if raw is not None and raw.get("type") not in types:
+            problems.append(f"tuning.warm_start_config.type {raw.get('type')!r} must be {' or '.join(types)}")
+        elif raw is not None and (not isinstance(raw.get("parents"), list) or not raw["parents"]):
+            problems.append("tuning.warm_start_config.parents must list the parent tuning jobs' names")
+        elif raw is not None:
+            tuning["warm_start_config"] = WarmStartConfig(WarmStartTypes(raw["type"]), raw["parents"])
+    if "completion_criteria_config" in tuning:
+        raw = _fields(tuning["completion_criteria_config"], "tuning.completion_criteria_config", COMPLETION_FIELDS,
+                      problems)
+        if raw is not None:
+            tuning["completion_criteria_config"] = TuningJobCompletionCriteriaConfig(**raw)
+    if "strategy_config" in tuning:
+        raw = _fields(tuning["strategy_config"], "tuning.strategy_config", ("hyperband_strategy_config",), problems)
+        hb = None if raw is None else _fields(raw.get("hyperband_strategy_config", {}),
+                                             "tuning.strategy_config.hyperband_strategy_config", HYPERBAND_FIELDS,
+                                             problems)
+        if hb is not None:
+            tuning["strategy_config"] = StrategyConfig(HyperbandStrategyConfig(**hb))
 RANGE_FIELDS = {"Continuous": ("type", "min_value", "max_value", "scaling_type"),
                 "Integer": ("type", "min_value", "max_value", "scaling_type"),
                 "Categorical": ("type", "values")}
@@ -113,6 +162,7 @@ def load_tuning_spec(path: str, home: str | Path | None = None) -> tuple[Hyperpa
                 ranges[str(name)] = r
     if tuning.get("early_stopping_type") is False:  # YAML 1.1 reads a bare Off as false
         tuning["early_stopping_type"] = "Off"
+    _configs(tuning, problems)
     if problems:
         raise SpecError(problems, source)
     fields = _absolute_fields(data, p.resolve().parent, source)

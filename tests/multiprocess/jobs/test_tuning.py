@@ -1,6 +1,7 @@
 """Tuning jobs end to end: trials are real hora jobs started by a detached supervisor, at most max_parallel_jobs at
 once; a failing trial is counted and never best; describe / analytics in the SDK's shape; attach from another
-process; the median rule stops a poor trial; hora job tune SPEC / list / describe / stop."""
+process; the median rule stops a poor trial; hora job tune SPEC / list / describe / stop; Hyperband stops a poor
+trial at a rung; a warm-started child reuses its parent's results; a target value completes a tuning job."""
 
 from __future__ import annotations
 
@@ -20,9 +21,14 @@ from hora.errors import ConfigError, UnexpectedStatusException
 from hora.jobs import (
     CategoricalParameter,
     Estimator,
+    HyperbandStrategyConfig,
     HyperparameterTuner,
     IntegerParameter,
     JobStore,
+    StrategyConfig,
+    TuningJobCompletionCriteriaConfig,
+    WarmStartConfig,
+    WarmStartTypes,
     stop_job,
     wait_job,
 )
@@ -248,3 +254,79 @@ def test_hora_job_tune_spec_list_describe_and_stop(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "unknown field 'stratgy' in tuning; did you mean 'strategy'?" in err, err
     assert "tuning.hyperparameter_ranges.lr: type 'Float' must be Continuous, Integer or Categorical" in err
+
+
+def test_hyperband_stops_a_poor_trial_at_its_brackets_rung(tmp_path):
+    # MaxResource 3, MinResource 1: bracket 0 judges at epoch 1, bracket 1 never; trials alternate between them.
+    # Seed 1 draws widths 8, 8, 1: the third trial (bracket 0) is worse than the first at epoch 1 and would then
+    # hold for 2 minutes
+    est = _estimator(tmp_path, epochs=5, hold_below=2)
+    tuner = HyperparameterTuner(est, "acc", {"width": CategoricalParameter([8, 1])}, strategy="Hyperband",
+                                strategy_config=StrategyConfig(HyperbandStrategyConfig(max_resource=3,
+                                                                                       min_resource=1)),
+                                max_jobs=3, random_seed=1)
+    tuner.fit(job_name="hb")
+    summaries = tuner.analytics().training_job_summaries()
+    assert [(s["TunedHyperParameters"]["width"], s["TrainingJobStatus"]) for s in summaries] == [
+        ("8", "Completed"), ("8", "Completed"), ("1", "Stopped")]
+    assert summaries[2]["FailureReason"] == (
+        "stopped early (Hyperband): objective 0.1 at epoch 1 (a rung of bracket 0) is not among the best 1 of the 2 "
+        "trials of the bracket that reached it (the 1st best is 0.8)")
+    store = JobStore(tmp_path / "home")
+    # every trial may run MaxResource epochs: the static epochs (5) is replaced
+    assert [store.get(s["TrainingJobName"]).spec["hyperparameters"]["epochs"] for s in summaries] == [3, 3, 3]
+    assert len(store.metrics(summaries[0]["TrainingJobName"])) == 3
+    desc = tuner.describe()
+    assert desc["HyperParameterTuningJobConfig"]["StrategyConfig"] == {
+        "HyperbandStrategyConfig": {"MinResource": 1, "MaxResource": 3}}
+    again = HyperparameterTuner.attach("hb", home=str(tmp_path / "home"))
+    assert again.strategy_config is not None and again.strategy_config.to_input_req() == {
+        "HyperbandStrategyConfig": {"MinResource": 1, "MaxResource": 3}}
+
+
+def test_a_warm_started_bayesian_child_reuses_its_parents_results(tmp_path):
+    est = _estimator(tmp_path)
+    parent = HyperparameterTuner(est, "acc", {"width": IntegerParameter(1, 9)}, strategy="Random", max_jobs=3,
+                                 random_seed=0)  # widths 7, 7, 1
+    parent.fit(job_name="ws-parent")
+    twin = parent.identical_dataset_and_algorithm_tuner(additional_parents={"other"})
+    assert twin.warm_start_config is not None and twin.warm_start_config.parents == {"ws-parent", "other"}
+    assert twin.warm_start_config.type is WarmStartTypes.IDENTICAL_DATA_AND_ALGORITHM
+    assert (twin.strategy, twin.max_jobs, twin.random_seed) == ("Random", 3, 0)
+    # a Bayesian child on a narrower range: the parent's trial inside it (width 1) is told to its study
+    warm = WarmStartConfig(WarmStartTypes.IDENTICAL_DATA_AND_ALGORITHM, {"ws-parent"})
+    child = HyperparameterTuner(est, "acc", {"width": IntegerParameter(1, 4)}, strategy="Bayesian", max_jobs=1,
+                                random_seed=3, warm_start_config=warm)
+    child.fit(job_name="ws-child")
+    tstore = TuningStore(est.store)
+    assert tstore.state("ws-child")["warm_start"] == {"parent_trials": 3, "told": 1}
+    desc = child.describe()
+    assert desc["WarmStartConfig"] == {"WarmStartType": "IdenticalDataAndAlgorithm",
+                                       "ParentHyperParameterTuningJobs": [{"HyperParameterTuningJobName": "ws-parent"}]}
+    own = desc["BestTrainingJob"]
+    assert own["TrainingJobName"].startswith("ws-child-") and child.best_training_job() == own["TrainingJobName"]
+    overall = desc["OverallBestTrainingJob"]  # the parent's first width-7 trial: 0.72 beats any width <= 4
+    assert overall["TuningJobName"] == "ws-parent"
+    assert overall["TrainingJobName"] == tstore.state("ws-parent")["trials"][0]["name"]
+    assert overall["FinalHyperParameterTuningJobObjectiveMetric"]["Value"] == pytest.approx(0.72)
+    attached = HyperparameterTuner.attach("ws-child", home=str(tmp_path / "home"))
+    assert attached.warm_start_config is not None and attached.warm_start_config.parents == {"ws-parent"}
+
+
+def test_a_tuning_job_completes_when_a_trial_reaches_the_target_and_stops_the_running_one(tmp_path):
+    est = _estimator(tmp_path, hold_below=2)
+    criteria = TuningJobCompletionCriteriaConfig(target_objective_metric_value=0.6)
+    tuner = HyperparameterTuner(est, "acc", {"width": CategoricalParameter([7, 1, 3, 5])}, strategy="Grid",
+                                max_parallel_jobs=2, completion_criteria_config=criteria)
+    tuner.fit(job_name="target")  # width 7 reaches 0.72; width 1 holds after its first epoch until stopped
+    desc = tuner.describe()
+    assert desc["HyperParameterTuningJobStatus"] == "Completed" and "FailureReason" not in desc
+    assert desc["HyperParameterTuningJobConfig"]["TuningJobCompletionCriteria"] == {"TargetObjectiveMetricValue": 0.6}
+    assert desc["TuningJobCompletionDetails"] == {"NumberOfTrainingJobsObjectiveNotImproving": 0}
+    summaries = {s["TunedHyperParameters"]["width"]: s for s in tuner.analytics().training_job_summaries()}
+    assert sorted(summaries) == ["1", "7"]  # 3 and 5 never started
+    assert summaries["7"]["TrainingJobStatus"] == "Completed"
+    assert summaries["1"]["TrainingJobStatus"] == "Stopped"
+    assert summaries["1"]["FailureReason"] == ("stopped: the tuning job is complete (TargetObjectiveMetricValue (0.6) "
+                                               "was reached: a trial's objective is 0.72)")
+    assert TuningStore(est.store).state("target")["completion_reason"].startswith("TargetObjectiveMetricValue")

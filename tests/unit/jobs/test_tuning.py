@@ -103,10 +103,8 @@ def test_tuner_defaults_and_validation(estimator):
         HyperparameterTuner(estimator, "acc", {"lr": ContinuousParameter(0, 1)}, strategy="Hyperband",
                             early_stopping_type="Auto")
     assert "early_stopping_type must be 'Off' with the Hyperband strategy" in str(err.value)
-    assert "strategy 'Hyperband' is not supported by hora yet" in str(err.value)
-    warm = WarmStartConfig(WarmStartTypes.TRANSFER_LEARNING, {"parent"})
-    with pytest.raises(ConfigError, match="warm_start_config: not supported by hora's tuner yet"):
-        HyperparameterTuner(estimator, "acc", {"lr": ContinuousParameter(0, 1)}, warm_start_config=warm)
+    with pytest.raises(ConfigError, match="autotune: not supported by hora's tuner yet"):
+        HyperparameterTuner(estimator, "acc", {"lr": ContinuousParameter(0, 1)}, autotune=True)
     with pytest.raises(ConfigError, match="parents should not be None/empty"):
         WarmStartConfig(WarmStartTypes.TRANSFER_LEARNING, set())
     # the tuner's own metric definitions replace the estimator's
