@@ -3,8 +3,9 @@ HyperparameterTuner with metric_definitions, fit() with the channels, then analy
 
     python examples/jobs/tune_digits.py --data-dir /tmp/digits
 
-On SageMaker the imports would be ``from sagemaker.estimator import Estimator`` and ``from sagemaker.tuner import
-...``, the channels ``s3://`` URIs, and ``role``/``instance_type`` the account's; everything else is the same. Here
+On SageMaker the imports would be ``from sagemaker.estimator import Estimator`` (which also needs ``image_uri`` and
+``role``) and ``from sagemaker.tuner import ...``, the channels ``s3://`` URIs and ``instance_type`` an ``ml.*`` one;
+everything else is the same (``model_data`` is then an ``s3://`` URI to download before loading). Here
 each of the 6 trials is a hora job (1 host x 2 processes, data-parallel with hora.numpy), 2 at a time, in the jobs
 home (``~/.hora``, or ``$HORA_JOB_HOME``): ``hora job tune describe NAME`` and ``hora dashboard`` show them.
 
