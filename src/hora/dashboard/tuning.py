@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from hora.dashboard.data import plain
+from hora.errors import ConfigError
 from hora.jobs.store import JobStore
 from hora.jobs.tuning_store import TERMINAL, TuningStore
 from hora.jobs.tuning_views import tuning_overview
@@ -42,10 +43,15 @@ def tuning_summary(tstore: TuningStore, name: str, overview: dict[str, Any] | No
 
 
 def tuning_jobs(store: JobStore) -> list[dict[str, Any]]:
-    """Every tuning job, newest first."""
+    """Every tuning job, newest first (one being created, whose state is not written yet, shows once it is)."""
     tstore = TuningStore(store)
-    return sorted((tuning_summary(tstore, name) for name in tstore.names()), key=lambda t: t["created"],
-                  reverse=True)
+    rows = []
+    for name in tstore.names():
+        try:
+            rows.append(tuning_summary(tstore, name))
+        except ConfigError:  # its config.json is there, its state.json not yet
+            continue
+    return sorted(rows, key=lambda t: t["created"], reverse=True)
 
 
 def _ranges(cfg: dict[str, Any]) -> list[dict[str, Any]]:

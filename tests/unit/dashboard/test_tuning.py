@@ -99,6 +99,14 @@ def test_an_ended_tuning_job_without_a_scored_trial_has_no_best_and_says_why_it_
     assert page["failure_reason"] == "stopped by request" and page["trials_done"] == 1
 
 
+def test_a_tuning_job_being_created_is_left_out_of_the_list_until_its_state_is_written(tmp_path):
+    store = _tuning_job(tmp_path, [_trial(1, "Completed", [0.5])], status="Completed")
+    (store.home / "tuning" / "new").mkdir()
+    (store.home / "tuning" / "new" / "config.json").write_text((store.home / "tuning" / "t" / "config.json").read_text())
+    assert sorted(TuningStore(store).names()) == ["new", "t"]
+    assert [t["name"] for t in tuning.tuning_jobs(store)] == ["t"]
+
+
 def _get(app, path: str) -> tuple[int, dict]:
     scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b"",
              "headers": [(b"host", b"127.0.0.1:8585")], "scheme": "http", "server": ("127.0.0.1", 8585),
