@@ -303,6 +303,9 @@ def test_a_tuning_job_has_a_live_page_with_its_trials_the_best_and_the_plots(tmp
         driver.find_element(By.ID, "sort-objective").click()  # then worst first
         assert texts("#trials td.objective") == ["0.13", "0.23", "0.33"]
         assert SECRET_VALUE not in driver.page_source and "MY_TOKEN" not in driver.page_source
+        assert sorted(attr("#compare", "href").split("?")[1].split("&")) == sorted(
+            f"job={n}" for n in driver.execute_script(
+                "return [...document.querySelectorAll('#trials tbody tr')].map((e) => e.dataset.trial)"))
         driver.save_screenshot(str(tmp_path / "tuning.png"))
 
         driver.find_element(By.CSS_SELECTOR, "#best a").click()  # the best trial's own page, linked back

@@ -86,6 +86,8 @@
       el("td", { class: "num", text: duration(t) }),
       el("td", { class: "muted", text: t.reason ? t.reason.split("\n")[0] : "" }))));
     $("no-trials").classList.toggle("hidden", tuning.trials.length > 0);
+    $("compare").href = "/compare?" + tuning.trials.map((t) => "job=" + encodeURIComponent(t.name)).join("&");
+    $("compare").classList.toggle("hidden", tuning.trials.length === 0);
   };
 
   const showCharts = () => {
