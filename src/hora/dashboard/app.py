@@ -1,13 +1,16 @@
 """The dashboard's web application: three pages, a JSON API, and server-sent event streams that keep pages live.
 
-Pages (static files of this package, no CDN): ``/`` the job list, ``/jobs/NAME`` a job, ``/compare?job=A&job=B``
-several jobs' metrics overlaid. API: ``/api/jobs``, ``/api/jobs/NAME``, ``/api/jobs/NAME/metrics``,
-``/api/jobs/NAME/logs?host=&rank=&lines=``, ``/api/jobs/NAME/system``, ``/api/jobs/NAME/download/KEY``.
+Pages (static files of this package, no CDN): ``/`` the job and tuning job lists, ``/jobs/NAME`` a job,
+``/tuning/NAME`` a tuning job, ``/compare?job=A&job=B`` several jobs' metrics overlaid. API: ``/api/jobs``,
+``/api/jobs/NAME``, ``/api/jobs/NAME/metrics``, ``/api/jobs/NAME/logs?host=&rank=&lines=``,
+``/api/jobs/NAME/system``, ``/api/jobs/NAME/download/KEY``, ``/api/tuning``, ``/api/tuning/NAME``.
 
-Streams (``text/event-stream``): ``/api/events`` sends the job list whenever it changes;
-``/api/jobs/NAME/events?host=&rank=&logs=0`` sends the job's page state once (``job``, ``metrics``, ``system``,
-``log`` events) and then only what changed, every :data:`POLL` seconds. A reconnecting browser gets the state once
-more and replaces what it had.
+Streams (``text/event-stream``): ``/api/events`` sends the job list (``jobs``) and the tuning job list (``tuning``)
+whenever they change; ``/api/jobs/NAME/events?host=&rank=&logs=0`` sends the job's page state once (``job``,
+``metrics``, ``system``, ``log`` events) and then only what changed, every :data:`POLL` seconds;
+``/api/tuning/NAME/events`` likewise (``tuning``: the tuning job and its trials; ``series``: the trials' objective
+values by epoch, then only the trials whose values changed). A reconnecting browser gets the state once more and
+replaces what it had.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from hora.dashboard import data
+from hora.dashboard import data, tuning
 from hora.dashboard.access import Access
 from hora.dashboard.logs import LogFollower, log_sources
 from hora.errors import ConfigError, StorageError
@@ -54,6 +57,12 @@ def create_app(home: str | Path | None, token: str | None = None, poll: float = 
     async def job_or_404(name: str) -> dict[str, Any]:
         try:
             return await call(data.job_detail, store, name)
+        except ConfigError as exc:
+            raise _NotFound(str(exc)) from None
+
+    async def tuning_or_404(name: str) -> dict[str, Any]:
+        try:
+            return await call(tuning.tuning_detail, store, name)
         except ConfigError as exc:
             raise _NotFound(str(exc)) from None
 
@@ -96,15 +105,46 @@ def create_app(home: str | Path | None, token: str | None = None, poll: float = 
             raise _NotFound(f"job {name} has no download {request.path_params['key']!r}")
         return FileResponse(found["path"], filename=f"{name}-{found['path'].name}")
 
+    async def api_tuning_jobs(request: Request) -> Response:
+        return JSONResponse({"tuning_jobs": await call(tuning.tuning_jobs, store)})
+
+    async def api_tuning_job(request: Request) -> Response:
+        return JSONResponse(await tuning_or_404(request.path_params["name"]))
+
     async def list_events(request: Request) -> Response:
         async def events() -> AsyncIterator[str]:
-            last = None
+            last: dict[str, str] = {}
             while True:
-                jobs = await call(data.jobs, store)
-                text = json.dumps({"jobs": jobs})
+                lists = {"jobs": await call(data.jobs, store), "tuning": await call(tuning.tuning_jobs, store)}
+                for kind, key in (("jobs", "jobs"), ("tuning", "tuning_jobs")):
+                    text = json.dumps({key: lists[kind]})
+                    if text != last.get(kind):
+                        last[kind] = text
+                        yield _event(kind, text)
+                yield ""
+                await asyncio.sleep(poll)
+
+        return _stream(request, events())
+
+    async def tuning_events(request: Request) -> Response:
+        name = request.path_params["name"]
+        await tuning_or_404(name)
+
+        async def events() -> AsyncIterator[str]:
+            last, reset = None, True
+            seen: dict[str, list[float]] = {}
+            while True:
+                detail = await call(tuning.tuning_detail, store, name)
+                series = detail.pop("series")
+                text = json.dumps(detail)
                 if text != last:
                     last = text
-                    yield _event("jobs", text)
+                    yield _event("tuning", text)
+                changed = {trial: values for trial, values in series.items() if seen.get(trial) != values}
+                if changed or reset:
+                    yield _event("series", json.dumps({"series": changed, "reset": reset}))
+                    seen.update(changed)
+                reset = False
                 yield ""
                 await asyncio.sleep(poll)
 
@@ -144,6 +184,7 @@ def create_app(home: str | Path | None, token: str | None = None, poll: float = 
     routes = [
         Route("/", page("index.html")),
         Route("/jobs/{name}", page("job.html")),
+        Route("/tuning/{name}", page("tuning.html")),
         Route("/compare", page("compare.html")),
         Route("/api/jobs", api_jobs),
         Route("/api/events", list_events),
@@ -153,6 +194,9 @@ def create_app(home: str | Path | None, token: str | None = None, poll: float = 
         Route("/api/jobs/{name}/logs", api_logs),
         Route("/api/jobs/{name}/events", job_events),
         Route("/api/jobs/{name}/download/{key}", api_download),
+        Route("/api/tuning", api_tuning_jobs),
+        Route("/api/tuning/{name}", api_tuning_job),
+        Route("/api/tuning/{name}/events", tuning_events),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     app = Starlette(routes=routes, exception_handlers={

@@ -16,7 +16,7 @@ from hora.jobs.api import reconcile
 from hora.jobs.store import JobRecord, JobStore
 from hora.jobs.tuning_store import TuningStore
 
-__all__ = ["downloads", "job_detail", "job_summary", "jobs", "metric_rows", "system_rows"]
+__all__ = ["downloads", "job_detail", "job_summary", "jobs", "metric_rows", "plain", "system_rows"]
 
 #: Spec fields shown as they are on a job's page (the rest are the job's own plumbing or shown elsewhere).
 SHOWN_SPEC = (
@@ -45,7 +45,7 @@ def job_summary(r: JobRecord, tuning_job: str | None = None) -> dict[str, Any]:
         "duration": r.duration,
         "done": r.done,
         "entry_point": spec.get("entry_point"),
-        "hyperparameters": _plain(spec.get("hyperparameters") or {}),
+        "hyperparameters": plain(spec.get("hyperparameters") or {}),
         "attempts": r.attempts,
         "tuning_job": tuning_job,
     }
@@ -62,7 +62,7 @@ def job_detail(store: JobStore, name: str) -> dict[str, Any]:
     """A job's page: its summary, spec, status history, failure reason, hosts and downloads (looked up every time a
     page's stream polls: nothing here scans the job's metric values)."""
     r = reconcile(store, store.get(name))
-    spec = {k: _plain(r.spec[k]) for k in SHOWN_SPEC if r.spec.get(k) not in (None, "", [], {})}
+    spec = {k: plain(r.spec[k]) for k in SHOWN_SPEC if r.spec.get(k) not in (None, "", [], {})}
     environment = r.spec.get("environment") or {}
     return {
         **job_summary(r, TuningStore(store).trial_index().get(name)),
@@ -133,12 +133,12 @@ def _written_file(r: JobRecord, names: tuple[str, str, str]) -> Path | None:
     return path if path.is_file() else None
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """A spec value as JSON can carry it."""
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)

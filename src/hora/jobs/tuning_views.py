@@ -9,7 +9,7 @@ from typing import Any
 from hora.jobs.tuning_describe import best_trial
 from hora.jobs.tuning_store import TuningStore
 
-__all__ = ["tuning_describe", "tuning_summary", "tuning_table"]
+__all__ = ["tuning_describe", "tuning_overview", "tuning_summary", "tuning_table"]
 
 
 def _when(t: float | None) -> str:
@@ -25,20 +25,32 @@ def _objective(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
+def tuning_overview(tstore: TuningStore, name: str) -> dict[str, Any]:
+    """What a line of ``hora job tune list`` (and of the dashboard's list) says of a tuning job: its ``config`` and
+    ``state``, the trials ended (``done``) of ``max_jobs``, and the ``best`` trial (None before one has ended)."""
+    config, state = tstore.config(name), tstore.state(name)
+    cfg = config["HyperParameterTuningJobConfig"]
+    return {
+        "config": config,
+        "state": state,
+        "done": sum(t["status"] != "InProgress" for t in state["trials"]),
+        "max_jobs": cfg["ResourceLimits"]["MaxNumberOfTrainingJobs"],
+        "best": best_trial(state["trials"], cfg["HyperParameterTuningJobObjective"]["Type"] == "Maximize"),
+    }
+
+
 def tuning_table(tstore: TuningStore) -> str:
     names = tstore.names()
     if not names:
         return "no tuning jobs yet (hora job tune SPEC starts one)"
     rows = [("NAME", "STATUS", "STRATEGY", "TRIALS", "BEST", "CREATED")]
     for name in names:
-        config, state = tstore.config(name), tstore.state(name)
-        cfg = config["HyperParameterTuningJobConfig"]
-        best = best_trial(state["trials"], cfg["HyperParameterTuningJobObjective"]["Type"] == "Maximize")
-        done = sum(t["status"] != "InProgress" for t in state["trials"])
-        rows.append((name, state["status"], cfg["Strategy"],
-                     f"{done}/{cfg['ResourceLimits']['MaxNumberOfTrainingJobs']}",
+        o = tuning_overview(tstore, name)
+        best = o["best"]
+        rows.append((name, o["state"]["status"], o["config"]["HyperParameterTuningJobConfig"]["Strategy"],
+                     f"{o['done']}/{o['max_jobs']}",
                      "-" if best is None else f"{_objective(best['objective'])} ({best['name']})",
-                     _when(config["created"])))
+                     _when(o["config"]["created"])))
     return "\n".join(_table(rows))
 
 

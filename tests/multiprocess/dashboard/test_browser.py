@@ -1,8 +1,9 @@
 """``hora dashboard`` as a user meets it: the real server over a real jobs home, read by headless Chromium.
 
 One running job (it prints metrics, then waits for the test's signal before printing one more line, so a line
-printed after the page loaded must appear live), one failed job, and one failed ``hora run --record``. Screenshots
-go to the test's tmp_path.
+printed after the page loaded must appear live), one failed job, and one failed ``hora run --record``; and a Grid
+tuning job of three tiny trials that hold their last epoch until the test's signal, so its page must fill in live.
+Screenshots go to the test's tmp_path.
 """
 
 from __future__ import annotations
@@ -21,7 +22,17 @@ from pathlib import Path
 
 import pytest
 
-from hora.jobs import JobStore, parse_spec, start_job, wait_job
+from hora.jobs import (
+    CategoricalParameter,
+    Estimator,
+    HyperparameterTuner,
+    JobStore,
+    parse_spec,
+    start_job,
+    wait_job,
+)
+from hora.jobs.tuning import wait_tuning_job
+from hora.jobs.tuning_store import TuningStore
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(
@@ -68,6 +79,23 @@ hvd.allreduce(np.ones(2), name="late")
 if hvd.rank() == 1:
     sys.exit("rank 1 gives up after the allreduce")
 hvd.shutdown()
+"""
+
+
+#: A trial: acc=<width/10 + epoch/100> for epochs 1 and 2, then (once the test says go) epoch 3.
+TRIAL = """
+    import argparse, time
+    from pathlib import Path
+    p = argparse.ArgumentParser()
+    p.add_argument("--width", type=float)
+    p.add_argument("--go")
+    a = p.parse_args()
+    for epoch in (1, 2, 3):
+        if epoch == 3:
+            deadline = time.monotonic() + 120
+            while not Path(a.go).exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        print(f"epoch {epoch}: acc={a.width / 10 + epoch / 100:.4f}", flush=True)
 """
 
 
@@ -216,6 +244,91 @@ def test_the_dashboard_shows_jobs_live_in_a_real_browser(tmp_path):
         _stop(proc)
         for name in ("running", "failing"):
             wait_job(store, name, timeout=120)
+
+
+def test_a_tuning_job_has_a_live_page_with_its_trials_the_best_and_the_plots(tmp_path):
+    home = tmp_path / "home"
+    src, go = tmp_path / "trial", tmp_path / "go"
+    src.mkdir()
+    (src / "train.py").write_text(textwrap.dedent(TRIAL))
+    est = Estimator(home=str(home), entry_point="train.py", source_dir=str(src), hyperparameters={"go": str(go)},
+                    environment={"MY_TOKEN": SECRET_VALUE}, metric_definitions=[{"Name": "acc", "Regex": r"acc=([0-9.]+)"}])
+    tuner = HyperparameterTuner(est, "acc", {"width": CategoricalParameter([1, 3, 2])}, strategy="Grid",
+                                max_parallel_jobs=3)
+    tuner.fit(job_name="tune", wait=False)
+    tstore = TuningStore(JobStore(home))
+    proc, url = _dashboard(home)
+    driver = None
+    try:
+        driver = _browser(tmp_path)
+        wait = WebDriverWait(driver, 90, poll_frequency=0.2)
+
+        def texts(css: str) -> list[str]:  # the page redraws while it runs: read it in one script, not element-wise
+            return driver.execute_script(
+                "return [...document.querySelectorAll(arguments[0])].map((e) => e.textContent)", css)
+
+        def attr(css: str, name: str) -> str | None:
+            return driver.execute_script(
+                "const e = document.querySelector(arguments[0]); return e && e.getAttribute(arguments[1])", css, name)
+
+        driver.get(url)
+        row = wait.until(lambda d: texts('#tuning tbody tr[data-tuning="tune"]'))[0]
+        assert "Grid" in row and "Maximize acc" in row
+        wait.until(lambda d: len(texts("#jobs tbody tr")) == 3)  # the trials, each marked with a link to it
+        assert texts('#jobs a[href="/tuning/tune"]') == ["tune"] * 3
+
+        driver.get(url + "tuning/tune")  # while the trials hold their last epoch
+        wait.until(lambda d: len(texts("#trials tbody tr")) == 3)
+        wait.until(lambda d: attr("#epochs .chart", "data-points") == "6")  # 3 trials x 2 epochs, so far
+        assert attr("#epochs .chart", "data-series") == "3"
+        assert driver.find_elements(By.CSS_SELECTOR, "#epochs .chart canvas")
+        assert texts("#status .status") == ["InProgress"] and driver.find_element(By.ID, "no-best").is_displayed()
+        driver.save_screenshot(str(tmp_path / "tuning-running.png"))
+        go.write_text("go")  # only now do the trials print their last epoch and end
+        wait.until(lambda d: texts("#status .status") == ["Completed"])
+        wait.until(lambda d: attr("#epochs .chart", "data-points") == "9")
+        wait.until(lambda d: attr("#objective .chart", "data-points") == "6")  # the final values, the best so far
+        assert driver.find_elements(By.CSS_SELECTOR, "#objective .chart canvas")
+        best = tuner.best_training_job()
+        assert best.startswith("tune-002-")  # width 3, the second of the grid
+        assert texts("#best a") == [best]
+        assert "0.33" in texts("#best")[0] and "width=3" in texts("#best")[0]
+        assert [n[:8] for n in driver.execute_script(
+            "return [...document.querySelectorAll('#trials tbody tr')].map((e) => e.dataset.trial)")] == [
+            "tune-001", "tune-002", "tune-003"]
+        assert texts("#trials td.objective") == ["0.13", "0.33", "0.23"]
+        assert attr(f'#trials tr[data-trial="{best}"]', "class") == "best"
+        driver.find_element(By.ID, "sort-objective").click()  # best first (the objective is maximised)
+        assert texts("#trials td.objective") == ["0.33", "0.23", "0.13"]
+        driver.find_element(By.ID, "sort-objective").click()  # then worst first
+        assert texts("#trials td.objective") == ["0.13", "0.23", "0.33"]
+        assert SECRET_VALUE not in driver.page_source and "MY_TOKEN" not in driver.page_source
+        assert sorted(attr("#compare", "href").split("?")[1].split("&")) == sorted(
+            f"job={n}" for n in driver.execute_script(
+                "return [...document.querySelectorAll('#trials tbody tr')].map((e) => e.dataset.trial)"))
+        driver.save_screenshot(str(tmp_path / "tuning.png"))
+
+        driver.find_element(By.CSS_SELECTOR, "#best a").click()  # the best trial's own page, linked back
+        wait.until(lambda d: texts("#name") == [best])
+        wait.until(lambda d: texts('#facts a[href="/tuning/tune"]') == ["tune"])
+
+        driver.get(url)
+        wait.until(lambda d: "3/3" in "".join(texts('#tuning tr[data-tuning="tune"]')))
+        row = texts('#tuning tr[data-tuning="tune"]')[0]
+        assert "Completed" in row and f"0.33 ({best})" in row
+
+        driver.get(url + "tuning/nope")  # not there: the server's reason, not an endless "reconnecting"
+        banner = wait.until(lambda d: d.find_element(By.ID, "problem").text)
+        assert "no tuning job named 'nope'" in banner and driver.find_element(By.ID, "live").text == "stopped"
+        for path in ("api/tuning", "api/tuning/tune"):
+            status, body = _get(url + path)
+            assert status == 200 and SECRET_VALUE not in body
+    finally:
+        if driver is not None:
+            driver.quit()
+        _stop(proc)
+        go.write_text("go")
+        wait_tuning_job(tstore, "tune", timeout=120)
 
 
 def test_on_another_address_every_request_needs_the_token(tmp_path):

@@ -40,6 +40,8 @@ const hora = (() => {
     return String(+v.toFixed(4));
   };
 
+  const WHOLE = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000];
+
   const status = (job) => el("span", { class: "status " + job.status, text: job.status });
 
   // A message across the top of the page (the server's reason a page cannot be shown); null clears it.
@@ -79,11 +81,13 @@ const hora = (() => {
   };
 
   // A titled chart in `parent` whose series are {label: [[x, y], ...]}; update() redraws with new series.
+  // `integerX`: x values are counts (trials, epochs), so the x axis ticks only whole numbers.
   class Chart {
-    constructor(parent, title, xLabel) {
+    constructor(parent, title, xLabel, integerX = false) {
       this.box = el("div", { class: "chart", "data-metric": title }, el("h3", { text: title }));
       parent.append(this.box);
       this.xLabel = xLabel;
+      this.integerX = integerX;
       this.plot = null;
       this.labels = "";
     }
@@ -107,7 +111,8 @@ const hora = (() => {
       this.plot = new uPlot({
         width: Math.max(420, this.box.clientWidth - 4), height: 240,
         scales: { x: { time } },
-        axes: [{ label: time ? "" : this.xLabel }, { values: (u, splits) => splits.map(compact), size: 60 }],
+        axes: [{ label: time ? "" : this.xLabel, ...(this.integerX ? { incrs: WHOLE } : {}) },
+          { values: (u, splits) => splits.map(compact), size: 60 }],
         series: [{ label: this.xLabel }, ...labels.map((l, i) => ({
           label: l, stroke: colors[i % colors.length], width: 1.5, spanGaps: true }))],
       }, data, this.box);

@@ -30,6 +30,8 @@
       fact("Attempts", String(job.attempts)),
       fact("Exit code", job.exit_code === null ? "-" : String(job.exit_code)),
       fact("Hyperparameters", hp || "-"),
+      ...(job.tuning_job ? [[el("dt", { text: "Tuning job" }), el("dd", {}, el("a", {
+        href: "/tuning/" + encodeURIComponent(job.tuning_job), text: job.tuning_job }))]] : []),
       fact("Environment", job.environment_names.length ? job.environment_names.join(", ") + " (values not shown)" : "-"),
     ].flat());
     $("failure").classList.toggle("hidden", !job.failure_reason);
