@@ -35,11 +35,14 @@ __all__ = [
     "grid_size",
     "make_search",
     "median_stop",
+    "startup_trials",
 ]
 
 #: The median rule judges a trial once this many earlier trials have reached the same epoch (SageMaker does not
 #: say how many it waits for).
 MEDIAN_RULE_MIN_TRIALS = 3
+#: Optuna's TPE default for the random trials it starts with.
+OPTUNA_STARTUP_TRIALS = 10
 
 
 class SearchStrategy:
@@ -115,10 +118,18 @@ class GridSearch(SearchStrategy):
         return next(self._combos, None)
 
 
+def startup_trials(max_jobs: int | None) -> int:
+    """How many of a Bayesian tuning job's first trials are random draws before TPE models the results: a third of
+    ``max_jobs``, at least 2 and at most Optuna's default of 10 (with that default a tuning job of 10 trials or
+    fewer would be a random search)."""
+    return OPTUNA_STARTUP_TRIALS if max_jobs is None else max(2, min(OPTUNA_STARTUP_TRIALS, max_jobs // 3))
+
+
 class BayesianSearch(SearchStrategy):
     """Optuna's TPE sampler through its ask-and-tell interface."""
 
-    def __init__(self, ranges: Mapping[str, ParameterRange], maximize: bool, seed: int | None) -> None:
+    def __init__(self, ranges: Mapping[str, ParameterRange], maximize: bool, seed: int | None,
+                 max_jobs: int | None = None) -> None:
         super().__init__(ranges, maximize, seed)
         try:
             import optuna
@@ -142,7 +153,7 @@ class BayesianSearch(SearchStrategy):
             else:
                 self._dists[name] = dist.FloatDistribution(float(r.min_value), float(r.max_value),
                                                            log=r.scaling_type == "Logarithmic")
-        sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+        sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True, n_startup_trials=startup_trials(max_jobs))
         self._study = optuna.create_study(direction="maximize" if maximize else "minimize", sampler=sampler)
         self._trials: dict[int, Any] = {}
 
@@ -221,10 +232,12 @@ STRATEGIES = {"Random": RandomSearch, "Grid": GridSearch, "Bayesian": BayesianSe
 
 
 def make_search(strategy: str, ranges: Mapping[str, ParameterRange], maximize: bool,
-                seed: int | None) -> SearchStrategy:
+                seed: int | None, max_jobs: int | None = None) -> SearchStrategy:
     """The strategy's search (Hyperband samples at random; its early stopping is :mod:`.hyperband`'s)."""
     if strategy not in STRATEGIES:
         raise ConfigError(f"strategy {strategy!r}: hora runs Bayesian, Random, Grid and Hyperband")
+    if strategy == "Bayesian":
+        return BayesianSearch(ranges, maximize, seed, max_jobs)
     return STRATEGIES[strategy](ranges, maximize, seed)
 
 

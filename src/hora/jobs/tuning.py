@@ -104,7 +104,7 @@ class TuningSupervisor:
         self.max_runtime = limits.get("MaxRuntimeInSeconds")
         self.early = cfg.get("TrainingJobEarlyStoppingType", "Off") == "Auto"
         self.search: SearchStrategy = make_search(cfg["Strategy"], ranges_from_dict(cfg["ParameterRanges"]),
-                                                  self.maximize, cfg.get("RandomSeed"))
+                                                  self.maximize, cfg.get("RandomSeed"), self.max_jobs)
         self.template = spec_from_dict(self.config["template"])
         hb = self.config.get("hyperband")
         self.hyperband = None if hb is None else Hyperband(hb["min_resource"], hb["max_resource"])

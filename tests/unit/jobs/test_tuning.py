@@ -19,7 +19,15 @@ from hora.jobs import (
     WarmStartTypes,
 )
 from hora.jobs.parameter import check_ranges, ranges_from_dict, ranges_to_dict
-from hora.jobs.search import BayesianSearch, GridSearch, RandomSearch, grid_size, make_search, median_stop
+from hora.jobs.search import (
+    BayesianSearch,
+    GridSearch,
+    RandomSearch,
+    grid_size,
+    make_search,
+    median_stop,
+    startup_trials,
+)
 
 METRICS = [{"Name": "acc", "Regex": "acc=([0-9.]+)"}]
 
@@ -207,3 +215,9 @@ def test_the_median_rule_stops_a_trial_worse_than_the_median_of_running_averages
     # epoch 1, four trials: median of 0.5, 0.4, 0.3, 0.1 is 0.35
     assert median_stop([0.34], earlier, maximize=True) is not None
     assert median_stop([0.36], earlier, maximize=True) is None
+
+
+def test_a_small_bayesian_tuning_job_starts_modelling_before_optunas_ten_random_trials():
+    assert [startup_trials(n) for n in (None, 1, 6, 12, 30, 100)] == [10, 2, 2, 4, 10, 10]
+    search = make_search("Bayesian", RANGES, True, 0, max_jobs=6)
+    assert search._study.sampler._n_startup_trials == 2  # type: ignore[attr-defined]
