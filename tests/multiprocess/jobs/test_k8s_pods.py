@@ -1,0 +1,167 @@
+"""The pods of ``hora job manifest``'s Indexed Job, simulated on this machine: the manifest's own command run once per
+pod as a separate process, with what Kubernetes would give it (``JOB_COMPLETION_INDEX``, ``HOSTNAME``, the
+ConfigMaps' files in a directory, the Secret as ``HORA_SECRET``, the pods' DNS names standing for 127.0.0.1K), so
+the entry point really forms one hora job across the pods, SageMaker's toolkit sees the hosts, and algo-1 archives
+the model where output_path says."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sagemaker_training", reason="the toolkit check needs sagemaker-training (the test extra)")
+pytest.importorskip("yaml", reason="job specs need PyYAML (the jobs extra)")
+
+from hora.jobs import parse_spec
+from hora.jobs.k8s_manifest import KubernetesOptions, build_manifests
+
+SRC = Path(__file__).resolve().parents[3] / "src"
+TIMEOUT = 120
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    import hora.numpy as hvd
+    from sagemaker_training import environment
+
+    fail = os.environ.get("FAIL_RANK")
+    hvd.init()
+    env = environment.Environment()
+    if fail is not None and hvd.rank() == int(fail):
+        raise SystemExit("rank " + fail + " gives up on purpose")
+    total = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum)
+    seen = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "sum": float(total[0]),
+            "hosts": env.hosts, "current_host": env.current_host, "sm_current_host": os.environ["SM_CURRENT_HOST"],
+            "hps": env.hyperparameters, "model_dir": env.model_dir}
+    with open(os.path.join(env.hyperparameters["out"], f"rank-{hvd.rank()}.json"), "w") as f:
+        json.dump(seen, f)
+    if env.is_master and hvd.local_rank() == 0:
+        with open(os.path.join(env.model_dir, "weights.txt"), "w") as f:
+            f.write("trained")
+    print("done rank", hvd.rank(), flush=True)
+    hvd.shutdown()
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _mount(config_map: dict[str, Any], directory: Path, items: list[dict[str, Any]] | None = None) -> None:
+    """A ConfigMap volume as the kubelet lays it out: every key (or every item's path) a file."""
+    files = {k: v.encode() for k, v in config_map.get("data", {}).items()}
+    files.update({k: base64.b64decode(v) for k, v in config_map.get("binaryData", {}).items()})
+    for item in items or [{"key": k, "path": k, "mode": 0o644} for k in files]:
+        path = directory / item["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(files[item["key"]])
+        path.chmod(item["mode"])
+
+
+def _pods(tmp_path: Path, objects: list[dict[str, Any]]) -> list[subprocess.Popen[bytes]]:
+    """Start one process per pod of the manifest's Job, each with its index, mounts and variables."""
+    kinds = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    job = next(o for o in objects if o["kind"] == "Job")
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounted: dict[str, Path] = {}
+    for mount in container["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "configMap" in volume:
+            where = tmp_path / "mounts" / mount["name"]
+            _mount(kinds["ConfigMap", volume["configMap"]["name"]], where, volume["configMap"].get("items"))
+            mounted[mount["mountPath"]] = where
+    secret_ref = next(e for e in container["env"] if "valueFrom" in e)["valueFrom"]["secretKeyRef"]
+    secret = base64.b64decode(kinds["Secret", secret_ref["name"]]["data"][secret_ref["key"]]).decode()
+    env_base = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    ports = {"--rendezvous-port": str(_free_port()), "--torch-port": str(_free_port())}
+    procs = []
+    for index in range(job["spec"]["completions"]):
+        root = tmp_path / f"pod-{index}"
+        (root / "etc").mkdir(parents=True)
+        (root / "etc" / "hosts").write_text("127.0.0.1\tlocalhost\n")
+        replace = {**{k: str(v) for k, v in mounted.items()}, "/opt/ml": str(root / "opt-ml"),
+                   "/var/hora": str(root / "work")}
+        command = [sys.executable if container["command"][0] == "python3" else container["command"][0]]
+        args = container["command"][1:]
+        for i, arg in enumerate(args):
+            if args[i - 1] in ports:
+                arg = ports[args[i - 1]]
+            elif args[i - 1] == "--peer-dns":
+                arg = "127.0.0.1{index}"  # the pods' DNS names: 127.0.0.10, 127.0.0.11, ... on lo
+            command.append(replace.get(arg, arg))
+        command += ["--hosts-file", str(root / "etc" / "hosts"), "--termination-log", str(root / "termination-log")]
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC), **env_base, "HORA_SECRET": secret,
+               "JOB_COMPLETION_INDEX": str(index), "HOSTNAME": f"{job['metadata']['name']}-{index}"}
+        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+    return procs
+
+
+def _run(tmp_path: Path, fail_rank: int | None = None) -> tuple[list[int], list[str], Path, Path]:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text(SCRIPT)
+    (src / "lib").mkdir()
+    (src / "lib" / "blob.bin").write_bytes(bytes(range(256)))  # binaryData in the code ConfigMap
+    out, artifacts = tmp_path / "out", tmp_path / "artifacts"
+    out.mkdir()
+    spec = parse_spec({
+        "entry_point": "train.py", "source_dir": str(src), "job_name": "k8s-sim", "instance_count": 2,
+        "distribution": {"mpi": {"enabled": True, "processes_per_host": 2}},
+        "hyperparameters": {"out": str(out), "epochs": 2}, "output_path": str(artifacts), "master_timeout": 60,
+        "environment": {"FAIL_RANK": str(fail_rank)} if fail_rank is not None else {},
+    })  # fmt: skip
+    objects, _ = build_manifests(spec, KubernetesOptions(image="example/train:1", output_claim="artifacts"))
+    procs = _pods(tmp_path, objects)
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=TIMEOUT)[0].decode(errors="replace"))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return [p.returncode for p in procs], outputs, out, artifacts / "k8s-sim" / "output"
+
+
+def test_the_pods_form_one_job_the_toolkit_sees_the_hosts_and_algo_1_archives_the_model(tmp_path):
+    codes, outputs, out, artifacts = _run(tmp_path)
+    assert codes == [0, 0], outputs
+    for rank in range(4):
+        seen = json.loads((out / f"rank-{rank}.json").read_text())
+        host = f"algo-{rank // 2 + 1}"
+        assert seen["size"] == 4 and seen["local_rank"] == rank % 2
+        assert seen["sum"] == 1 + 2 + 3 + 4  # an allreduce across both pods
+        assert seen["hosts"] == ["algo-1", "algo-2"]
+        assert seen["current_host"] == seen["sm_current_host"] == host
+        assert seen["hps"] == {"out": str(out), "epochs": 2}
+        assert seen["model_dir"] == str(tmp_path / f"pod-{rank // 2}" / "opt-ml" / "model")
+    assert "[algo-2 rank 3] done rank 3" in outputs[1]
+    for index in range(2):  # the SM_HOSTS names resolve in each pod through its hosts file
+        assert "127.0.0.10\talgo-1\n127.0.0.11\talgo-2\n" in (tmp_path / f"pod-{index}" / "etc" / "hosts").read_text()
+        assert (tmp_path / f"pod-{index}" / "opt-ml" / "code" / "lib" / "blob.bin").read_bytes() == bytes(range(256))
+    with tarfile.open(artifacts / "model.tar.gz") as tar:
+        assert tar.extractfile("weights.txt").read() == b"trained"  # type: ignore[union-attr]
+    assert (artifacts / "output.tar.gz").is_file()
+
+
+def test_a_failing_rank_fails_both_pods_and_algo_1_says_why_in_its_termination_message(tmp_path):
+    codes, outputs, _, _ = _run(tmp_path, fail_rank=2)  # a rank of algo-2
+    assert codes[1] == 1 and codes[0] != 0, outputs
+    reason = (tmp_path / "pod-1" / "termination-log").read_text()
+    assert "host algo-2, rank 2" in reason and "gives up on purpose" in reason, reason
+    assert (tmp_path / "pod-0" / "termination-log").is_file()  # algo-1's ranks lost their peer
