@@ -39,6 +39,7 @@ from hora._proc import die_with_parent, kill_group
 from hora._runtime.bootstrap import read_secret
 from hora._runtime.rendezvous import RendezvousClient, RendezvousServer
 from hora.config import Config
+from hora.config.settings import env_names
 from hora.config.variables import environment, read
 from hora.config.worker_env import worker_env
 from hora.errors import ConfigError, HoraError
@@ -264,6 +265,9 @@ def run(args: argparse.Namespace) -> int:
     write_private(workdir / "hora" / f"env-{host}.json", json.dumps(host_env, indent=1))
     base_env = environment()
     settings = unattended_settings(dict(spec.run_settings), base_env)
+    if "start_timeout" not in settings and not any(base_env.get(v) for v in env_names("start_timeout")):
+        # pods start minutes apart (scheduling, image pulls): the ranks wait for each other as long as the pods do
+        settings["start_timeout"] = spec.master_timeout
     JobPlan(
         job_name=spec.job_name, home=str(workdir / "store"), hosts=tuple(host_names(count)),
         addresses=tuple(addresses), network="kubernetes", namespaces=(), interface=args.interface,

@@ -69,8 +69,10 @@ def _mount(config_map: dict[str, Any], directory: Path, items: list[dict[str, An
         path.chmod(item["mode"])
 
 
-def _pods(tmp_path: Path, objects: list[dict[str, Any]]) -> list[subprocess.Popen[bytes]]:
-    """Start one process per pod of the manifest's Job, each with its index, mounts and variables."""
+def _pods(tmp_path: Path, objects: list[dict[str, Any]], only: int | None = None,
+          peer_dns: str = "127.0.0.1{index}") -> list[subprocess.Popen[bytes]]:
+    """Start one process per pod of the manifest's Job (or only pod ``only``), each with its index, mounts and
+    variables; ``peer_dns`` stands for the pods' DNS names (127.0.0.10, 127.0.0.11, ... on lo)."""
     kinds = {(o["kind"], o["metadata"]["name"]): o for o in objects}
     job = next(o for o in objects if o["kind"] == "Job")
     pod = job["spec"]["template"]["spec"]
@@ -89,6 +91,8 @@ def _pods(tmp_path: Path, objects: list[dict[str, Any]]) -> list[subprocess.Pope
     ports = {"--rendezvous-port": str(_free_port()), "--torch-port": str(_free_port())}
     procs = []
     for index in range(job["spec"]["completions"]):
+        if only is not None and index != only:
+            continue
         root = tmp_path / f"pod-{index}"
         (root / "etc").mkdir(parents=True)
         (root / "etc" / "hosts").write_text("127.0.0.1\tlocalhost\n")
@@ -100,7 +104,7 @@ def _pods(tmp_path: Path, objects: list[dict[str, Any]]) -> list[subprocess.Pope
             if args[i - 1] in ports:
                 arg = ports[args[i - 1]]
             elif args[i - 1] == "--peer-dns":
-                arg = "127.0.0.1{index}"  # the pods' DNS names: 127.0.0.10, 127.0.0.11, ... on lo
+                arg = peer_dns
             command.append(replace.get(arg, arg))
         command += ["--hosts-file", str(root / "etc" / "hosts"), "--termination-log", str(root / "termination-log")]
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC), **env_base, "HORA_SECRET": secret,
@@ -110,7 +114,7 @@ def _pods(tmp_path: Path, objects: list[dict[str, Any]]) -> list[subprocess.Pope
     return procs
 
 
-def _run(tmp_path: Path, fail_rank: int | None = None) -> tuple[list[int], list[str], Path, Path]:
+def _run(tmp_path: Path, fail_rank: int | None = None, **pods: Any) -> tuple[list[int], list[str], Path, Path]:
     src = tmp_path / "src"
     src.mkdir()
     (src / "train.py").write_text(SCRIPT)
@@ -121,11 +125,12 @@ def _run(tmp_path: Path, fail_rank: int | None = None) -> tuple[list[int], list[
     spec = parse_spec({
         "entry_point": "train.py", "source_dir": str(src), "job_name": "k8s-sim", "instance_count": 2,
         "distribution": {"mpi": {"enabled": True, "processes_per_host": 2}},
-        "hyperparameters": {"out": str(out), "epochs": 2}, "output_path": str(artifacts), "master_timeout": 60,
+        "hyperparameters": {"out": str(out), "epochs": 2}, "output_path": str(artifacts),
+        "master_timeout": 60 if not pods else 2,
         "environment": {"FAIL_RANK": str(fail_rank)} if fail_rank is not None else {},
     })  # fmt: skip
     objects, _ = build_manifests(spec, KubernetesOptions(image="example/train:1", output_claim="artifacts"))
-    procs = _pods(tmp_path, objects)
+    procs = _pods(tmp_path, objects, **pods)
     outputs = []
     try:
         for proc in procs:
@@ -165,3 +170,18 @@ def test_a_failing_rank_fails_both_pods_and_algo_1_says_why_in_its_termination_m
     reason = (tmp_path / "pod-1" / "termination-log").read_text()
     assert "host algo-2, rank 2" in reason and "gives up on purpose" in reason, reason
     assert (tmp_path / "pod-0" / "termination-log").is_file()  # algo-1's ranks lost their peer
+
+
+def test_a_pod_whose_peers_never_resolve_ends_naming_them(tmp_path):
+    codes, outputs, _, _ = _run(tmp_path, only=0, peer_dns="hora-k8s-test-{index}.invalid")
+    assert codes == [2], outputs
+    message = (tmp_path / "pod-0" / "termination-log").read_text()
+    assert "waited 2s for the pods of the job to get their DNS names" in message, message
+    assert "algo-1 (hora-k8s-test-0.invalid" in message and "algo-2 (hora-k8s-test-1.invalid" in message, message
+
+
+def test_a_pod_whose_algo_1_never_serves_ends_naming_it(tmp_path):
+    codes, outputs, _, _ = _run(tmp_path, only=1)  # algo-2 alone: nobody serves the rendezvous
+    assert codes == [2], outputs
+    message = (tmp_path / "pod-1" / "termination-log").read_text()
+    assert "algo-2 waited 2s for algo-1 to serve the rendezvous at 127.0.0.10:" in message, message
