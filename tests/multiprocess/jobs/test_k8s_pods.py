@@ -11,8 +11,10 @@ import json
 import socket
 import subprocess
 import sys
+import signal
 import tarfile
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ SRC = Path(__file__).resolve().parents[3] / "src"
 TIMEOUT = 120
 
 SCRIPT = textwrap.dedent("""
-    import json, os, sys
+    import json, os, sys, time
     import numpy as np
     import hora.numpy as hvd
     from sagemaker_training import environment
@@ -39,6 +41,9 @@ SCRIPT = textwrap.dedent("""
     if fail is not None and hvd.rank() == int(fail):
         raise SystemExit("rank " + fail + " gives up on purpose")
     total = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum)
+    if os.environ.get("HANG"):  # until the pod is deleted
+        open(os.path.join(env.hyperparameters["out"], f"ready-{hvd.rank()}"), "w").close()
+        time.sleep(300)
     seen = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "sum": float(total[0]),
             "hosts": env.hosts, "current_host": env.current_host, "sm_current_host": os.environ["SM_CURRENT_HOST"],
             "hps": env.hyperparameters, "model_dir": env.model_dir}
@@ -114,23 +119,27 @@ def _pods(tmp_path: Path, objects: list[dict[str, Any]], only: int | None = None
     return procs
 
 
-def _run(tmp_path: Path, fail_rank: int | None = None, **pods: Any) -> tuple[list[int], list[str], Path, Path]:
+def _start(tmp_path: Path, environment: dict[str, str], **pods: Any) -> tuple[list[subprocess.Popen[bytes]], Path]:
     src = tmp_path / "src"
     src.mkdir()
     (src / "train.py").write_text(SCRIPT)
     (src / "lib").mkdir()
     (src / "lib" / "blob.bin").write_bytes(bytes(range(256)))  # binaryData in the code ConfigMap
     out, artifacts = tmp_path / "out", tmp_path / "artifacts"
-    out.mkdir()
+    out.mkdir(exist_ok=True)
     spec = parse_spec({
         "entry_point": "train.py", "source_dir": str(src), "job_name": "k8s-sim", "instance_count": 2,
         "distribution": {"mpi": {"enabled": True, "processes_per_host": 2}},
         "hyperparameters": {"out": str(out), "epochs": 2}, "output_path": str(artifacts),
         "master_timeout": 60 if not pods else 2,
-        "environment": {"FAIL_RANK": str(fail_rank)} if fail_rank is not None else {},
+        "environment": environment,
     })  # fmt: skip
     objects, _ = build_manifests(spec, KubernetesOptions(image="example/train:1", output_claim="artifacts"))
-    procs = _pods(tmp_path, objects, **pods)
+    return _pods(tmp_path, objects, **pods), out
+
+
+def _run(tmp_path: Path, fail_rank: int | None = None, **pods: Any) -> tuple[list[int], list[str], Path, Path]:
+    procs, out = _start(tmp_path, {"FAIL_RANK": str(fail_rank)} if fail_rank is not None else {}, **pods)
     outputs = []
     try:
         for proc in procs:
@@ -140,7 +149,7 @@ def _run(tmp_path: Path, fail_rank: int | None = None, **pods: Any) -> tuple[lis
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return [p.returncode for p in procs], outputs, out, artifacts / "k8s-sim" / "output"
+    return [p.returncode for p in procs], outputs, out, tmp_path / "artifacts" / "k8s-sim" / "output"
 
 
 def test_the_pods_form_one_job_the_toolkit_sees_the_hosts_and_algo_1_archives_the_model(tmp_path):
@@ -185,3 +194,33 @@ def test_a_pod_whose_algo_1_never_serves_ends_naming_it(tmp_path):
     assert codes == [2], outputs
     message = (tmp_path / "pod-1" / "termination-log").read_text()
     assert "algo-2 waited 2s for algo-1 to serve the rendezvous at 127.0.0.10:" in message, message
+
+
+def test_a_sigterm_to_the_pods_stops_every_rank_and_leaves_nothing_running(tmp_path):
+    procs, out = _start(tmp_path, {"HANG": "1"})
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while len(list(out.glob("ready-*"))) < 4:  # every rank is in its script, after an allreduce
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [
+                p.communicate()[0] for p in procs if p.poll() is not None]
+            time.sleep(0.1)
+        for proc in procs:  # what the kubelet does on kubectl delete or activeDeadlineSeconds
+            proc.send_signal(signal.SIGTERM)
+        outputs = [p.communicate(timeout=TIMEOUT)[0].decode(errors="replace") for p in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert [p.returncode for p in procs] == [128 + signal.SIGTERM] * 2, outputs
+    assert "killed by SIGTERM" in (tmp_path / "pod-0" / "termination-log").read_text()
+    assert (tmp_path / "artifacts" / "k8s-sim" / "output" / "model.tar.gz").is_file()  # archived after a stop too
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _mentions(p, str(tmp_path))]
+    assert left == []
+
+
+def _mentions(proc: Path, text: str) -> bool:
+    try:
+        return text in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
