@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import socket
 import subprocess
 import sys
-import signal
 import tarfile
 import textwrap
 import time
