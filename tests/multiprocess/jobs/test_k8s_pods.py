@@ -25,6 +25,7 @@ pytest.importorskip("yaml", reason="job specs need PyYAML (the jobs extra)")
 
 from hora.jobs import parse_spec
 from hora.jobs.k8s_manifest import KubernetesOptions, build_manifests
+from support.s3_server import CREDENTIALS, moto_server
 
 SRC = Path(__file__).resolve().parents[3] / "src"
 TIMEOUT = 120
@@ -46,7 +47,8 @@ SCRIPT = textwrap.dedent("""
         time.sleep(300)
     seen = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "sum": float(total[0]),
             "hosts": env.hosts, "current_host": env.current_host, "sm_current_host": os.environ["SM_CURRENT_HOST"],
-            "hps": env.hyperparameters, "model_dir": env.model_dir}
+            "hps": env.hyperparameters, "model_dir": env.model_dir,
+            "train": sorted(os.listdir(env.channel_input_dirs["train"])) if env.channel_input_dirs else None}
     with open(os.path.join(env.hyperparameters["out"], f"rank-{hvd.rank()}.json"), "w") as f:
         json.dump(seen, f)
     if env.is_master and hvd.local_rank() == 0:
@@ -119,7 +121,8 @@ def _pods(tmp_path: Path, objects: list[dict[str, Any]], only: int | None = None
     return procs
 
 
-def _start(tmp_path: Path, environment: dict[str, str], **pods: Any) -> tuple[list[subprocess.Popen[bytes]], Path]:
+def _start(tmp_path: Path, environment: dict[str, str], fields: dict[str, Any] | None = None,
+           **pods: Any) -> tuple[list[subprocess.Popen[bytes]], Path]:
     src = tmp_path / "src"
     src.mkdir()
     (src / "train.py").write_text(SCRIPT)
@@ -132,14 +135,16 @@ def _start(tmp_path: Path, environment: dict[str, str], **pods: Any) -> tuple[li
         "distribution": {"mpi": {"enabled": True, "processes_per_host": 2}},
         "hyperparameters": {"out": str(out), "epochs": 2}, "output_path": str(artifacts),
         "master_timeout": 60 if not pods else 2,
-        "environment": environment,
+        "environment": environment, **(fields or {}),
     })  # fmt: skip
     objects, _ = build_manifests(spec, KubernetesOptions(image="example/train:1", output_claim="artifacts"))
     return _pods(tmp_path, objects, **pods), out
 
 
-def _run(tmp_path: Path, fail_rank: int | None = None, **pods: Any) -> tuple[list[int], list[str], Path, Path]:
-    procs, out = _start(tmp_path, {"FAIL_RANK": str(fail_rank)} if fail_rank is not None else {}, **pods)
+def _run(tmp_path: Path, fail_rank: int | None = None, environment: dict[str, str] | None = None,
+         **pods: Any) -> tuple[list[int], list[str], Path, Path]:
+    env = {**(environment or {}), **({"FAIL_RANK": str(fail_rank)} if fail_rank is not None else {})}
+    procs, out = _start(tmp_path, env, pods.pop("fields", None), **pods)
     outputs = []
     try:
         for proc in procs:
@@ -224,3 +229,27 @@ def _mentions(proc: Path, text: str) -> bool:
         return text in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return False
+
+
+def test_each_pod_fetches_its_share_of_an_s3_channel_and_algo_1_uploads_the_model_to_s3(tmp_path):
+    boto3 = pytest.importorskip("boto3", reason="S3 channels need boto3 (the jobs extra)")
+    pytest.importorskip("moto.server", reason="the S3 check needs moto[server] (the test extra)")
+    with moto_server() as endpoint:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        client.create_bucket(Bucket="data")
+        for i in range(4):
+            client.put_object(Bucket="data", Key=f"train/part-{i}.csv", Body=b"%d\n" % i)
+        codes, outputs, out, _ = _run(
+            tmp_path, environment={**CREDENTIALS, "HORA_S3_ENDPOINT_URL": endpoint},
+            fields={"inputs": {"train": {"uri": "s3://data/train/", "distribution": "ShardedByS3Key"}},
+                    "output_path": "s3://data/jobs"},
+        )
+        assert codes == [0, 0], outputs
+        for rank in range(4):  # ShardedByS3Key: algo-1 the 1st and 3rd object, algo-2 the others
+            seen = json.loads((out / f"rank-{rank}.json").read_text())
+            assert seen["train"] == (["part-0.csv", "part-2.csv"] if rank < 2 else ["part-1.csv", "part-3.csv"])
+        body = client.get_object(Bucket="data", Key="jobs/k8s-sim/output/model.tar.gz")["Body"].read()
+    (tmp_path / "model.tar.gz").write_bytes(body)
+    with tarfile.open(tmp_path / "model.tar.gz") as tar:
+        assert tar.extractfile("weights.txt").read() == b"trained"  # type: ignore[union-attr]
