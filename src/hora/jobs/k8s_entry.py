@@ -238,7 +238,11 @@ def run(args: argparse.Namespace) -> int:
             f"JOB_COMPLETION_INDEX={raw_index!r} is not a pod index: this entry point is the command of the Indexed "
             "Job that hora job manifest writes (completionMode: Indexed sets it)"
         ) from None
-    spec = spec_from_dict(json.loads(Path(args.contract, "job.json").read_text()))
+    try:
+        spec = spec_from_dict(json.loads(Path(args.contract, "job.json").read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{Path(args.contract, 'job.json')} is not a job that hora job manifest wrote ({exc}): "
+                          "mount the ConfigMap <name>-contract there (kubectl apply the whole manifest)") from None
     count, pph = spec.instance_count, spec.processes_per_host
     if not 0 <= index < count:
         raise ConfigError(f"JOB_COMPLETION_INDEX={index}, but the job has {count} host(s) (indexes 0..{count - 1})")

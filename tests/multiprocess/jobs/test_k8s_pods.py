@@ -253,3 +253,18 @@ def test_each_pod_fetches_its_share_of_an_s3_channel_and_algo_1_uploads_the_mode
     (tmp_path / "model.tar.gz").write_bytes(body)
     with tarfile.open(tmp_path / "model.tar.gz") as tar:
         assert tar.extractfile("weights.txt").read() == b"trained"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("index", "expected"), [
+    (None, "JOB_COMPLETION_INDEX=None is not a pod index"),
+    ("0", "is not a job that hora job manifest wrote"),  # no contract mounted
+])
+def test_an_entry_point_started_outside_the_manifests_pods_says_what_is_missing(tmp_path, index, expected):
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC), **({"JOB_COMPLETION_INDEX": index} if index else {})}
+    proc = subprocess.run(
+        [sys.executable, "-m", "hora.jobs.k8s_entry", "--contract", str(tmp_path / "none"), "--workdir",
+         str(tmp_path / "work"), "--peer-dns", "127.0.0.1{index}", "--termination-log", str(tmp_path / "log")],
+        env=env, capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
+    assert expected in (tmp_path / "log").read_text()
