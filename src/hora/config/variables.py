@@ -65,6 +65,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("AWS_ENDPOINT_URL_S3", "the AWS SDKs' S3 endpoint variable, honoured by hora job"),
     Variable("AWS_ENDPOINT_URL", "the AWS SDKs' endpoint for every service, honoured by hora job after the two above"),
     Variable("MLFLOW_TRACKING_URI", "MLflow's tracking URI: hora job exports each job as an MLflow run there"),
+    Variable(
+        "JOB_COMPLETION_INDEX",
+        "set by Kubernetes in each pod of an Indexed Job: the pod's index, read by hora job manifest's entry point "
+        "(hora.jobs.k8s_entry; index i is host algo-(i+1))",
+    ),
     Variable("SM_CHANNEL_*", "SageMaker: the directory of an input channel (read by hora.data.PipeDataset)"),
     Variable("SM_INPUT_DIR", "SageMaker: the job's input directory (default /opt/ml/input)"),
 )

@@ -1,4 +1,5 @@
-"""``hora job run | list | describe | logs | metrics | stop | reindex | tune``: argument parsing and printing only."""
+"""``hora job run | manifest | list | describe | logs | metrics | stop | reindex | tune``: argument parsing and
+printing only."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def add_job_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("spec", help="the job spec (YAML)")
     run.add_argument("--wait", action="store_true", help="run in the foreground, show its output, end with a summary")
     run.add_argument("--job-name", help="override the spec's job_name")
+    _add_manifest_parser(jsub)
     jsub.add_parser("list", help="every job in the store")
     d = jsub.add_parser("describe", help="status, failure reason, artifacts and history of a job")
     d.add_argument("job")
@@ -48,6 +50,53 @@ def add_job_parser(sub: argparse._SubParsersAction) -> None:
     rm = jsub.add_parser("rm", help="delete an ended job (its artifacts are kept unless --artifacts)")
     rm.add_argument("job", nargs="+")
     rm.add_argument("--artifacts", action="store_true", help="also delete its local model.tar.gz and output.tar.gz")
+
+
+def _add_manifest_parser(jsub: argparse._SubParsersAction) -> None:
+    mf = jsub.add_parser(
+        "manifest", help="write Kubernetes manifests of a spec (an Indexed Job, a headless Service, ConfigMaps, "
+        "a Secret)", description="Write the job as Kubernetes objects for kubectl apply -f. See docs/jobs.md, "
+        "On Kubernetes: manifests.")
+    mf.add_argument("spec", help="the job spec (YAML)")
+    mf.add_argument("--image", required=True, help="the container image: Python, hora (jobs extra), the script's "
+                    "packages")
+    mf.add_argument("-o", "--output", metavar="FILE|DIR",
+                    help="write to FILE (one YAML), or to DIR (a file per object; an existing directory or a path "
+                    "ending in /); default: standard output")
+    mf.add_argument("--namespace", help="the objects' namespace (default: kubectl's current one)")
+    mf.add_argument("--name", help="the Job's and Service's name (default: job_name as a DNS label)")
+    mf.add_argument("--job-name", help="override the spec's job_name")
+    mf.add_argument("--code-in-image", action="store_true",
+                    help="the image has the source directory at /opt/ml/code (no code ConfigMap)")
+    mf.add_argument("--output-claim", metavar="CLAIM",
+                    help="a PersistentVolumeClaim mounted at a local output_path in every pod")
+    mf.add_argument("--cpu", help="CPU request and limit per pod (a Kubernetes quantity: 4, 500m)")
+    mf.add_argument("--memory", help="memory request and limit per pod (16Gi)")
+    mf.add_argument("--gpus", type=int, default=0, help="nvidia.com/gpu per pod")
+    mf.add_argument("--python", default="python3", help="the image's Python command (default python3)")
+
+
+def _manifest(args: argparse.Namespace) -> int:
+    from hora.jobs.k8s_manifest import KubernetesOptions, build_manifests, dump_manifests, write_manifests
+    from hora.jobs.spec import load_spec
+
+    spec = load_spec(args.spec, {"job_name": args.job_name} if args.job_name else None)
+    options = KubernetesOptions(
+        image=args.image, name=args.name, namespace=args.namespace, code_in_image=args.code_in_image,
+        output_claim=args.output_claim, cpu=args.cpu, memory=args.memory, gpus=args.gpus, python=args.python,
+    )
+    objects, notes = build_manifests(spec, options)
+    for note in notes:
+        print(f"hora job manifest: {note}", file=sys.stderr)
+    if args.output is None:
+        sys.stdout.write(dump_manifests(objects))
+        return 0
+    written = write_manifests(objects, args.output)
+    name = objects[-1]["metadata"]["name"]
+    ns = f" -n {args.namespace}" if args.namespace else ""
+    print(f"wrote {len(objects)} object(s) to {', '.join(map(str, written))} (0600: they hold the job's secret)")
+    print(f"apply with: kubectl apply -f {args.output}{ns}; watch with: kubectl logs -f job/{name}{ns}")
+    return 0
 
 
 def _add_tune_parser(jsub: argparse._SubParsersAction) -> None:
@@ -121,6 +170,8 @@ def job_main(args: argparse.Namespace) -> int:
     try:
         if args.job_cmd == "tune":
             return _tune(args)
+        if args.job_cmd == "manifest":
+            return _manifest(args)
         if args.job_cmd == "run":
             spec = load_spec(args.spec, {"job_name": args.job_name} if args.job_name else None)
             if not args.wait:

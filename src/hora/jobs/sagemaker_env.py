@@ -34,8 +34,10 @@ __all__ = [
     "encode_hyperparameters",
     "env_value",
     "host_layout",
+    "input_data_config",
     "resource_config",
     "sm_environment",
+    "sm_variables",
     "to_cmd_args",
     "write_host_config",
 ]
@@ -240,9 +242,25 @@ def sm_environment(spec: JobSpec, layout: HostLayout, host: str, cpus: int, gpus
     """Every ``SM_*`` variable the toolkit sets for a script on ``host``, read back from the host's config files
     (so the files and the variables cannot disagree)."""
     raw = json.loads((layout.config_dir / "hyperparameters.json").read_text())
-    hps, _, framework = decode_hyperparameters(raw)
     resource = json.loads((layout.config_dir / "resourceconfig.json").read_text())
     data_config = json.loads((layout.config_dir / "inputdataconfig.json").read_text())
+    return sm_variables(spec, layout, host, cpus, gpus, raw, resource, data_config)
+
+
+def sm_variables(
+    spec: JobSpec,
+    layout: HostLayout,
+    host: str,
+    cpus: int,
+    gpus: int,
+    raw_hyperparameters: dict[str, str],
+    resource: dict[str, Any],
+    data_config: dict[str, Any],
+) -> dict[str, str]:
+    """The ``SM_*`` variables of :func:`sm_environment` from the config files' contents (hyperparameters.json as
+    written, resourceconfig.json, inputdataconfig.json): what ``hora job manifest`` puts into a Kubernetes pod
+    template, where the files are not written on this machine."""
+    hps, _, framework = decode_hyperparameters(raw_hyperparameters)
     hosts = resource["hosts"]
     channels = {name: str(layout.data_dir / name) for name in data_config}
     training_env: dict[str, Any] = {

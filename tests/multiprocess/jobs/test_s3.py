@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,51 +19,9 @@ from hora.errors import ChannelError, StorageError  # noqa: E402
 from hora.jobs import s3  # noqa: E402
 from hora.jobs.channels import stage_channel, upload  # noqa: E402
 from support import paths  # noqa: E402
+from support.s3_server import CREDENTIALS, free_port, moto_server  # noqa: E402
 
 SRC = str(paths.SRC)
-CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def moto_server(**env: str) -> Iterator[str]:
-    """A moto S3 server in a child process on 127.0.0.1; yields its endpoint URL and stops it by pid."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto server did not start: {proc.stderr.read()!r}") from None  # type: ignore[union-attr]
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        assert proc.stderr is not None
-        proc.stderr.close()
 
 
 @pytest.fixture(scope="module")
@@ -306,14 +261,14 @@ def test_missing_credentials_name_the_channel(tmp_path, monkeypatch):
             distribution="FullyReplicated",
             host_index=0,
             host_count=1,
-            s3_endpoint_url=f"http://127.0.0.1:{_free_port()}",
+            s3_endpoint_url=f"http://127.0.0.1:{free_port()}",
         )
 
 
 def test_an_unreachable_endpoint_names_the_channel(tmp_path, monkeypatch):
     for k, v in CREDENTIALS.items():
         monkeypatch.setenv(k, v)
-    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with pytest.raises(ChannelError, match=rf"channel 'train':.*cannot reach {url}"):
         stage_channel(
             "train",
