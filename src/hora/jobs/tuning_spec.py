@@ -12,6 +12,7 @@ The training fields are an ordinary job spec (docs/jobs.md; relative paths are r
         lr: {type: Continuous, min_value: 0.0001, max_value: 0.1, scaling_type: Logarithmic}
         layers: {type: Integer, min_value: 1, max_value: 4}
         activation: {type: Categorical, values: [relu, tanh]}
+      ray_address: auto                 # hora's: trials on a Ray cluster (docs/tuning.md)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ __all__ = ["TUNING_FIELDS", "load_tuning_spec"]
 TUNING_FIELDS = (
     "objective_metric_name", "hyperparameter_ranges", "metric_definitions", "strategy", "objective_type", "max_jobs",
     "max_parallel_jobs", "max_runtime_in_seconds", "base_tuning_job_name", "early_stopping_type", "random_seed",
-    "job_name",
+    "job_name", "ray_address", "ray_resources",
 )
 RANGE_FIELDS = {"Continuous": ("type", "min_value", "max_value", "scaling_type"),
                 "Integer": ("type", "min_value", "max_value", "scaling_type"),
@@ -79,8 +80,10 @@ def _absolute_fields(training: dict[str, Any], base: Path, source: str) -> dict[
     return fields
 
 
-def load_tuning_spec(path: str, home: str | Path | None = None) -> tuple[HyperparameterTuner, str | None]:
-    """The tuner a spec file describes (its trials' jobs in ``home``), and the tuning job name it asks for."""
+def load_tuning_spec(path: str, home: str | Path | None = None,
+                     ray_address: str | None = None) -> tuple[HyperparameterTuner, str | None]:
+    """The tuner a spec file describes (its trials' jobs in ``home``; its trials on the Ray cluster at
+    ``ray_address`` when given, whatever the spec says), and the tuning job name it asks for."""
     try:
         import yaml
     except ImportError:
@@ -100,6 +103,8 @@ def load_tuning_spec(path: str, home: str | Path | None = None) -> tuple[Hyperpa
                          "objective_metric_name, hyperparameter_ranges, strategy, max_jobs, ... (docs/tuning.md)"],
                         source)
     tuning = dict(data.pop("tuning"))
+    if ray_address is not None:
+        tuning["ray_address"] = ray_address
     problems = [unknown_field(str(k), TUNING_FIELDS, " in tuning") for k in tuning if k not in TUNING_FIELDS]
     raw = tuning.pop("hyperparameter_ranges", None)
     ranges: dict[str, ParameterRange] = {}
