@@ -20,6 +20,7 @@ import hashlib
 import io
 import logging
 import os
+import sys
 import tarfile
 import time
 import uuid
@@ -148,6 +149,16 @@ class RayTrials(TrialRunner):
         job_dir = self.store.job_dir(name)
         record_supervisor(job_dir / "hora")  # this process: if it dies, the trial (its actor) dies with it
         self.store.update(name, supervisor_pid=os.getpid())
+        try:
+            self._place(name, spec, mirrored)
+        except Exception as exc:  # recorded as its end here, so the mirrored job does not stay InProgress
+            self.store.update(name, ended=time.time(), failure_reason=f"InternalError: {type(exc).__name__}: {exc}")
+            self.store.transition(name, JobStatus.Failed, SecondaryStatus.Failed, "the trial could not be placed")
+            self.trials.pop(name, None)
+            raise ConfigError(f"trial {name} could not be placed on the Ray cluster: {exc}") from None
+
+    def _place(self, name: str, spec: JobSpec, mirrored: dict[str, Any]) -> None:
+        """Ask Ray for an actor with the trial's resources and start the trial in it, once Ray has placed it."""
         on_node = spec.to_dict()
         for key in ("output_path", "checkpoint_path"):  # local ones are this machine's: artifacts come home
             if not str(on_node.get(key) or "").startswith("s3://"):
@@ -222,17 +233,19 @@ class RayTrials(TrialRunner):
         """Kill the actors left, clean every node this tuning job used, disconnect."""
         for name in list(self.trials):
             self._kill(self.trials.pop(name))
-        alive = {n["NodeID"] for n in self._ray.nodes() if n.get("Alive")}
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        clean = self._ray.remote(clean_node_dir)
-        refs = [clean.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
-                .remote(self.run_id) for node in sorted(self.nodes_used & alive)]
         try:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            alive = {n["NodeID"] for n in self._ray.nodes() if n.get("Alive")}
+            clean = self._ray.remote(clean_node_dir)
+            refs = [clean.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+                    .remote(self.run_id) for node in sorted(self.nodes_used & alive)]
             self._ray.get(refs, timeout=CALL_TIMEOUT)
-        except self._ray.exceptions.RayError:
-            pass  # a node went meanwhile: its temp directory stays (docs/tuning.md)
-        self._ray.shutdown()
+        except Exception as exc:  # the cluster or a node went meanwhile: what was there stays (docs/tuning.md)
+            print(f"hora job tune: could not clean the Ray nodes' directories of {self.run_id}: {exc}",
+                  file=sys.stderr, flush=True)
+        finally:
+            self._ray.shutdown()
 
     # -- the steps ------------------------------------------------------------------------------------------------
     def _placed(self, name: str, t: _Trial) -> bool:
@@ -261,8 +274,6 @@ class RayTrials(TrialRunner):
         self.store.update_spec(name, t.spec)
         self.store.transition(name, JobStatus.InProgress, SecondaryStatus.Starting,
                               f"placed on Ray node {t.placed['node_ip']} ({t.placed['node_id'][:12]})")
-        if t.stop_pending:
-            self._ray.get(t.actor.stop.remote(), timeout=CALL_TIMEOUT)
         return True
 
     def _lost(self, name: str, t: _Trial, exc: BaseException) -> JobRecord:
