@@ -212,3 +212,32 @@ def test_a_trial_wider_than_every_node_fails_the_tuning_job_at_once(tmp_path, tw
     assert state["status"] == "Failed" and state["trials"] == []
     assert "each trial asks Ray for CPU 3, but no node of the Ray cluster" in state["failure_reason"]
     assert "CPU 1" in state["failure_reason"] and "set ray_resources" in state["failure_reason"]
+
+
+def test_hora_job_stop_of_a_trial_stops_it_on_its_node_and_brings_its_artifacts_home(tmp_path, two_one_cpu_nodes):
+    cluster, node_tmp = two_one_cpu_nodes
+    src, data = tmp_path / "src", tmp_path / "data"
+    src.mkdir()
+    (src / "train.py").write_text(textwrap.dedent(SCRIPT))
+    data.mkdir()
+    (data / "offset.txt").write_text("0")
+    home = tmp_path / "home"
+    est = Estimator(home=str(home), entry_point="train.py", source_dir=str(src), hyperparameters={"hold": 1},
+                    stop_grace=5, metric_definitions=[{"Name": "acc", "Regex": r"acc=([0-9.]+)"}])
+    tuner = HyperparameterTuner(est, "acc", {"width": CategoricalParameter([2])}, strategy="Grid",
+                                ray_address=cluster.address)
+    tuner.fit({"training": str(data)}, job_name="raystop", wait=False)
+    store = JobStore(home)
+    deadline = time.monotonic() + 240
+    while not (store.jobs() and store.metrics(store.jobs()[0].name)):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    name = store.jobs()[0].name
+    assert main(["job", "--home", str(home), "stop", name]) == 0
+    state = wait_tuning_job(TuningStore(store), "raystop", timeout=240)
+    record = store.get(name)
+    assert record.status == "Stopped" and state["trials"][0]["status"] == "Stopped"
+    assert state["trials"][0]["objective"] == pytest.approx(0.2)
+    assert Path(record.artifacts["model"]).is_file() and record.artifacts["model"].startswith(str(home))
+    assert any(step[3] == "stop requested" for step in store.transitions(name))
+    assert settle(lambda: _processes_in(node_tmp), 60) == []
