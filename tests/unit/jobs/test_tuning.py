@@ -3,6 +3,7 @@ counts and values, Bayesian (Optuna's TPE) reproducible and better than Random, 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import statistics
 
@@ -209,3 +210,26 @@ def test_the_median_rule_stops_a_trial_worse_than_the_median_of_running_averages
     # epoch 1, four trials: median of 0.5, 0.4, 0.3, 0.1 is 0.35
     assert median_stop([0.34], earlier, maximize=True) is not None
     assert median_stop([0.36], earlier, maximize=True) is None
+
+
+def test_ray_settings_reach_the_tuning_config_from_python_a_spec_and_the_command_line(estimator, tmp_path):
+    pytest.importorskip("yaml")
+    if importlib.util.find_spec("ray") is None:  # not imported: importing Ray sets environment variables
+        pytest.skip("needs the ray extra")
+    from hora.jobs.tuning_spec import load_tuning_spec
+
+    tuner = HyperparameterTuner(estimator, "acc", {"lr": ContinuousParameter(0, 1)}, ray_address="auto",
+                                ray_resources={"CPU": 2})
+    assert tuner.tuning_config("t")["ray"] == {"address": "auto", "resources": {"CPU": 2}}
+    assert HyperparameterTuner(estimator, "acc", {"lr": ContinuousParameter(0, 1)}).tuning_config("t")["ray"] is None
+    spec = tmp_path / "tune.yaml"
+    spec.write_text("entry_point: train.py\nmetric_definitions: [{Name: acc, Regex: 'acc=([0-9.]+)'}]\n"
+                    "tuning:\n  objective_metric_name: acc\n  ray_address: head:6379\n  ray_resources: {GPU: 1}\n"
+                    "  hyperparameter_ranges:\n    lr: {type: Continuous, min_value: 0.1, max_value: 1}\n")
+    from_spec, _ = load_tuning_spec(str(spec), tmp_path / "home")
+    assert (from_spec.ray_address, from_spec.ray_resources) == ("head:6379", {"GPU": 1})
+    from_cli, _ = load_tuning_spec(str(spec), tmp_path / "home", ray_address="auto")
+    assert from_cli.ray_address == "auto"
+    with pytest.raises(SpecError, match="tuning: ray_resources must map Ray resource names"):
+        spec.write_text(spec.read_text().replace("{GPU: 1}", "{GPU: lots}"))
+        load_tuning_spec(str(spec), tmp_path / "home")
