@@ -372,6 +372,15 @@ class JobStore:
             (rowid, job, limit),
         )[1]
 
+    def system_metrics_after(self, job: str, rowid: int, limit: int = 10_000) -> list[tuple[Any, ...]]:
+        """The job's system metric samples stored after row ``rowid``, in the order they were stored (at most
+        ``limit``): (rowid, host, timestamp, name, value); as :meth:`metrics_after`."""
+        return self._query(
+            "SELECT rowid, host, timestamp, name, value FROM system_metrics WHERE rowid > ? AND +job = ? "
+            "ORDER BY rowid LIMIT ?",
+            (rowid, job, limit),
+        )[1]
+
     def metric_names(self, job: str) -> list[str]:
         return [str(r[0]) for r in self._query("SELECT DISTINCT name FROM metrics WHERE job = ?", (job,))[1]]
 

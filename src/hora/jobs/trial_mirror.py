@@ -5,7 +5,8 @@ one.
 Two halves, both plain functions of two job stores, so they are tested without Ray:
 
 - :func:`node_answer` runs where the job runs: from a cursor (how far the mirror has read), what is new: the
-  record's fields, its status history, the bytes appended to its log files and its metric rows;
+  record's fields, its status history, the bytes appended to its log files, its metric rows and system metric
+  samples;
 - :class:`TrialMirror` runs here: it applies an answer to the job's record in this store and keeps the cursor.
 
 The mirror never shows an end before it has everything: an answer is ``final`` only once the job's supervisor
@@ -32,7 +33,7 @@ METRIC_ROWS = 10_000
 
 def new_cursor() -> dict[str, Any]:
     """Nothing read yet; the node's first transition ("job created") is skipped: the mirror has its own."""
-    return {"logs": {}, "metrics": 0, "transitions": 1}
+    return {"logs": {}, "metrics": 0, "system_metrics": 0, "transitions": 1}
 
 
 def node_answer(store: JobStore, name: str, cursor: dict[str, Any], exited: bool) -> dict[str, Any]:
@@ -61,7 +62,8 @@ def node_answer(store: JobStore, name: str, cursor: dict[str, Any], exited: bool
             logs[path.name] = data
             offsets[path.name] = start + len(data)
     rows = store.metrics_after(name, int(cursor["metrics"]), METRIC_ROWS)
-    drained = drained and len(rows) < METRIC_ROWS
+    samples = store.system_metrics_after(name, int(cursor.get("system_metrics", 0)), METRIC_ROWS)
+    drained = drained and len(rows) < METRIC_ROWS and len(samples) < METRIC_ROWS
     final = exited and record.done and drained
     if not final:  # hold back the end (and what follows it) until everything before it is mirrored
         for i, step in enumerate(steps):
@@ -77,8 +79,10 @@ def node_answer(store: JobStore, name: str, cursor: dict[str, Any], exited: bool
         "transitions": [list(s) for s in steps],
         "logs": logs,
         "metrics": [tuple(r[1:]) for r in rows],
+        "system_metrics": [tuple(r[1:]) for r in samples],
         "final": final,
         "cursor": {"logs": offsets, "metrics": rows[-1][0] if rows else cursor["metrics"],
+                   "system_metrics": samples[-1][0] if samples else cursor.get("system_metrics", 0),
                    "transitions": int(cursor["transitions"]) + len(steps)},
     }
 
@@ -107,6 +111,8 @@ class TrialMirror:
                 f.write(data)
         if answer["metrics"]:
             self.store.add_metrics(self.name, [tuple(r) for r in answer["metrics"]])
+        if answer.get("system_metrics"):
+            self.store.add_system_metrics(self.name, [tuple(r) for r in answer["system_metrics"]])
         fields = dict(answer["record"])
         if artifacts is not None:
             fields["artifacts"] = artifacts

@@ -41,7 +41,9 @@ def test_the_mirror_holds_the_end_back_until_the_supervisor_exited_and_everythin
     node.transition("t-001", JobStatus.InProgress, SecondaryStatus.Training, "training", at=101.0)
     _log(node, "algo-1.log", "line 1\nline 2\n")
     node.add_metrics("t-001", [("acc", 0.5, 102.0, "algo-1", 0, 1)])
+    node.add_system_metrics("t-001", [("algo-1", 102.0, "cpu", 0.25), ("algo-1", 102.0, "memory", 0.5)])
     mirror.apply(node_answer(node, "t-001", mirror.cursor, exited=False))
+    assert list(here.iter_system_metrics("t-001")) == [("algo-1", 102.0, "cpu", 0.25), ("algo-1", 102.0, "memory", 0.5)]
     r = here.get("t-001")
     assert (r.status, r.secondary_status, r.started) == ("InProgress", "Training", 100.0)
     assert here.metrics("t-001") == [("acc", 0.5, 102.0, "algo-1", 0, 1)]
@@ -73,6 +75,7 @@ def test_the_mirror_holds_the_end_back_until_the_supervisor_exited_and_everythin
     assert (here.job_dir("t-001") / "logs" / "algo-1.log").read_text() == "line 1\nline 2\nline 3 is long\n"
     assert (here.job_dir("t-001") / "logs" / "job.log").read_text() == "0123456789" * 3
     assert [m[1] for m in here.metrics("t-001")] == [0.5, 0.75]
+    assert len(list(here.iter_system_metrics("t-001"))) == 2
     steps = here.transitions("t-001")
     assert [s[1:3] for s in steps] == [("InProgress", "Starting"), ("InProgress", "Training"),
                                        ("Completed", "Completed")]
