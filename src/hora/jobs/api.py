@@ -96,6 +96,9 @@ def stop_job(store: JobStore, name: str) -> JobRecord:
         return record
     store.update(name, stop_requested=1)
     pid = _supervisor_alive(record)
+    if pid is not None and record.spec.get("ray"):  # a tuning trial on a Ray node: its tuning job stops it there
+        store.transition(name, JobStatus.InProgress, SecondaryStatus.Stopping, "stop requested")
+        return store.get(name)
     if pid is None:
         if record.supervisor_pid is None:
             raise ConfigError(f"job {name!r} has no supervisor yet; try again in a moment")

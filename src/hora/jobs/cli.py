@@ -107,6 +107,8 @@ def _add_tune_parser(jsub: argparse._SubParsersAction) -> None:
     tune.add_argument("name", nargs="?", help="the tuning job (describe, stop)")
     tune.add_argument("--wait", action="store_true", help="wait until the tuning job ends and show its summary")
     tune.add_argument("--job-name", help="the tuning job's name (default: the spec's tuning.job_name, or generated)")
+    tune.add_argument("--ray", metavar="ADDRESS", help="run the trials on the Ray cluster at ADDRESS (auto, HOST:PORT "
+                      "or ray://HOST:PORT; overrides the spec's tuning.ray_address)")
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -141,12 +143,13 @@ def _tune(args: argparse.Namespace) -> int:
         raise ConfigError(f"hora job tune SPEC takes no second argument (got {args.name!r}); name the tuning job "
                           "with --job-name")
 
-    tuner, name = load_tuning_spec(action, tstore.jobs.home)
+    tuner, name = load_tuning_spec(action, tstore.jobs.home, ray_address=args.ray)
     tuner.fit(job_name=args.job_name or name, wait=False)
     name = tuner.latest_tuning_job.name  # type: ignore[union-attr]
     limits = tuner.tuning_config(name)["HyperParameterTuningJobConfig"]["ResourceLimits"]
+    where = f" on the Ray cluster at {tuner.ray_address}" if tuner.ray_address else ""
     print(f"started tuning job {name} ({tuner.strategy}: {limits['MaxNumberOfTrainingJobs']} trial(s), at most "
-          f"{tuner.max_parallel_jobs} at once) in {tstore.dir(name)}")
+          f"{tuner.max_parallel_jobs} at once{where}) in {tstore.dir(name)}")
     if not args.wait:
         print(f"follow it with: hora job tune describe {name}")
         return 0

@@ -50,8 +50,12 @@ class HostTrees:
         if self.interrupted is None:
             self.interrupted = signum
             master.send_signal(signum)
-        else:  # a second signal: no more patience
-            self.stop(signal.SIGKILL)
+        else:  # a second signal: no more patience. Killed, not waited for: this runs in a signal handler, maybe
+            # inside a wait() of the same process (the main thread's, or a third signal's), and Popen.wait is not
+            # reentrant: a nested wait would spin forever on the lock the interrupted one holds. run() waits.
+            for proc in self._agents.values():
+                if proc.poll() is None:
+                    kill_group(proc.pid, signal.SIGKILL)
         return True
 
     def stop(self, sig: int) -> None:

@@ -294,11 +294,21 @@ class JobStore:
         with self._db() as db:
             db.execute(f"UPDATE jobs SET {sets} WHERE name = ?", (*fields.values(), name))
 
-    def transition(self, name: str, status: JobStatus, secondary: SecondaryStatus, message: str = "") -> None:
-        now = time.time()
+    def transition(self, name: str, status: JobStatus, secondary: SecondaryStatus, message: str = "",
+                   at: float | None = None) -> None:
+        """Move the job to (status, secondary) and note it in its history, as of now or ``at`` (the time another
+        store recorded it: a trial mirrored from a Ray node, :mod:`hora.jobs.trial_mirror`)."""
+        now = time.time() if at is None else at
         with self._db() as db:
             db.execute("UPDATE jobs SET status = ?, secondary_status = ? WHERE name = ?", (status, secondary, name))
             db.execute("INSERT INTO transitions VALUES (?,?,?,?,?)", (name, now, status, secondary, message))
+
+    def update_spec(self, name: str, spec: dict[str, Any]) -> None:
+        """Replace the job's recorded spec (the index's copy and ``hora/spec.json``): a mirrored trial notes the
+        Ray node it was placed on once Ray has placed it."""
+        write_private(self.job_dir(name) / "hora" / SPEC_FILE, json.dumps(spec, indent=1))
+        with self._db() as db:
+            db.execute("UPDATE jobs SET spec = ? WHERE name = ?", (json.dumps(spec), name))
 
     def transitions(self, name: str) -> list[tuple[float, str, str, str]]:
         return [tuple(r) for r in self._query(
@@ -358,6 +368,15 @@ class JobStore:
         keeps SQLite on the rowid range (the new rows), not on the job's whole index."""
         return self._query(
             "SELECT rowid, name, value, timestamp, host, rank, attempt FROM metrics WHERE rowid > ? AND +job = ? "
+            "ORDER BY rowid LIMIT ?",
+            (rowid, job, limit),
+        )[1]
+
+    def system_metrics_after(self, job: str, rowid: int, limit: int = 10_000) -> list[tuple[Any, ...]]:
+        """The job's system metric samples stored after row ``rowid``, in the order they were stored (at most
+        ``limit``): (rowid, host, timestamp, name, value); as :meth:`metrics_after`."""
+        return self._query(
+            "SELECT rowid, host, timestamp, name, value FROM system_metrics WHERE rowid > ? AND +job = ? "
             "ORDER BY rowid LIMIT ?",
             (rowid, job, limit),
         )[1]

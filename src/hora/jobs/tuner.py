@@ -15,6 +15,7 @@ Differences from SageMaker are listed in docs/tuning.md.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import re
@@ -52,6 +53,7 @@ __all__ = [
     "TuningJobCompletionCriteriaConfig",
     "WarmStartConfig",
     "WarmStartTypes",
+    "ray_problems",
     "tuning_problems",
 ]
 
@@ -116,6 +118,26 @@ def tuning_problems(ranges: Any, static: dict[str, Any], metric_names: list[str]
     return problems
 
 
+def ray_problems(ray_address: Any, ray_resources: Any) -> list[str]:
+    """The problems of hora's Ray settings of a tuning job (``ray_address``, ``ray_resources``: docs/tuning.md)."""
+    problems = []
+    if ray_address is not None and (not isinstance(ray_address, str) or not ray_address.strip()):
+        problems.append(f"ray_address must be a Ray cluster's address ('auto', 'HOST:PORT' or 'ray://HOST:PORT'), got "
+                        f"{ray_address!r}")
+    if ray_resources is not None:
+        if ray_address is None:
+            problems.append("ray_resources is for trials on a Ray cluster: set ray_address too, or leave it out")
+        if not isinstance(ray_resources, dict) or not ray_resources or not all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                for k, v in ray_resources.items()):
+            problems.append(f"ray_resources must map Ray resource names to amounts >= 0, e.g. {{'CPU': 2, 'GPU': 1}}, "
+                            f"got {ray_resources!r}")
+    if ray_address is not None and importlib.util.find_spec("ray") is None:
+        problems.append("ray_address: trials on a Ray cluster need Ray: pip install -c constraints.txt -e '.[ray]' in "
+                        "hora's checkout")
+    return problems
+
+
 class _TuningJob:
     """``tuner.latest_tuning_job``: the SDK's ``_TuningJob`` for a tuning job of this machine's store."""
 
@@ -141,6 +163,9 @@ class _TuningJob:
 
 class HyperparameterTuner:
     """SageMaker's ``HyperparameterTuner``, run on this machine (the SDK's arguments; see the module's docstring).
+
+    hora's own arguments: ``ray_address`` places the trials on a Ray cluster (``"auto"`` or an address, as
+    ``ray.init`` takes it), each trial on a node with ``ray_resources`` (default: one CPU per process of the trial).
 
     ``tags`` has no effect; ``estimator_name``, ``autotune`` and ``hyperparameters_to_keep_static`` are not
     supported yet and say so.
@@ -169,6 +194,8 @@ class HyperparameterTuner:
         random_seed: int | None = None,
         autotune: bool = False,
         hyperparameters_to_keep_static: list[str] | None = None,
+        ray_address: str | None = None,
+        ray_resources: dict[str, float] | None = None,
     ) -> None:
         if not hyperparameter_ranges and not autotune:
             raise ConfigError("Need to specify hyperparameter ranges or set autotune=True.")
@@ -198,10 +225,13 @@ class HyperparameterTuner:
         self.latest_tuning_job: _TuningJob | None = None
         self._current_job_name: str | None = None
         self._tstore = TuningStore(estimator.store)
+        self.ray_address = ray_address
+        self.ray_resources = ray_resources
         problems = tuning_problems(
             self._hyperparameter_ranges, self.static_hyperparameters(), self._metric_names(), objective_metric_name,
             strategy, objective_type, max_jobs, max_parallel_jobs, max_runtime_in_seconds, early_stopping_type,
-            random_seed, strategy_config, completion_criteria_config, warm_start_config)
+            random_seed, strategy_config, completion_criteria_config, warm_start_config) + ray_problems(
+            ray_address, ray_resources)
         if problems:
             raise SpecError(problems, "the HyperparameterTuner")
 
@@ -304,6 +334,8 @@ class HyperparameterTuner:
         out: dict[str, Any] = {
             "HyperParameterTuningJobName": name,
             "created": time.time(),
+            "ray": None if self.ray_address is None else {"address": self.ray_address,
+                                                          "resources": self.ray_resources},
             "HyperParameterTuningJobConfig": cfg,
             "TrainingJobDefinition": {
                 "StaticHyperParameters": {str(k): str(v) for k, v in static.items()},
@@ -338,7 +370,9 @@ class HyperparameterTuner:
             warm_start_config=WarmStartConfig.from_job_desc(config.get("WarmStartConfig")),
             strategy_config=StrategyConfig.from_job_desc(cfg["StrategyConfig"]) if "StrategyConfig" in cfg else None,
             completion_criteria_config=(TuningJobCompletionCriteriaConfig.from_job_desc(
-                cfg["TuningJobCompletionCriteria"]) if "TuningJobCompletionCriteria" in cfg else None))
+                cfg["TuningJobCompletionCriteria"]) if "TuningJobCompletionCriteria" in cfg else None),
+            **({"ray_address": config["ray"]["address"], "ray_resources": config["ray"]["resources"]}
+               if config.get("ray") else {}))
         tuner._current_job_name = tuning_job_name
         tuner.latest_tuning_job = _TuningJob(tstore, tuning_job_name)
         return tuner

@@ -20,13 +20,13 @@ from typing import Any
 
 from hora._proc import handle_signals
 from hora.errors import ConfigError, HoraError, TimeoutError
-from hora.jobs.api import reconcile, start_job, stop_job
 from hora.jobs.completion import CompletionCriteria, converged, not_improving
 from hora.jobs.hyperband import Hyperband
 from hora.jobs.parameter import ranges_from_dict
 from hora.jobs.search import SearchStrategy, make_search, median_stop
 from hora.jobs.spec import spec_from_dict
 from hora.jobs.store import JobStore
+from hora.jobs.trials import LocalTrials, TrialRunner, trial_runner
 from hora.jobs.tuning_store import TERMINAL, TuningStore
 from hora.jobs.warm_start import parent_trials
 
@@ -112,6 +112,7 @@ class TuningSupervisor:
         self._stop_reason: str | None = None
         self._complete_reason: str | None = None
         self._tokens: dict[str, int] = {}
+        self.runner: TrialRunner = LocalTrials(self.store)  # run() puts the config's own in place (.trials)
         self._warm_start()
 
     def _warm_start(self) -> None:
@@ -130,11 +131,18 @@ class TuningSupervisor:
     def run(self) -> None:
         with handle_signals(self._signal, signal.SIGTERM, signal.SIGINT):
             try:
+                self.runner = trial_runner(self.store, self.name, self.config, self.template)
+            except HoraError as exc:  # e.g. no Ray cluster there, or no node of it can take a trial
+                self._end("Failed", str(exc))
+                return
+            try:
                 self._loop()
             except Exception as exc:  # recorded, and no trial is left running without its tuning job
                 self._stop_running()
                 self._end("Failed", f"InternalError: the tuning job's supervisor failed: {type(exc).__name__}: {exc}")
                 raise
+            finally:
+                self.runner.close()
 
     def _trials(self, status: str | None = None) -> list[dict[str, Any]]:
         return [t for t in self.state["trials"] if status is None or t["status"] == status]
@@ -185,14 +193,14 @@ class TuningSupervisor:
         spec = dataclasses.replace(self.template, job_name=job,
                                    hyperparameters={**self.template.hyperparameters, **tuned})
         try:
-            start_job(spec, self.store, wait=False)
+            self.runner.start(spec)
         except HoraError as exc:  # counted as a failed trial, as the service counts one that cannot start
             self._finish(trial, "Failed", None, f"the trial could not start: {exc}")
         self.tstore.write_state(self.name, self.state)
         return True
 
     def _follow(self, trial: dict[str, Any]) -> None:
-        record = reconcile(self.store, self.store.get(trial["name"]))
+        record = self.runner.poll(trial["name"])
         trial["started"] = record.started
         series = objective_series(self.store, trial["name"], self.metric)
         if ((self.early or self.hyperband is not None) and not record.done and self._stop_reason is None
@@ -203,7 +211,7 @@ class TuningSupervisor:
                 trial["epochs_checked"] = k
                 if reason is not None:
                     try:
-                        stop_job(self.store, trial["name"])
+                        self.runner.stop(trial["name"])
                     except HoraError:  # its supervisor is not up yet: judge this epoch again next round
                         trial["epochs_checked"] = k - 1
                         break
@@ -255,7 +263,7 @@ class TuningSupervisor:
             if trial.get("stop_sent"):
                 continue
             try:
-                stop_job(self.store, trial["name"])
+                self.runner.stop(trial["name"])
                 trial["stop_sent"] = True
                 if reason is not None:
                     trial["early_stop_reason"] = reason

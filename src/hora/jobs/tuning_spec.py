@@ -17,6 +17,7 @@ The training fields are an ordinary job spec (docs/jobs.md; relative paths are r
       completion_criteria_config: {target_objective_metric_value: 0.95}
       # strategy: Hyperband with
       # strategy_config: {hyperband_strategy_config: {min_resource: 1, max_resource: 27}}
+      ray_address: auto                 # hora's: trials on a Ray cluster (docs/tuning.md)
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ __all__ = ["TUNING_FIELDS", "load_tuning_spec"]
 TUNING_FIELDS = (
     "objective_metric_name", "hyperparameter_ranges", "metric_definitions", "strategy", "objective_type", "max_jobs",
     "max_parallel_jobs", "max_runtime_in_seconds", "base_tuning_job_name", "early_stopping_type", "random_seed",
-    "job_name", "warm_start_config", "completion_criteria_config", "strategy_config",
+    "job_name", "warm_start_config", "completion_criteria_config", "strategy_config", "ray_address", "ray_resources",
 )
 WARM_START_FIELDS = ("type", "parents")
 COMPLETION_FIELDS = ("max_number_of_training_jobs_not_improving", "complete_on_convergence",
@@ -128,8 +129,10 @@ def _absolute_fields(training: dict[str, Any], base: Path, source: str) -> dict[
     return fields
 
 
-def load_tuning_spec(path: str, home: str | Path | None = None) -> tuple[HyperparameterTuner, str | None]:
-    """The tuner a spec file describes (its trials' jobs in ``home``), and the tuning job name it asks for."""
+def load_tuning_spec(path: str, home: str | Path | None = None,
+                     ray_address: str | None = None) -> tuple[HyperparameterTuner, str | None]:
+    """The tuner a spec file describes (its trials' jobs in ``home``; its trials on the Ray cluster at
+    ``ray_address`` when given, whatever the spec says), and the tuning job name it asks for."""
     try:
         import yaml
     except ImportError:
@@ -149,6 +152,8 @@ def load_tuning_spec(path: str, home: str | Path | None = None) -> tuple[Hyperpa
                          "objective_metric_name, hyperparameter_ranges, strategy, max_jobs, ... (docs/tuning.md)"],
                         source)
     tuning = dict(data.pop("tuning"))
+    if ray_address is not None:
+        tuning["ray_address"] = ray_address
     problems = [unknown_field(str(k), TUNING_FIELDS, " in tuning") for k in tuning if k not in TUNING_FIELDS]
     raw = tuning.pop("hyperparameter_ranges", None)
     ranges: dict[str, ParameterRange] = {}

@@ -87,6 +87,7 @@ def tuning_describe(tstore: TuningStore, name: str) -> str:
         f"Trials:            {limits['MaxNumberOfTrainingJobs']}, at most {limits['MaxParallelTrainingJobs']} at once"
         + (f", within {limits['MaxRuntimeInSeconds']} s" if "MaxRuntimeInSeconds" in limits else ""),
         f"Early stopping:    {cfg['TrainingJobEarlyStoppingType']}",
+        *([f"Trials run on:     the Ray cluster at {config['ray']['address']}"] if config.get("ray") else []),
         f"Created:           {_when(config['created'])}",
         f"Ended:             {_when(state.get('ended'))}",
     ]

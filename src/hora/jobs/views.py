@@ -41,8 +41,10 @@ def job_table(records: list[JobRecord]) -> str:
         return "no jobs yet (hora job run SPEC starts one)"
     rows = [("NAME", "STATUS", "SECONDARY", "CREATED", "DURATION", "HOSTS")]
     for r in records:
+        ray = r.spec.get("ray") or {}
+        where = f" on ray:{ray['node_id'][:8]}" if ray.get("node_id") else ""
         rows.append((r.name, r.status, r.secondary_status, _when(r.created), _duration(r.duration),
-                     f"{r.spec.get('instance_count', 1)}x{r.spec.get('processes_per_host', 1)}"))
+                     f"{r.spec.get('instance_count', 1)}x{r.spec.get('processes_per_host', 1)}{where}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
@@ -106,6 +108,7 @@ def _job_lines(store: JobStore, r: JobRecord) -> list[str]:
         f"Hosts:             {spec['instance_count']} x {spec['processes_per_host']} process(es), "
         f"distribution {spec['strategy']}",
         *_network(r),
+        *_ray_node(r),
         f"Hyperparameters:   {json.dumps(spec.get('hyperparameters', {}), sort_keys=True)}",
         f"Max run:           {spec['max_run']:g}s",
         *_spot_lines(store, r),
@@ -120,6 +123,19 @@ def _run_lines(r: JobRecord) -> list[str]:
         f"Command:           {r.spec.get('entry_point', '')}",
         f"Hosts:             {', '.join(r.host_names)}; {len(ranks)} rank(s)",
     ]
+
+
+def _ray_node(r: JobRecord) -> list[str]:
+    """A tuning trial run on a Ray node and mirrored here (hora.jobs.ray_trials): where it ran."""
+    ray = r.spec.get("ray")
+    if not ray:
+        return []
+    want = ", ".join(f"{k} {v:g}" for k, v in sorted((ray.get("resources") or {}).items()))
+    if not ray.get("node_id"):
+        return [f"Ray node:          not placed yet (cluster {ray['address']}, asking for {want})"]
+    return [f"Ray node:          {ray['node_ip']} ({ray['hostname']}), node id {ray['node_id']}; cluster "
+            f"{ray['address']}, {want}",
+            f"On the node:       {ray['node_job_dir']} (removed once mirrored here)"]
 
 
 def _spot_lines(store: JobStore, r: JobRecord) -> list[str]:

@@ -14,9 +14,8 @@ pytest.importorskip("ray")
 
 from hora.errors import ConfigError, RunError, UnsupportedError
 from hora.ray import RayExecutor
+from support.ray_cluster import alive
 from workers import engines
-
-from .conftest import alive
 
 
 def _gone(pids: list[int]) -> list[int]:

@@ -3,6 +3,7 @@ counts and values, Bayesian (Optuna's TPE) reproducible and better than Random, 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import statistics
 
@@ -221,3 +222,26 @@ def test_a_small_bayesian_tuning_job_starts_modelling_before_optunas_ten_random_
     assert [startup_trials(n) for n in (None, 1, 6, 12, 30, 100)] == [10, 2, 2, 4, 10, 10]
     search = make_search("Bayesian", RANGES, True, 0, max_jobs=6)
     assert search._study.sampler._n_startup_trials == 2  # type: ignore[attr-defined]
+
+
+def test_ray_settings_reach_the_tuning_config_from_python_a_spec_and_the_command_line(estimator, tmp_path):
+    pytest.importorskip("yaml")
+    if importlib.util.find_spec("ray") is None:  # not imported: importing Ray sets environment variables
+        pytest.skip("needs the ray extra")
+    from hora.jobs.tuning_spec import load_tuning_spec
+
+    tuner = HyperparameterTuner(estimator, "acc", {"lr": ContinuousParameter(0, 1)}, ray_address="auto",
+                                ray_resources={"CPU": 2})
+    assert tuner.tuning_config("t")["ray"] == {"address": "auto", "resources": {"CPU": 2}}
+    assert HyperparameterTuner(estimator, "acc", {"lr": ContinuousParameter(0, 1)}).tuning_config("t")["ray"] is None
+    spec = tmp_path / "tune.yaml"
+    spec.write_text("entry_point: train.py\nmetric_definitions: [{Name: acc, Regex: 'acc=([0-9.]+)'}]\n"
+                    "tuning:\n  objective_metric_name: acc\n  ray_address: head:6379\n  ray_resources: {GPU: 1}\n"
+                    "  hyperparameter_ranges:\n    lr: {type: Continuous, min_value: 0.1, max_value: 1}\n")
+    from_spec, _ = load_tuning_spec(str(spec), tmp_path / "home")
+    assert (from_spec.ray_address, from_spec.ray_resources) == ("head:6379", {"GPU": 1})
+    from_cli, _ = load_tuning_spec(str(spec), tmp_path / "home", ray_address="auto")
+    assert from_cli.ray_address == "auto"
+    with pytest.raises(SpecError, match="tuning: ray_resources must map Ray resource names"):
+        spec.write_text(spec.read_text().replace("{GPU: 1}", "{GPU: lots}"))
+        load_tuning_spec(str(spec), tmp_path / "home")
