@@ -27,8 +27,8 @@ __all__ = ["NETWORKS", "PLAN_FILE", "PS_SERVERS", "JobPlan", "ParameterServerPla
 
 #: The plan's file, in the job directory.
 PLAN_FILE = Path("hora", "plan.json")
-#: How the hosts got their addresses (:mod:`hora.jobs.cluster`).
-NETWORKS = ("namespace", "loopback")
+#: How the hosts got their addresses (:mod:`hora.jobs.cluster`; ``ssh``: real hosts, :mod:`hora.jobs.remote_hosts`).
+NETWORKS = ("namespace", "loopback", "ssh")
 #: Whose parameter servers run beside the workers (the spec's ``servers``).
 PS_SERVERS = ("tensorflow", "hora")
 

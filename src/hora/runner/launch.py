@@ -370,7 +370,8 @@ def _start_remote(
         "merge_stderr": spec.merge_stderr,
         "system_metrics_interval": spec.system_metrics_interval if spec.system_metrics else None,
     }
-    argv = ssh_command(name, spec.ssh or SshOptions(), remote_agent_command(sys.executable, agent_path))
+    ssh = spec.ssh or SshOptions()
+    argv = ssh_command(name, ssh, remote_agent_command(ssh.python or sys.executable, agent_path))
     host = RemoteHost(
         name,
         [r["rank"] for r in ranks],
