@@ -9,6 +9,7 @@
   ``delete.json`` (paths the cache must lose), ``times.json`` (the shipped files' mtimes in ns); then copy the
   cache to the job's ``hosts/HOST`` tree.
 - ``stage JOB_DIR HOST``: fetch the job's ``s3://`` File channels (listed on stdin, with the S3 variables).
+- ``pipe JOB_DIR HOST``: feed the job's Pipe channels for one attempt, until the end of stdin.
 - ``reset JOB_DIR HOST``: empty ``model/`` and ``output/`` for a retry.
 - ``pack JOB_DIR HOST ATTEMPT``: write a tar of ``model/``, ``output/``, ``checkpoints/`` and the attempt's records.
 - ``clean WORK_DIR [JOB]``: remove one job's directory, or the whole work dir (cache included).
@@ -108,6 +109,45 @@ def stage(job_dir: Path, host: str) -> None:
                       host_count=job["count"])
 
 
+def _first_line() -> bytes:
+    """The first line of stdin, read unbuffered: what follows (the end of stdin) stays for a later read."""
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(0, 1)
+        if not chunk:
+            break
+        line += chunk
+    return line
+
+
+def pipe(job_dir: Path, host: str, argv: list[str]) -> None:
+    """Feed the job's Pipe channels on this host for one attempt: the first line of stdin lists them (with the S3
+    variables; this process re-executes itself with them in its environment, the list on its command line, which
+    holds no secret); each channel's FIFOs are created in the host's tree and fed as the script reads; ``ready``
+    is printed; at the end of stdin (the attempt is over) the feeders stop and each failure is printed as JSON."""
+    from hora.jobs.channels import stage_channel
+
+    if not argv:
+        job = json.loads(_first_line())
+        if job.get("env"):
+            env = {**environment(), **job["env"]}
+            os.execve(sys.executable, [sys.executable, "-m", "hora.jobs._remote_sync", "pipe", str(job_dir), host,
+                                       json.dumps({**job, "env": {}})], env)
+    else:
+        job = json.loads(argv[0])
+    data = job_dir / "hosts" / host / "input" / "data"
+    handles = [stage_channel(ch["name"], ch["uri"], data / ch["name"], input_mode="Pipe",
+                             distribution=ch["distribution"], host_index=job["index"], host_count=job["count"])
+               for ch in job["channels"]]
+    print("ready", flush=True)
+    while os.read(0, 4096):
+        pass
+    for handle in handles:
+        handle.close()
+        if handle.error is not None:
+            print(json.dumps({"channel": handle.name, "error": str(handle.error)}), flush=True)
+
+
 def reset(job_dir: Path, host: str) -> None:
     tree = job_dir / "hosts" / host
     for name in ("model", "output"):
@@ -137,6 +177,8 @@ def main() -> None:
         apply(_dir(args[0]), args[1])
     elif command == "stage":
         stage(_dir(args[0]), args[1])
+    elif command == "pipe":
+        pipe(_dir(args[0]), args[1], args[2:])
     elif command == "reset":
         reset(_dir(args[0]), args[1])
     elif command == "pack":

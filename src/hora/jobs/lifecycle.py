@@ -26,7 +26,7 @@ from typing import Any
 from hora._proc import handle_signals
 from hora.config.settings import Config, env_names, parse_value
 from hora.config.variables import environment
-from hora.errors import ConfigError, HoraError, HostStartError, StorageError
+from hora.errors import HoraError, HostStartError, StorageError
 from hora.jobs import _stage, netns, parameter_server, spot
 from hora.jobs.attempts import Attempts, _timer
 from hora.jobs.channels import ChannelHandle
@@ -43,7 +43,7 @@ from hora.jobs.host_trees import HOST_START_SECONDS, HostTrees
 from hora.jobs.install import JobEnvironment
 from hora.jobs.outcome import archive, failure_reason
 from hora.jobs.plan import JobPlan, ParameterServerPlan
-from hora.jobs.remote_hosts import RemoteHosts
+from hora.jobs.remote_hosts import RemoteHosts, RemotePipes, ship_pipe_sources
 from hora.jobs.sagemaker_env import (
     HostLayout,
     host_layout,
@@ -141,7 +141,7 @@ class JobSupervisor(Attempts):
         self._reclaimed: str | None = None  # managed spot: the host whose reclaim interrupted this attempt
         self._trained = 0.0  # seconds the attempts so far trained (managed spot: max_run bounds this)
         self._stoppable = True
-        self._closers: list[ChannelHandle] = []
+        self._closers: list[ChannelHandle | RemotePipes] = []
         self._log_file: Any = None
         self._net: netns.HostNetwork | None = None
         self.addresses: list[str] = []
@@ -337,10 +337,6 @@ class JobSupervisor(Attempts):
     def _setup_hosts(self) -> None:
         if self._remote is not None:
             remote = self._remote
-            pipes = [ch.name for ch in self.spec.inputs if ch.input_mode == "Pipe"]
-            if pipes:
-                raise ConfigError(f"channel(s) {', '.join(pipes)} use input_mode Pipe, which hora job does not feed "
-                                  "on remote hosts yet; use input_mode: File for a job with cluster: or --hosts")
             remote.probe()
             self.addresses, self.interface = [i["address"] for i in remote.info], remote.info[0]["interface"]
         else:
@@ -435,10 +431,16 @@ class JobSupervisor(Attempts):
             if self.spec.checkpoint_path:
                 _stage.download_dir(self.spec.checkpoint_path, layout.checkpoint_dir)
         if self._remote is not None:
+            ship_pipe_sources(self.spec.inputs, [self.layouts[h].root for h in self.hosts])
             self._remote.push(self.job_dir)
             self._remote.stage_s3(by_host, self._launch_env(1))
 
     def _stage_pipes(self) -> None:
+        pipes = [ch for ch in self.spec.inputs if ch.input_mode == "Pipe"]
+        if self._remote is not None:  # fed on each host (remote_hosts.py)
+            if pipes:
+                self._closers.append(self._remote.feed_pipes(pipes, self._launch_env(1)))
+            return
         for index, host in enumerate(self.hosts):
             for ch in self.spec.inputs:
                 if ch.input_mode == "Pipe":

@@ -7,7 +7,9 @@ machine (store, logs, job directory) and reaches each host with hora run's SSH c
 - **shipping** (:meth:`RemoteHosts.push`): the supervisor builds each host's tree here as for a local job (code,
   config, File channels), then sends each host only the files that differ from that host's cache of its last push
   (``<work_dir>/.cache/algo-K``; size and modification time, :func:`hora.jobs.remote_spec.changes`), as one tar
-  over SSH; the host updates its cache and copies it into the job's tree.
+  over SSH; the host updates its cache and copies it into the job's tree. ``s3://`` File channels are then fetched
+  by each host itself (:meth:`RemoteHosts.stage_s3`); Pipe channels are fed on each host for every attempt
+  (:meth:`RemoteHosts.feed_pipes`), a local one from the copy shipped in its tree (:func:`ship_pipe_sources`).
 - **launch** (:meth:`RemoteHosts.launch_spec`): hora run's ``launch()`` runs here with the real hosts; each rank's
   wrapper (``_entry --remote``) runs on its host against the job's directory there and echoes its tagged lines,
   which come home through hora run's agent; :class:`JobLines` writes them into the job's logs and parses the
@@ -25,6 +27,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -42,7 +45,7 @@ from hora.jobs.records import log_line
 from hora.jobs.remote_spec import ClusterSpec, changes, job_work_dir, manifest
 from hora.runner.ssh import SshOptions, preflight, ssh_command
 
-__all__ = ["JobLines", "RemoteHosts", "clean"]
+__all__ = ["JobLines", "RemoteHosts", "RemotePipes", "clean", "ship_pipe_sources"]
 
 #: Seconds one set-up, shipping or pull step may take on a host before the supervisor gives up on it.
 STEP_SECONDS = 600.0
@@ -187,6 +190,41 @@ class RemoteHosts:
         if channels:
             _each(self.hosts, one)
 
+    def feed_pipes(self, channels: Sequence[Any], env: dict[str, str]) -> RemotePipes:
+        """Start each host's feeder of the Pipe channels for an attempt (``_remote_sync pipe``, one SSH session per
+        host, kept open until :meth:`RemotePipes.close`); returns once every host's FIFOs exist. A local channel is
+        read from the copy shipped with the tree (:func:`ship_pipe_sources`), an ``s3://`` one by the host."""
+        s3_env = {k: v for k, v in env.items() if k.startswith(("AWS_", "HORA_S3_"))}
+        pipes = RemotePipes([ch.name for ch in channels])
+        try:
+            for i, host in enumerate(self.hosts):
+                listed = [{"name": ch.name, "distribution": ch.distribution,
+                           "uri": ch.uri if ch.is_s3 else self._pipe_source(i, ch)} for ch in channels]
+                argv = ssh_command(host, self.ssh, _sync_command(self.python, "pipe", self.job_dir(i), self.algo[i]))
+                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        preexec_fn=die_with_parent)
+                pipes.procs.append((host, proc))
+                job = {"channels": listed, "index": i, "count": len(self.hosts), "env": s3_env}
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write(json.dumps(job).encode() + b"\n")
+                proc.stdin.flush()
+                if proc.stdout.readline().strip() != b"ready":
+                    proc.wait()
+                    err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
+                    raise HostError(f"host {host}: the Pipe channels could not be set up: "
+                                    + (err.splitlines()[-1] if err else f"ssh exited with {proc.returncode}"))
+                self.say(f"{self.algo[i]} ({host}): feeding Pipe channel(s) {', '.join(pipes.names)}")
+        except BaseException:
+            pipes.close()
+            raise
+        return pipes
+
+    def _pipe_source(self, index: int, channel: Any) -> str:
+        name = f"{PIPE_SOURCES}/{channel.name}"
+        if Path(channel.uri).is_file():
+            name += f"/{Path(channel.uri).name}"
+        return f"{self.job_dir(index)}/hosts/{self.algo[index]}/{name}"
+
     def reset(self) -> None:
         """A retry: empty model/ and output/ on every host (checkpoints/ stay)."""
         def one(i: int, host: str) -> None:
@@ -232,6 +270,50 @@ class RemoteHosts:
     def command(self, pph: int) -> list[str]:
         """Each rank's wrapper, finding the job's directory on its own host."""
         return [self.python, "-m", "hora.jobs._entry", "--remote", self.template(), str(pph), *self.hosts]
+
+
+#: Where a host's tree keeps the shipped copy of a local Pipe channel's source (its feeder reads it there).
+PIPE_SOURCES = ".pipe"
+
+
+def ship_pipe_sources(channels: Sequence[Any], trees: Sequence[Path]) -> None:
+    """Copy each local Pipe channel's source into every host's tree (``.pipe/<channel>``) before the push: the host's
+    feeder reads it there; the push sends only what changed since the last job."""
+    for ch in channels:
+        if ch.input_mode != "Pipe" or ch.is_s3:
+            continue
+        for tree in trees:
+            dest = tree / PIPE_SOURCES / ch.name
+            if Path(ch.uri).is_file():
+                dest.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ch.uri, dest / Path(ch.uri).name)
+            else:
+                shutil.copytree(ch.uri, dest, dirs_exist_ok=True)
+
+
+class RemotePipes:
+    """The hosts' Pipe feeders of one attempt, closed like a local channel (:class:`hora.jobs.channels
+    .ChannelHandle`): the end of each session's stdin stops its feeders; a feeder's failure becomes ``error``."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.name = ", ".join(names)
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.error: str | None = None
+
+    def close(self) -> None:
+        problems = []
+        for host, proc in self.procs:
+            try:
+                out, _ = proc.communicate(timeout=30)  # closes its stdin: the host's feeders stop
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                proc.kill()
+                out, _ = proc.communicate()
+            for line in out.decode(errors="replace").splitlines():
+                if line.startswith("{"):
+                    problems.append(f"host {host}: {line}")
+        self.procs = []
+        self.error = "; ".join(problems) or None
 
 
 class JobLines:

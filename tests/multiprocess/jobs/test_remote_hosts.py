@@ -32,15 +32,17 @@ SCRIPT = textwrap.dedent("""
     import hora.numpy as hvd
     from sagemaker_training import environment
     import helper
+    from hora.data import PipeDataset
 
     hvd.init()
+    streamed = list(PipeDataset("stream")) if hvd.local_rank() == 0 else None  # one reader per FIFO
     env = environment.Environment()
     total = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum)
     data = open(os.path.join(os.environ["SM_CHANNEL_TRAINING"], "a.txt")).read()
     seen = {"hosts": env.hosts, "current_host": env.current_host, "interface": env.network_interface_name,
             "sm_hosts": json.loads(os.environ["SM_HOSTS"]), "sm_current": os.environ["SM_CURRENT_HOST"],
             "model_dir": env.model_dir, "allreduce": float(total[0]), "data": data, "helper": helper.VERSION,
-            "hp": env.hyperparameters["lr"]}
+            "hp": env.hyperparameters["lr"], "streamed": streamed}
     with open(os.path.join(env.model_dir, f"rank-{hvd.rank()}.json"), "w") as f:
         json.dump(seen, f)
     print(f"loss={0.5 + hvd.rank()}", flush=True)
@@ -60,6 +62,10 @@ def _source(tmp_path: Path) -> Path:
     data = tmp_path / "data"
     data.mkdir()
     (data / "a.txt").write_text("channel data")
+    stream = tmp_path / "stream"
+    stream.mkdir()
+    (stream / "a.txt").write_text("one\ntwo\n")
+    (stream / "b.txt").write_text("three\n")
     return src
 
 
@@ -68,7 +74,8 @@ def _spec(c: netns.Cluster, tmp_path: Path, name: str, **extra: object) -> dict[
         "entry_point": "train.py", "source_dir": str(tmp_path / "src"), "job_name": name,
         "instance_count": 2, "processes_per_host": 2,
         "distribution": {"mpi": {"enabled": True, "processes_per_host": 2}},
-        "hyperparameters": {"lr": 0.25}, "inputs": {"training": str(tmp_path / "data")},
+        "hyperparameters": {"lr": 0.25}, "inputs": {"training": str(tmp_path / "data"),
+                   "stream": {"uri": str(tmp_path / "stream"), "input_mode": "Pipe"}},
         "metric_definitions": [{"Name": "loss", "Regex": r"loss=([0-9.]+)"}],
         "cluster": {"hosts": [h.addr for h in c.hosts], "ssh_identity_file": c.key,
                     "ssh_options": [f"UserKnownHostsFile={c.known_hosts}", "StrictHostKeyChecking=yes"],
@@ -130,12 +137,14 @@ def test_two_hosts_run_the_contract_archive_home_and_a_rerun_ships_only_a_change
         assert got["model_dir"] == str(tmp_path / f"remote-{c.hosts[r // 2].addr}" / f"{name}-1" / "hosts" / host
                                        / "model")
         assert (got["allreduce"], got["data"], got["helper"], got["hp"]) == (10.0, "channel data", 1, 0.25)
+        assert got["streamed"] == (["one", "two", "three"] if r % 2 == 0 else None)  # fed on its host
     # logs came home tagged, metrics were parsed here
     logs = (Path(record.job_dir) / "logs" / "algo-2.log").read_text()
     assert "[algo-2 rank 3]<stdout> loss=3.5" in logs
     assert sorted(v for _, v, *_ in store.metrics(f"{name}-1")) == [0.5, 1.5, 2.5, 3.5]
     first = _shipped((Path(record.job_dir) / "logs" / "job.log").read_text())
-    assert first["algo-1"] >= {"code/train.py", "code/helper.py", "code/big.bin", "input/data/training/a.txt"}
+    assert first["algo-1"] == first["algo-2"] == {"code/train.py", "code/helper.py", "code/big.bin",
+                                                  "input/data/training/a.txt", ".pipe/stream/a.txt", ".pipe/stream/b.txt"}
 
     # a rerun with one file changed ships only that file to each host
     (tmp_path / "src" / "helper.py").write_text("VERSION = 2\n")
@@ -226,17 +235,6 @@ def test_hora_job_stop_reaches_every_host_and_still_archives(netns_cluster, tmp_
     with tarfile.open(record.artifacts["model"]) as tar:  # what every host had written before the stop came home
         assert sorted(tar.getnames()) == [f"rank-{r}.json" for r in range(4)]
     _wait_clean(c, name)
-
-
-def test_pipe_channels_are_refused_on_remote_hosts_with_the_fix(tmp_path):
-    _source(tmp_path)
-    spec = parse_spec({"entry_point": "train.py", "source_dir": str(tmp_path / "src"), "job_name": "piped",
-                       "instance_count": 1, "cluster": {"hosts": ["h1"]},
-                       "inputs": {"training": {"uri": str(tmp_path / "data"), "input_mode": "Pipe"}}})  # fmt: skip
-    record = start_job(spec, JobStore(tmp_path / "home"), wait=True, echo=False)
-    assert record.status == "Failed"
-    assert "training use input_mode Pipe, which hora job does not feed on remote hosts yet; use input_mode: File" in (
-        record.failure_reason or "")
 
 
 S3_SCRIPT = textwrap.dedent("""
