@@ -7,7 +7,7 @@
   what the last push left there), so the supervisor sends only what changed.
 - ``apply JOB_DIR HOST``: read a tar from stdin: ``tree/...`` into the cache, ``hora/...`` into the job's ``hora/``,
   ``delete.json`` (paths the cache must lose), ``times.json`` (the shipped files' mtimes in ns); then copy the
-  cache to the job's ``hosts/HOST`` tree.
+  cache to the job's ``hosts/HOST`` tree (with empty ``model/`` and ``output/``).
 - ``stage JOB_DIR HOST``: fetch the job's ``s3://`` File channels (listed on stdin, with the S3 variables).
 - ``pipe JOB_DIR HOST``: feed the job's Pipe channels for one attempt, until the end of stdin.
 - ``reset JOB_DIR HOST``: empty ``model/`` and ``output/`` for a retry.
@@ -91,6 +91,7 @@ def apply(job_dir: Path, host: str) -> None:
         if ".." not in PurePosixPath(name).parts and (cache / name).is_file():
             os.utime(cache / name, ns=(ns, ns))
     shutil.copytree(cache, tree, dirs_exist_ok=True)  # copy2: sizes and mtimes as shipped
+    reset(job_dir, host)  # model/ and output/ there, empty
 
 
 def stage(job_dir: Path, host: str) -> None:

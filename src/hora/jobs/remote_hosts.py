@@ -168,7 +168,6 @@ class RemoteHosts:
                     member.size = len(content)
                     tar.addfile(member, io.BytesIO(content))
             _run(host, self.ssh, _sync_command(self.python, "apply", remote, algo), data.getvalue())
-            _run(host, self.ssh, _sync_command(self.python, "reset", remote, algo))
             size = sum((tree / rel).stat().st_size for rel in send)
             shown = ", ".join(send[:20]) + (f" and {len(send) - 20} more" if len(send) > 20 else "")
             self.say(f"{algo} ({host}): shipped {len(send)} changed file(s), {size} bytes"
