@@ -238,7 +238,10 @@ def test_hora_job_stop_reaches_every_host_and_still_archives(netns_cluster, tmp_
 
 
 S3_SCRIPT = textwrap.dedent("""
-    import json, os
+    import json, os, sys
+    if os.environ["HORA_JOB_ATTEMPT"] == "1":  # the first attempt fails, leaving a model file behind
+        open(os.path.join(os.environ["SM_MODEL_DIR"], "stale.json"), "w").write("[]")
+        sys.exit(3)
     shards = os.environ["SM_CHANNEL_SHARDS"]
     got = sorted(os.path.relpath(os.path.join(d, f), shards) for d, _, fs in os.walk(shards) for f in fs)
     with open(os.path.join(os.environ["SM_MODEL_DIR"], os.environ["SM_CURRENT_HOST"] + ".json"), "w") as f:
@@ -246,7 +249,7 @@ S3_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_each_host_fetches_its_own_shard_of_an_s3_channel(netns_cluster, tmp_path):
+def test_each_host_fetches_its_own_shard_of_an_s3_channel_and_a_retry_starts_afresh(netns_cluster, tmp_path):
     pytest.importorskip("boto3", reason="S3 channels need boto3 (the jobs extra)")
     pytest.importorskip("moto.server", reason="the S3 test needs moto[server] (the test extra)")
     import boto3
@@ -277,14 +280,17 @@ def test_each_host_fetches_its_own_shard_of_an_s3_channel(netns_cluster, tmp_pat
         spec = _spec(c, tmp_path, f"s3-{uuid.uuid4().hex[:6]}", entry_point="shards.py", processes_per_host=1,
                      distribution="none", metric_definitions=[],
                      inputs={"shards": {"uri": "s3://data/shards/", "distribution": "ShardedByS3Key"}},
-                     environment={**credentials, "HORA_S3_ENDPOINT_URL": url})  # fmt: skip
+                     environment={**credentials, "HORA_S3_ENDPOINT_URL": url}, max_retry_attempts=1)  # fmt: skip
         record = start_job(parse_spec(spec), JobStore(tmp_path / "home"), wait=True, echo=False)
     finally:
         server.terminate()
         server.wait(timeout=30)
-    assert record.status == "Completed", record.failure_reason
-    with tarfile.open(record.artifacts["model"]) as tar:
+    assert (record.status, record.attempts) == ("Completed", 2), record.failure_reason
+    with tarfile.open(record.artifacts["model"]) as tar:  # the retry's model only: model/ emptied on every host
         seen = {m.name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()}  # type: ignore[arg-type]
+    assert sorted(seen) == ["algo-1.json", "algo-2.json"]
+    assert re.search(r"attempt 1 failed; retrying\. AlgorithmError: host algo-(1, rank 0|2, rank 1) \(pid \d+\) failed "
+                     "first: exit code 3", (Path(record.job_dir) / "logs" / "job.log").read_text())
     assert sorted(seen["algo-1.json"] + seen["algo-2.json"]) == ["a.txt", "b.txt"]
     assert len(seen["algo-1.json"]) == len(seen["algo-2.json"]) == 1
     for k in (1, 2):  # fetched by the hosts, never staged here
