@@ -45,6 +45,7 @@ class Attempts:
     layouts: dict[str, HostLayout]
     _trees: HostTrees
     _remote: RemoteHosts | None
+    echo: bool
     _reclaimed: str | None
     _limit: str | None
     _trained: float
@@ -168,7 +169,7 @@ class Attempts:
             self._remote.command(plan.processes_per_host), plan.world_size, env=self._launch_env(attempt),
             settings=settings, prefix_output=False, grace=plan.grace, cwd="/",
             hosts=[HostSlots(h, plan.processes_per_host) for h in self._remote.hosts], ssh=self._remote.ssh,
-            observer=lines,
+            observer=lines, quiet=not self.echo,
         )
         try:
             result = launch(spec)

@@ -113,7 +113,7 @@ def _wait_clean(c: netns.Cluster, marker: str, seconds: float = 60.0) -> None:
     assert not left, "processes left behind on the hosts:\n" + "\n".join(left)
 
 
-def test_two_hosts_run_the_contract_archive_home_and_a_rerun_ships_only_a_change(netns_cluster, tmp_path):
+def test_two_hosts_run_the_contract_archive_home_and_a_rerun_ships_only_a_change(netns_cluster, tmp_path, capfd):
     c = netns_cluster
     _source(tmp_path)
     store = JobStore(tmp_path / "home")
@@ -139,6 +139,7 @@ def test_two_hosts_run_the_contract_archive_home_and_a_rerun_ships_only_a_change
         assert (got["allreduce"], got["data"], got["helper"], got["hp"]) == (10.0, "channel data", 1, 0.25)
         assert got["streamed"] == (["one", "two", "three"] if r % 2 == 0 else None)  # fed on its host
     # logs came home tagged, metrics were parsed here
+    assert "rank 3]" not in capfd.readouterr().out  # echo=False: in the logs only, as for a local job
     logs = (Path(record.job_dir) / "logs" / "algo-2.log").read_text()
     assert "[algo-2 rank 3]<stdout> loss=3.5" in logs
     assert sorted(v for _, v, *_ in store.metrics(f"{name}-1")) == [0.5, 1.5, 2.5, 3.5]
