@@ -257,12 +257,33 @@ def job_dir_of(argv: list[str], rank: int) -> Path:
     return Path(os.path.expanduser(argv[1].replace("{host}", host)))
 
 
+def become_host(job_dir: Path, plan: JobPlan, host: str) -> None:
+    """On a remote host, run as root: this wrapper (and its script) see algo-K names in /etc/hosts, the host name
+    algo-K and the tree at /opt/ml, as a local job's hosts do (:func:`hora.jobs.cluster.enter_host`); in a private
+    mount and UTS namespace, so the machine's own files are untouched. Without root nothing changes."""
+    if os.geteuid() != 0:
+        return
+    from hora.jobs.cluster import enter_host, hosts_file_text
+
+    try:
+        base = Path("/etc/hosts").read_text()
+    except OSError:
+        base = "127.0.0.1\tlocalhost\n"
+    path = job_dir / "hora" / f"hosts-{host}"
+    partial = path.with_name(f".{path.name}.{os.getpid()}")  # the host's ranks write it at once: each its own
+    partial.write_text(hosts_file_text(base, list(plan.addresses)))
+    os.replace(partial, path)
+    enter_host(host, path, job_dir / "hosts" / host)
+
+
 def main() -> None:
     rank = detect().rank
     job_dir = job_dir_of(sys.argv[1:], rank)
     plan = JobPlan.read(job_dir)
     attempt = int(read("HORA_JOB_ATTEMPT") or "1")
     host = plan.host_of_rank(rank)
+    if plan.network == "ssh":  # before any thread starts
+        become_host(job_dir, plan, host)
     host_env = json.loads((job_dir / "hora" / f"env-{host}.json").read_text())
     env = rank_env(environment(), plan, host_env, rank)
     tf_config = tf_config_for(plan.parameter_server, plan.hosts, host)

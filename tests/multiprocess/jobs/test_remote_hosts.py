@@ -27,7 +27,7 @@ from support import netns_hosts as netns  # noqa: E402
 LIMIT = 240.0
 
 SCRIPT = textwrap.dedent("""
-    import json, os, sys
+    import json, os, socket, sys
     import numpy as np
     import hora.numpy as hvd
     from sagemaker_training import environment
@@ -42,7 +42,9 @@ SCRIPT = textwrap.dedent("""
     seen = {"hosts": env.hosts, "current_host": env.current_host, "interface": env.network_interface_name,
             "sm_hosts": json.loads(os.environ["SM_HOSTS"]), "sm_current": os.environ["SM_CURRENT_HOST"],
             "model_dir": env.model_dir, "allreduce": float(total[0]), "data": data, "helper": helper.VERSION,
-            "hp": env.hyperparameters["lr"], "streamed": streamed}
+            "hp": env.hyperparameters["lr"], "streamed": streamed,
+            "names": [socket.gethostbyname(h) for h in env.hosts], "hostname": socket.gethostname(),
+            "opt_ml": os.path.isfile("/opt/ml/code/train.py")}
     with open(os.path.join(env.model_dir, f"rank-{hvd.rank()}.json"), "w") as f:
         json.dump(seen, f)
     print(f"loss={0.5 + hvd.rank()}", flush=True)
@@ -138,6 +140,9 @@ def test_two_hosts_run_the_contract_archive_home_and_a_rerun_ships_only_a_change
                                        / "model")
         assert (got["allreduce"], got["data"], got["helper"], got["hp"]) == (10.0, "channel data", 1, 0.25)
         assert got["streamed"] == (["one", "two", "three"] if r % 2 == 0 else None)  # fed on its host
+        # run as root on the host: algo-K resolve, the host name is algo-K, the tree is at /opt/ml (as SageMaker)
+        assert (got["names"], got["hostname"]) == ([h.addr for h in c.hosts], host)
+        assert got["opt_ml"] is True
     # logs came home tagged, metrics were parsed here
     assert "rank 3]" not in capfd.readouterr().out  # echo=False: in the logs only, as for a local job
     logs = (Path(record.job_dir) / "logs" / "algo-2.log").read_text()
