@@ -209,6 +209,8 @@ def start_cluster(n_ssh: int = 2) -> Cluster:
                             "StrictModes no",  # the keys live under /tmp
                             "MaxStartups 100",
                             "MaxSessions 100",
+                            "ClientAliveInterval 5",  # a session cut off from its client ends (docs/jobs.md)
+                            "ClientAliveCountMax 3",
                             "LogLevel ERROR",
                             "",
                         ]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import selectors
 import signal
 import subprocess
@@ -37,17 +36,13 @@ from hora.config.launchers import detect
 from hora.config.variables import environment, read
 from hora.config.worker_env import JobExtras, JobKeys, worker_env
 from hora.errors import HoraError
+from hora.jobs.metric_lines import FLUSH_SECONDS, MetricParser
 from hora.jobs.outcome import describe_code
 from hora.jobs.parameter_server import MasterWatch, ps_command, tf_config_for
 from hora.jobs.plan import JobPlan
 from hora.jobs.records import RankEnd, log_line
-from hora.jobs.store import JobStore
 
 TAIL_LINES = 60
-FLUSH_SECONDS = 1.0
-#: Metric values one rank may store for its job (each row is about 75 bytes in jobs.db): a script that prints a
-#: matching line per batch for days would otherwise grow the index without bound (2 M rows took 151 MB).
-MAX_METRIC_VALUES = 100_000
 DRAIN_SECONDS = 5.0
 #: How long a script gets to end after SIGTERM (its host's parameter server died) before SIGKILL.
 SCRIPT_GRACE = 5.0
@@ -100,12 +95,8 @@ class _Pump:
         self.log_path = job_dir / "logs" / f"{host}.log"
         self.log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.log_failed = False
-        self.metrics = [(m.name, re.compile(m.regex)) for m in plan.metric_definitions]
-        self.store = JobStore(plan.home) if self.metrics else None
-        self.job = plan.job_name
-        self.pending: list[tuple[str, float, float, str, int, int]] = []
-        self.stored = 0  # metric values kept so far (at most MAX_METRIC_VALUES)
-        self.last_flush = time.monotonic()
+        # a job on remote hosts has no store here (plan.home is empty): its supervisor parses the lines it gets
+        self.metrics = MetricParser(plan.metric_definitions, plan.home, plan.job_name)
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
 
     def line(self, stream: str, text: str) -> None:
@@ -127,32 +118,18 @@ class _Pump:
                 target.flush()
             except (BrokenPipeError, ValueError):
                 pass
-        for name, regex in self.metrics:
-            m = regex.search(text)
-            if m is None:
-                continue
-            try:
-                value = float(m.group(1) if regex.groups else m.group(0))
-            except (ValueError, IndexError, TypeError):
-                continue
-            self.stored += 1
-            if self.stored > MAX_METRIC_VALUES:
-                if self.stored == MAX_METRIC_VALUES + 1:
-                    _stderr(f"{self.tag} hora job: this rank has stored {MAX_METRIC_VALUES} metric values, the "
-                            "most one rank keeps; later ones are in the logs only")
-                continue
-            self.pending.append((name, value, now, self.host, self.rank, self.attempt))
-        if self.pending and time.monotonic() - self.last_flush >= FLUSH_SECONDS:
-            self.flush()
+        self.metrics.feed(text, self.host, self.rank, self.attempt, now, self.tag)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.metrics.pending)
+
+    @property
+    def last_flush(self) -> float:
+        return self.metrics.last_flush
 
     def flush(self) -> None:
-        self.last_flush = time.monotonic()
-        if self.pending and self.store is not None:
-            rows, self.pending = self.pending, []
-            try:
-                self.store.add_metrics(self.job, rows)
-            except HoraError as exc:  # a full disk: these values are lost, the script goes on
-                _stderr(f"{self.tag} hora job: {len(rows)} metric value(s) lost: {exc}")
+        self.metrics.flush(self.tag)
 
 
 def _pump(proc: subprocess.Popen[bytes], pump: _Pump) -> None:
@@ -271,12 +248,42 @@ def _stderr(message: str) -> None:
         pass
 
 
+def job_dir_of(argv: list[str], rank: int) -> Path:
+    """``JOB_DIR``; for a job on remote hosts ``--remote TEMPLATE PROCESSES_PER_HOST HOST...``: the job's directory
+    on this rank's host, ``{host}`` in it that host's name as the job lists it and ``~`` this host's home."""
+    if argv[0] != "--remote":
+        return Path(argv[0])
+    host = argv[3 + rank // int(argv[2])]
+    return Path(os.path.expanduser(argv[1].replace("{host}", host)))
+
+
+def become_host(job_dir: Path, plan: JobPlan, host: str) -> None:
+    """On a remote host, run as root: this wrapper (and its script) see algo-K names in /etc/hosts, the host name
+    algo-K and the tree at /opt/ml, as a local job's hosts do (:func:`hora.jobs.cluster.enter_host`); in a private
+    mount and UTS namespace, so the machine's own files are untouched. Without root nothing changes."""
+    if os.geteuid() != 0:
+        return
+    from hora.jobs.cluster import enter_host, hosts_file_text
+
+    try:
+        base = Path("/etc/hosts").read_text()
+    except OSError:
+        base = "127.0.0.1\tlocalhost\n"
+    path = job_dir / "hora" / f"hosts-{host}"
+    partial = path.with_name(f".{path.name}.{os.getpid()}")  # the host's ranks write it at once: each its own
+    partial.write_text(hosts_file_text(base, list(plan.addresses)))
+    os.replace(partial, path)
+    enter_host(host, path, job_dir / "hosts" / host)
+
+
 def main() -> None:
-    job_dir = Path(sys.argv[1])
-    plan = JobPlan.read(job_dir)
     rank = detect().rank
+    job_dir = job_dir_of(sys.argv[1:], rank)
+    plan = JobPlan.read(job_dir)
     attempt = int(read("HORA_JOB_ATTEMPT") or "1")
     host = plan.host_of_rank(rank)
+    if plan.network == "ssh":  # before any thread starts
+        become_host(job_dir, plan, host)
     host_env = json.loads((job_dir / "hora" / f"env-{host}.json").read_text())
     env = rank_env(environment(), plan, host_env, rank)
     tf_config = tf_config_for(plan.parameter_server, plan.hosts, host)

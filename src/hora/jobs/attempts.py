@@ -16,6 +16,9 @@ from hora.jobs import _stage, spot
 from hora.jobs.cluster import runtime_dir
 from hora.jobs.host_trees import HostTrees
 from hora.jobs.outcome import failure_reason, master_result
+from hora.jobs.plan import JobPlan
+from hora.jobs.records import AttemptResult
+from hora.jobs.remote_hosts import JobLines, RemoteHosts
 from hora.jobs.sagemaker_env import HostLayout
 from hora.jobs.spec import JobSpec
 from hora.jobs.states import JobStatus, SecondaryStatus
@@ -41,6 +44,8 @@ class Attempts:
     hosts: list[str]
     layouts: dict[str, HostLayout]
     _trees: HostTrees
+    _remote: RemoteHosts | None
+    echo: bool
     _reclaimed: str | None
     _limit: str | None
     _trained: float
@@ -75,6 +80,8 @@ class Attempts:
             layout.create()
             if new_instances and self.spec.checkpoint_path:
                 _stage.download_dir(self.spec.checkpoint_path, layout.checkpoint_dir)
+        if self._remote is not None:
+            self._remote.reset()
 
     def _train(self) -> tuple[JobStatus, SecondaryStatus, str | None, int | None]:
         attempts = self.spec.max_retry_attempts + 1
@@ -132,6 +139,8 @@ class Attempts:
                 sync = spot.CheckpointSync(self._sync_checkpoints_out, self.say)
         began = time.monotonic()
         try:
+            if self._remote is not None:
+                return self._run_remote(attempt)
             codes = self._trees.run(attempt, self._launch_env(attempt))
         finally:
             self._trained += time.monotonic() - began
@@ -142,6 +151,33 @@ class Attempts:
         return master_result(
             self.job_dir, self.hosts, self.spec.world_size, attempt, codes, self._trees.interrupted
         )
+
+    def _run_remote(self, attempt: int) -> RunResult:
+        """The attempt on the real hosts: hora run's launch() from here, over SSH; then every host's results home,
+        whatever the outcome."""
+        from hora.jobs.parameter_server import hora_ps_run_settings
+        from hora.runner.hosts import HostSlots
+        from hora.runner.launch import LaunchSpec, launch
+
+        assert self._remote is not None
+        plan = JobPlan.read(self.job_dir)
+        settings = dict(plan.run_settings)
+        if plan.parameter_server is not None and plan.parameter_server.servers == "hora":
+            settings.update(hora_ps_run_settings(len(plan.hosts)))
+        lines = JobLines(self.job_dir, plan.metric_definitions, str(self.store.home), self.spec.job_name, attempt)
+        spec = LaunchSpec(
+            self._remote.command(plan.processes_per_host), plan.world_size, env=self._launch_env(attempt),
+            settings=settings, prefix_output=False, grace=plan.grace, cwd="/",
+            hosts=[HostSlots(h, plan.processes_per_host) for h in self._remote.hosts], ssh=self._remote.ssh,
+            observer=lines, quiet=not self.echo,
+        )
+        try:
+            result = launch(spec)
+        finally:
+            lines.close()
+            self._remote.pull(self.job_dir, attempt)
+        AttemptResult(tuple(result.returncodes), result.exit_code, result.interrupted).write(self.job_dir, attempt)
+        return result
 
     def _sync_checkpoints_out(self) -> None:
         if self.spec.checkpoint_path:

@@ -24,7 +24,16 @@ def add_job_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("spec", help="the job spec (YAML)")
     run.add_argument("--wait", action="store_true", help="run in the foreground, show its output, end with a summary")
     run.add_argument("--job-name", help="override the spec's job_name")
+    _add_host_flags(run, "run the job on these hosts over SSH (algo-1 first); the spec's cluster: keeps its other "
+                    "settings")
     _add_manifest_parser(jsub)
+    cl = jsub.add_parser("clean", help="remove the job directories a job on remote hosts left there (over SSH)")
+    _add_host_flags(cl, "the hosts to clean")
+    cl.add_argument("--job", help="only this job's directory (default: the whole work dir, the shipping cache too)")
+    cl.add_argument("--work-dir", help="the work_dir the jobs used (default ~/.hora/remote)")
+    cl.add_argument("--ssh-port", type=int, help="the hosts' SSH port")
+    cl.add_argument("-i", "--ssh-identity-file", help="the SSH key to use")
+    cl.add_argument("--ssh-option", action="append", default=[], help="an ssh -o option (repeatable)")
     jsub.add_parser("list", help="every job in the store")
     d = jsub.add_parser("describe", help="status, failure reason, artifacts and history of a job")
     d.add_argument("job")
@@ -96,6 +105,24 @@ def _manifest(args: argparse.Namespace) -> int:
     ns = f" -n {args.namespace}" if args.namespace else ""
     print(f"wrote {len(objects)} object(s) to {', '.join(map(str, written))} (0600: they hold the job's secret)")
     print(f"apply with: kubectl apply -f {args.output}{ns}; watch with: kubectl logs -f job/{name}{ns}")
+    return 0
+
+
+def _add_host_flags(p: argparse.ArgumentParser, hosts_help: str) -> None:
+    p.add_argument("--hosts", metavar="H1,H2", help=hosts_help)
+    p.add_argument("--hostfile", metavar="FILE", help="the hosts, one per line (host [slots=N]; slots are not used)")
+
+
+def _clean(args: argparse.Namespace) -> int:
+    from hora.jobs.remote_hosts import clean
+    from hora.jobs.remote_spec import DEFAULT_WORK_DIR, ClusterSpec, cli_cluster
+
+    if not (args.hosts or args.hostfile):
+        raise ConfigError("hora job clean needs --hosts H1,H2 or --hostfile FILE")
+    cluster = cli_cluster(ClusterSpec((), args.ssh_port, args.ssh_identity_file, tuple(args.ssh_option),
+                                      args.work_dir or DEFAULT_WORK_DIR), args.hosts, args.hostfile, 0)
+    for line in clean(cluster, args.job):
+        print(f"removed {line}")
     return 0
 
 
@@ -175,8 +202,20 @@ def job_main(args: argparse.Namespace) -> int:
             return _tune(args)
         if args.job_cmd == "manifest":
             return _manifest(args)
+        if args.job_cmd == "clean":
+            return _clean(args)
         if args.job_cmd == "run":
             spec = load_spec(args.spec, {"job_name": args.job_name} if args.job_name else None)
+            if args.hosts or args.hostfile:
+                import dataclasses
+
+                from hora.jobs.remote_spec import cli_cluster
+
+                spec = dataclasses.replace(spec, cluster=cli_cluster(spec.cluster, args.hosts, args.hostfile,
+                                                                     spec.instance_count))
+            if spec.cluster is not None and not spec.cluster.hosts:
+                raise ConfigError("the spec's cluster: names no hosts; list them in cluster.hosts (or hostfile) or "
+                                  "give them with --hosts H1,H2")
             if not args.wait:
                 record = start_job(spec, store, wait=False)
                 print(f"started job {record.name} ({spec.instance_count} host(s) x {spec.processes_per_host} "

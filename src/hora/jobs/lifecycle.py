@@ -43,6 +43,7 @@ from hora.jobs.host_trees import HOST_START_SECONDS, HostTrees
 from hora.jobs.install import JobEnvironment
 from hora.jobs.outcome import archive, failure_reason
 from hora.jobs.plan import JobPlan, ParameterServerPlan
+from hora.jobs.remote_hosts import RemoteHosts, RemotePipes, ship_pipe_sources
 from hora.jobs.sagemaker_env import (
     HostLayout,
     host_layout,
@@ -140,7 +141,7 @@ class JobSupervisor(Attempts):
         self._reclaimed: str | None = None  # managed spot: the host whose reclaim interrupted this attempt
         self._trained = 0.0  # seconds the attempts so far trained (managed spot: max_run bounds this)
         self._stoppable = True
-        self._closers: list[ChannelHandle] = []
+        self._closers: list[ChannelHandle | RemotePipes] = []
         self._log_file: Any = None
         self._net: netns.HostNetwork | None = None
         self.addresses: list[str] = []
@@ -148,6 +149,8 @@ class JobSupervisor(Attempts):
         self._trees = HostTrees(self.job_dir, self.hosts, spec.stop_grace, self.say)
         self._env = JobEnvironment(self.job_dir)
         self._exporter: JobExporter | None = None  # TensorBoard and MLflow (exporter.py), when the spec asks
+        self._remote = (RemoteHosts(spec.cluster, spec.job_name, self.hosts, self.say)
+                        if spec.cluster is not None and spec.cluster.hosts else None)
 
     # -- messages --------------------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -220,7 +223,9 @@ class JobSupervisor(Attempts):
                 f"{len(self.hosts)} host(s) x {self.spec.processes_per_host} process(es)",
             )
             self._setup_hosts()
-            self._env.install(self.layouts[self.hosts[0]].code_dir, self.spec.environment, self.spec.max_run, self.say)
+            if self._remote is None:  # on remote hosts the script's packages are the hosts' own (docs/jobs.md)
+                self._env.install(self.layouts[self.hosts[0]].code_dir, self.spec.environment, self.spec.max_run,
+                                  self.say)
             self._write_plan()
             self._status(JobStatus.InProgress, SecondaryStatus.Downloading, "staging input channels")
             self._stage_inputs()
@@ -330,15 +335,23 @@ class JobSupervisor(Attempts):
             self.say(f"hosts on loopback addresses {', '.join(self.addresses)}")
 
     def _setup_hosts(self) -> None:
-        self._setup_network()
+        if self._remote is not None:
+            remote = self._remote
+            remote.probe()
+            self.addresses, self.interface = [i["address"] for i in remote.info], remote.info[0]["interface"]
+        else:
+            self._setup_network()
         cpus, gpus = os.cpu_count() or 1, num_gpus()
-        for host in self.hosts:
+        for index, host in enumerate(self.hosts):
             layout = self.layouts[host]
-            write_host_config(self.spec, layout, host, self.interface)
+            info = self._remote.info[index] if self._remote is not None else {}
+            write_host_config(self.spec, layout, host, info.get("interface", self.interface))
             # symlinks stay links: a link in the source dir never copies what it points to (a whole /etc)
             shutil.copytree(self.spec.source_dir, layout.code_dir, symlinks=True, dirs_exist_ok=True,
                             ignore=self._ignore_in_source)
-            env = sm_environment(self.spec, layout, host, cpus, gpus)
+            env = sm_environment(self.spec, layout, host, info.get("cpus", cpus), info.get("gpus", gpus))
+            if info:  # the host's tree is at the same place under its job directory there
+                env = {k: v.replace(str(self.job_dir), info["dir"]) for k, v in env.items()}
             # the spec's environment
             write_private(self.job_dir / "hora" / f"env-{host}.json", json.dumps(env, indent=1))
         self.say(f"hosts {', '.join(self.hosts)} set up under {self.job_dir / 'hosts'}")
@@ -347,14 +360,15 @@ class JobSupervisor(Attempts):
         """What every process of the job needs (:class:`~hora.jobs.plan.JobPlan`): the hosts, their addresses, the
         command, the hora run settings, the parameter servers, the metric definitions."""
         python = str(self._env.python) if self._env.exists else sys.executable
+        python = self._remote.python if self._remote is not None else python
         user_hps = json.loads(self.job_dir.joinpath("hora", f"env-{self.hosts[0]}.json").read_text())["SM_HPS"]
         millis = self.spec.system_monitor_interval_millis
         plan = JobPlan(
             job_name=self.spec.job_name,
-            home=str(self.store.home),
+            home=str(self.store.home) if self._remote is None else "",  # remote: metrics parsed here (JobLines)
             hosts=tuple(self.hosts),
             addresses=tuple(self.addresses),
-            network="namespace" if self._net is not None else "loopback",
+            network="ssh" if self._remote is not None else "namespace" if self._net is not None else "loopback",
             namespaces=tuple(self._net.namespaces) if self._net is not None else (),
             interface=self.interface,
             master_timeout=self.spec.master_timeout,
@@ -368,7 +382,7 @@ class JobSupervisor(Attempts):
             strategy=self.spec.strategy,
             parameter_server=self._parameter_servers(),
             metric_definitions=self.spec.metric_definitions,
-            echo=self.echo,
+            echo=self.echo or self._remote is not None,  # remote: the lines come home through hora run
             system_monitor_interval=None if millis is None else millis / 1000,
         )
         plan.write(self.job_dir)
@@ -406,16 +420,27 @@ class JobSupervisor(Attempts):
                 if n == "__pycache__" or n.endswith(".pyc") or os.path.join(os.path.realpath(directory), n) in skip]
 
     def _stage_inputs(self) -> None:
+        # on remote hosts each host fetches the s3:// channels itself (remote_hosts.py), after the push
+        by_host = [ch for ch in self.spec.inputs if self._remote is not None and ch.is_s3 and ch.input_mode == "File"]
         for index, host in enumerate(self.hosts):
             layout = self.layouts[host]
             for ch in self.spec.inputs:
-                if ch.input_mode == "File":  # Pipe channels are fed afresh for every attempt (_stage_pipes)
+                if ch.input_mode == "File" and ch not in by_host:  # Pipe channels: afresh per attempt (_stage_pipes)
                     self.say(f"{host}: channel {ch.name!r} ({ch.input_mode}, {ch.distribution}) from {ch.uri}")
                     self._closers.append(_stage.stage_channel(ch, layout.data_dir, index, len(self.hosts), self.say))
             if self.spec.checkpoint_path:
                 _stage.download_dir(self.spec.checkpoint_path, layout.checkpoint_dir)
+        if self._remote is not None:
+            ship_pipe_sources(self.spec.inputs, [self.layouts[h].root for h in self.hosts])
+            self._remote.push(self.job_dir)
+            self._remote.stage_s3(by_host, self._launch_env(1))
 
     def _stage_pipes(self) -> None:
+        pipes = [ch for ch in self.spec.inputs if ch.input_mode == "Pipe"]
+        if self._remote is not None:  # fed on each host (remote_hosts.py)
+            if pipes:
+                self._closers.append(self._remote.feed_pipes(pipes, self._launch_env(1)))
+            return
         for index, host in enumerate(self.hosts):
             for ch in self.spec.inputs:
                 if ch.input_mode == "Pipe":

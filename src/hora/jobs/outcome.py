@@ -75,7 +75,8 @@ def failure_reason(job_dir: Path, hosts: list[str], processes_per_host: int, att
         lines = [f"AlgorithmError: host {host}, rank {rc.rank} (pid {pid}) kept the other ranks waiting until the "
                  f"stall shutdown, then was stopped ({describe_code(code)}): {rc.reason}"]
     else:
-        lines = [f"AlgorithmError: host {host}, rank {rc.rank} (pid {pid}) failed first: {describe_code(code)}"]
+        lines = [f"AlgorithmError: host {host}, rank {rc.rank} (pid {pid}) failed first: {describe_code(code)}"
+                 + (f": {rc.reason}" if rc.reason else "")]  # its host failed (hora run: a lost SSH connection)
     tb = traceback_tail(list(tail))
     if tb:
         lines.append("last lines of its stderr:")

@@ -27,9 +27,9 @@ __all__ = ["NETWORKS", "PLAN_FILE", "PS_SERVERS", "JobPlan", "ParameterServerPla
 
 #: The plan's file, in the job directory.
 PLAN_FILE = Path("hora", "plan.json")
-#: How the hosts got their addresses (:mod:`hora.jobs.cluster`; ``kubernetes``: pods of an Indexed Job, their
-#: DNS names resolved by :mod:`hora.jobs.k8s_entry`).
-NETWORKS = ("namespace", "loopback", "kubernetes")
+#: How the hosts got their addresses (:mod:`hora.jobs.cluster`; ``ssh``: real hosts, :mod:`hora.jobs.remote_hosts`;
+#: ``kubernetes``: pods of an Indexed Job, their DNS names resolved by :mod:`hora.jobs.k8s_entry`).
+NETWORKS = ("namespace", "loopback", "ssh", "kubernetes")
 #: Whose parameter servers run beside the workers (the spec's ``servers``).
 PS_SERVERS = ("tensorflow", "hora")
 

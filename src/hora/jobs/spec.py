@@ -10,6 +10,7 @@ like the ``Estimator(...)`` call it replaces.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -22,7 +23,7 @@ from typing import Any
 from hora.config import parse_value
 from hora.config.variables import read
 from hora.errors import ConfigError, SpecError
-from hora.jobs import export_spec
+from hora.jobs import export_spec, remote_spec
 from hora.jobs.checks import Checker as _Checker
 from hora.jobs.checks import type_name as _type_name
 from hora.jobs.checks import unknown_field as _unknown
@@ -45,7 +46,7 @@ FIELDS = (
     "entry_point", "source_dir", "hyperparameters", "instance_count", "instance_type", "processes_per_host",
     "distribution", "inputs", "input_mode", "output_path", "checkpoint_path", "metric_definitions", "max_run",
     "max_retry_attempts", "environment", "job_name", "stop_grace", "network", "master_timeout",
-    "use_spot_instances", "max_wait", "spot_interruptions", "profiler_config", *export_spec.EXPORT_FIELDS,
+    "use_spot_instances", "max_wait", "spot_interruptions", "profiler_config", "cluster", *export_spec.EXPORT_FIELDS,
 )
 CHANNEL_FIELDS = ("uri", "s3_data", "input_mode", "distribution", "content_type", "record_wrapping")
 
@@ -117,6 +118,7 @@ class JobSpec:
     system_monitor_interval_millis: int | None = DEFAULT_INTERVAL_MILLIS  # profiler_config's; None: disabled
     tensorboard_output_config: export_spec.TensorBoardOutputConfig | None = None  # exporter.py acts on these
     mlflow: export_spec.MlflowConfig | None = None
+    cluster: remote_spec.ClusterSpec | None = None  # real hosts over SSH (remote_hosts.py); None: this machine
 
     @property
     def host_count(self) -> int:
@@ -131,8 +133,9 @@ class JobSpec:
         out: dict[str, Any] = {
             k: getattr(self, k)
             for k in self.__dataclass_fields__
-            if k not in ("inputs", "metric_definitions", *export_spec.EXPORT_FIELDS)
+            if k not in ("inputs", "metric_definitions", "cluster", *export_spec.EXPORT_FIELDS)
         }
+        out["cluster"] = self.cluster.to_dict() if self.cluster else None
         out.update(export_spec.export_to_dict(self.tensorboard_output_config, self.mlflow))
         out["inputs"] = {c.name: c.__dict__ for c in self.inputs}
         out["metric_definitions"] = [{"Name": m.name, "Regex": m.regex} for m in self.metric_definitions]
@@ -248,8 +251,6 @@ def parse_spec(
             c.add(f"hyperparameter name {k!r} cannot be passed to a process: it becomes the variable SM_HP_<NAME>, "
                   "whose name cannot hold '=' or a NUL byte")
         try:
-            import json
-
             json.dumps(v)
         except (TypeError, ValueError):
             c.add(f"hyperparameter {k!r} has a value that is not JSON-encodable: {v!r}")
@@ -257,8 +258,6 @@ def parse_spec(
             if "\\u0000" in json.dumps(v):  # JSON always escapes a NUL byte so
                 c.add(f"hyperparameter {k!r} holds a NUL byte, which no command-line argument or variable can carry")
     if isinstance(hps, Mapping):
-        import json
-
         size = len(json.dumps(dict(hps), default=str).encode())
         if size > MAX_HYPERPARAMETER_BYTES:
             c.add(f"hyperparameters take {size} bytes as JSON, above {MAX_HYPERPARAMETER_BYTES}: the script gets them "
@@ -360,7 +359,8 @@ def parse_spec(
     problem = process_count_problem(
         instance_count * per_host, "the job", _oversubscribe(dist.run_settings, environment)
     )
-    if problem:  # every host of the job is a process tree on this machine
+    cluster = remote_spec.parse_cluster(data.get("cluster"), base, instance_count, c.add)
+    if problem and cluster is None:  # every host of the job is a process tree on this machine
         c.add(f"instance_count {instance_count} x processes_per_host {pph}: {problem}")
 
     use_spot, max_wait, interruptions = _spot(data, max_run, c)
@@ -401,7 +401,7 @@ def parse_spec(
         use_spot_instances=use_spot,
         max_wait=max_wait,
         spot_interruptions=interruptions,
-        system_monitor_interval_millis=monitor_millis,
+        system_monitor_interval_millis=monitor_millis, cluster=cluster,
         **exports,
     )
 
@@ -493,7 +493,7 @@ def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:
     fields = dict(data)
     fields["inputs"] = tuple(ChannelSpec(**c) for c in fields.get("inputs", {}).values())
     fields["spot_interruptions"] = tuple(fields.get("spot_interruptions", ()))
-    fields.update(export_spec.export_from_dict(fields))
+    fields.update(export_spec.export_from_dict(fields), cluster=remote_spec.cluster_from_dict(fields.get("cluster")))
     fields["metric_definitions"] = tuple(
         MetricDefinition(m["Name"], m["Regex"]) for m in fields.get("metric_definitions", [])
     )

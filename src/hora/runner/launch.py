@@ -186,9 +186,8 @@ def launch(spec: LaunchSpec) -> RunResult:
             f"cannot listen on {plan.rdv_host}:{spec.rendezvous_port} for the rendezvous: {exc.strerror}. "
             "Choose another --rendezvous-port, or leave it out to use a free port."
         ) from None
-    job = JobProcesses(
-        plan.slots, OutputPump(spec.output_filename, capture=spec.capture, prefix=spec.prefix_output), spec.verbose
-    )
+    pump = OutputPump(spec.output_filename, capture=spec.capture, prefix=spec.prefix_output, quiet=spec.quiet)
+    job = JobProcesses(plan.slots, pump, spec.verbose)
     job.pump.observer = spec.observer
     if spec.observer is not None:
         spec.observer.started([(slot.rank, slot.host) for slot in plan.slots])
@@ -370,7 +369,8 @@ def _start_remote(
         "merge_stderr": spec.merge_stderr,
         "system_metrics_interval": spec.system_metrics_interval if spec.system_metrics else None,
     }
-    argv = ssh_command(name, spec.ssh or SshOptions(), remote_agent_command(sys.executable, agent_path))
+    ssh = spec.ssh or SshOptions()
+    argv = ssh_command(name, ssh, remote_agent_command(ssh.python or sys.executable, agent_path))
     host = RemoteHost(
         name,
         [r["rank"] for r in ranks],

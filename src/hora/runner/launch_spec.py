@@ -39,5 +39,6 @@ class LaunchSpec:
     oversubscribe: bool = False  # allow more than MAX_PER_CPU processes per CPU here (the oversubscribe setting)
     merge_stderr: bool = False  # one pipe for each process's stdout and stderr (the merge_stderr setting)
     observer: RunObserver | None = None  # told of the ranks, their lines and the end (hora run --record)
+    quiet: bool = False  # print no rank output (the observer still gets it: hora job on remote hosts, echo off)
     system_metrics: str | None = None  # append every host's system metrics here (the system_metrics setting)
     system_metrics_interval: float = 0.5

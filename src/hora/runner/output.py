@@ -35,15 +35,18 @@ class OutputPump:
 
     ``[3]<stdout>: text`` goes to this process's stdout (stderr to its stderr), as horovodrun prints it.
     With ``directory``, each rank's raw output is also written to ``DIR/rank.<r>/stdout`` and ``.../stderr``.
-    With ``capture``, lines are kept in memory (``lines[rank][stream]``) instead of printed.
+    With ``capture``, lines are kept in memory (``lines[rank][stream]``) instead of printed; with ``quiet`` they are
+    neither (only the observer and ``directory`` get them).
     """
 
     def __init__(
-        self, directory: str | None = None, capture: bool = False, prefix: bool = True, hold: float = HOLD
+        self, directory: str | None = None, capture: bool = False, prefix: bool = True, hold: float = HOLD,
+        quiet: bool = False,
     ) -> None:
         self._sel = selectors.DefaultSelector()
         self._dir = Path(directory) if directory else None
         self._capture = capture
+        self._quiet = quiet  # nothing printed: the lines go to the observer (and DIR) only
         self._prefix = prefix
         self._hold = hold
         self._files: dict[tuple[int, str], IO[bytes]] = {}
@@ -209,6 +212,8 @@ class OutputPump:
         self._write(key, self._decoders[key].decode(raw[shown:], final=True).rstrip("\r"), end=True)
 
     def _write(self, key: tuple[int, str], text: str, end: bool) -> None:
+        if self._quiet:
+            return
         rank, stream = key
         prefix = f"[{self.labels.get(rank, rank)}]<{stream}>: " if self._prefix else ""
         sink = _sink(stream)

@@ -36,6 +36,8 @@ class SshOptions:
     #: shell command, and must run the command there with its stdin/stdout/stderr connected and exit with its
     #: status. ``hora job`` reaches its hosts' agents this way (:mod:`hora.jobs._rsh`).
     agent: Sequence[str] | None = None
+    #: The Python that runs the hora agent on the remote hosts (default: the launcher's own, at the same path).
+    python: str | None = None
 
     @property
     def program(self) -> str:

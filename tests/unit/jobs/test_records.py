@@ -86,10 +86,10 @@ def test_a_rank_stores_a_bounded_number_of_metric_values_and_says_so_once(tmp_pa
     1.6 GB; a rank now keeps at most MAX_METRIC_VALUES (the rest stay in the logs), and `metrics` streams."""
     from types import SimpleNamespace
 
-    from hora.jobs import _entry, views
+    from hora.jobs import _entry, metric_lines, views
     from hora.jobs.store import JobStore
 
-    monkeypatch.setattr(_entry, "MAX_METRIC_VALUES", 3)
+    monkeypatch.setattr(metric_lines, "MAX_METRIC_VALUES", 3)
     (tmp_path / "job" / "logs").mkdir(parents=True)
     store = JobStore(tmp_path / "home")
     store.create("bounded", {})

@@ -1,0 +1,72 @@
+"""Matching a job's output lines against its metric definitions and storing the values in the job store: one parser
+for both places a line is seen, each rank's wrapper on this machine (:mod:`hora.jobs._entry`) and, for a job on
+remote hosts, the supervisor reading the lines streamed home (:mod:`hora.jobs.remote_hosts`)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Sequence
+
+from hora.errors import HoraError
+from hora.jobs.spec import MetricDefinition
+from hora.jobs.store import JobStore
+
+__all__ = ["FLUSH_SECONDS", "MAX_METRIC_VALUES", "MetricParser"]
+
+FLUSH_SECONDS = 1.0
+#: Metric values one rank may store for its job (each row is about 75 bytes in jobs.db): a script that prints a
+#: matching line per batch for days would otherwise grow the index without bound (2 M rows took 151 MB).
+MAX_METRIC_VALUES = 100_000
+
+
+def _stderr(message: str) -> None:
+    try:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+class MetricParser:
+    """The metric values in the lines of a job's ranks, stored in batches (at most :data:`MAX_METRIC_VALUES` per
+    rank); ``home`` None or empty: none are stored."""
+
+    def __init__(self, definitions: Sequence[MetricDefinition], home: str | None, job: str) -> None:
+        self.metrics = [(m.name, re.compile(m.regex)) for m in definitions]
+        self.store = JobStore(home) if self.metrics and home else None
+        self.job = job
+        self.pending: list[tuple[str, float, float, str, int, int]] = []
+        self.stored: dict[int, int] = {}  # rank -> metric values kept so far
+        self.last_flush = time.monotonic()
+
+    def feed(self, text: str, host: str, rank: int, attempt: int, now: float, tag: str) -> None:
+        if self.store is None:
+            return
+        for name, regex in self.metrics:
+            m = regex.search(text)
+            if m is None:
+                continue
+            try:
+                value = float(m.group(1) if regex.groups else m.group(0))
+            except (ValueError, IndexError, TypeError):
+                continue
+            stored = self.stored[rank] = self.stored.get(rank, 0) + 1
+            if stored > MAX_METRIC_VALUES:
+                if stored == MAX_METRIC_VALUES + 1:
+                    _stderr(f"{tag} hora job: this rank has stored {MAX_METRIC_VALUES} metric values, the most one "
+                            "rank keeps; later ones are in the logs only")
+                continue
+            self.pending.append((name, value, now, host, rank, attempt))
+        if self.pending and time.monotonic() - self.last_flush >= FLUSH_SECONDS:
+            self.flush(tag)
+
+    def flush(self, tag: str = "") -> None:
+        self.last_flush = time.monotonic()
+        if self.pending and self.store is not None:
+            rows, self.pending = self.pending, []
+            try:
+                self.store.add_metrics(self.job, rows)
+            except HoraError as exc:  # a full disk: these values are lost, the script goes on
+                _stderr(f"{tag} hora job: {len(rows)} metric value(s) lost: {exc}")

@@ -1,0 +1,182 @@
+"""The spec's ``cluster:`` section (``hora job run --hosts``/``--hostfile``): the real hosts a job runs on over SSH,
+how to reach them, and where each keeps the job's tree; plus the pure logic of shipping trees to them (what changed
+since the last push, from two manifests) and of naming the per-host work directory.
+
+The SSH backend itself is :mod:`hora.jobs.remote_hosts`; what runs on each host is :mod:`hora.jobs._remote_sync`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hora.errors import ConfigError
+from hora.jobs.checks import type_name, unknown_field
+
+__all__ = [
+    "CLUSTER_FIELDS", "DEFAULT_WORK_DIR", "ClusterSpec", "Manifest", "changes", "cli_cluster", "cluster_from_dict",
+    "hostfile_hosts", "job_work_dir", "manifest", "parse_cluster", "parse_host_list", "with_hosts",
+]  # fmt: skip
+
+CLUSTER_FIELDS = ("hosts", "hostfile", "ssh_port", "ssh_identity_file", "ssh_options", "work_dir", "python")
+#: Where each host keeps its jobs (``<work_dir>/<job>``) and its copy of the last shipped trees (``.cache``):
+#: relative to the SSH user's home there, as ``~`` is expanded by the host itself.
+DEFAULT_WORK_DIR = "~/.hora/remote"
+_HOST = re.compile(r"^[A-Za-z0-9_.@:\[\]-]+$")  # a host name, user@host or an address; nothing a shell reads
+
+#: One file of a tree: (size in bytes, modification time in ns); a manifest maps relative paths to them.
+Manifest = dict[str, tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The real hosts of a job (``hosts[0]`` is algo-1) and how to reach them over SSH (hora run's conventions)."""
+
+    hosts: tuple[str, ...]
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+    ssh_options: tuple[str, ...] = ()
+    #: each host's root for jobs; ``~`` is that host's home, ``{host}`` the host's name as given in ``hosts``
+    work_dir: str = DEFAULT_WORK_DIR
+    #: the Python on every host that runs hora and the script (default: this supervisor's, at the same path)
+    python: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hosts": list(self.hosts), "ssh_port": self.ssh_port, "ssh_identity_file": self.ssh_identity_file,
+                "ssh_options": list(self.ssh_options), "work_dir": self.work_dir, "python": self.python}
+
+
+def cluster_from_dict(data: Mapping[str, Any] | None) -> ClusterSpec | None:
+    """Rebuild from :meth:`ClusterSpec.to_dict` (the store's copy of a spec; already validated)."""
+    if not data:
+        return None
+    return ClusterSpec(tuple(data["hosts"]), data.get("ssh_port"), data.get("ssh_identity_file"),
+                       tuple(data.get("ssh_options") or ()), data.get("work_dir") or DEFAULT_WORK_DIR,
+                       data.get("python"))
+
+
+def parse_host_list(text: str, what: str = "--hosts") -> list[str]:
+    """``"h1,h2"`` -> ``["h1", "h2"]``; every name once, nothing a shell would read."""
+    hosts = [h.strip() for h in text.split(",") if h.strip()]
+    if not hosts:
+        raise ConfigError(f"{what} is empty; give the hosts as h1,h2 (algo-1 is the first)")
+    for h in hosts:
+        if not _HOST.match(h):
+            raise ConfigError(f"{what}: {h!r} is not a host name, user@host or address")
+        if hosts.count(h) > 1:
+            raise ConfigError(f"{what} names host {h!r} twice; a job runs one host algo-K per machine")
+    return hosts
+
+
+def hostfile_hosts(path: str) -> list[str]:
+    """The hosts of an Open MPI / Horovod style hostfile, in order (``slots=`` is read and not used: a job's
+    ranks per host are its ``processes_per_host``)."""
+    from hora.runner.hosts import parse_hostfile
+
+    return parse_host_list(",".join(h.host for h in parse_hostfile(path)), f"hostfile {path}")
+
+
+def parse_cluster(value: Any, base: Path, instance_count: int, add: Any) -> ClusterSpec | None:
+    """The spec's ``cluster:`` mapping (None: the job runs on this machine; no hosts: they come from ``hora job run
+    --hosts``). Problems go to ``add``."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        add(f"cluster must be a mapping ({', '.join(CLUSTER_FIELDS)}), got {type_name(value)}")
+        return None
+    for key in value:
+        if key not in CLUSTER_FIELDS:
+            add(unknown_field(str(key), CLUSTER_FIELDS, " in cluster"))
+    hosts: list[str] = []
+    try:
+        if value.get("hosts") is not None and value.get("hostfile") is not None:
+            add("cluster: give hosts or hostfile, not both")
+        elif isinstance(value.get("hosts"), list) and value["hosts"]:
+            hosts = parse_host_list(",".join(str(h) for h in value["hosts"]), "cluster.hosts")
+        elif isinstance(value.get("hostfile"), str):
+            hosts = hostfile_hosts(str(base / os.path.expanduser(value["hostfile"])))
+        elif value.get("hosts") is not None or value.get("hostfile") is not None:
+            add("cluster.hosts must be a non-empty list of host names (algo-1 first), cluster.hostfile a path")
+    except ConfigError as exc:
+        add(str(exc))
+    if hosts and len(hosts) != instance_count:
+        add(f"cluster lists {len(hosts)} host(s) but instance_count is {instance_count}: each host is one instance "
+            f"(algo-1..N in order); set instance_count: {len(hosts)} or list {instance_count} host(s)")
+    port = value.get("ssh_port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+        add(f"cluster.ssh_port must be a port number (1-65535), got {port!r}")
+        port = None
+    options = value.get("ssh_options") or []
+    if not isinstance(options, list) or not all(isinstance(o, str) and "=" in o for o in options):
+        add(f"cluster.ssh_options must be a list of ssh -o options (Name=value), got {options!r}")
+        options = []
+    strings: dict[str, str | None] = {}
+    for key in ("ssh_identity_file", "work_dir", "python"):
+        v = value.get(key)
+        if v is not None and (not isinstance(v, str) or not v or "\0" in v or "\n" in v):
+            add(f"cluster.{key} must be a non-empty string (a path), got {v!r}")
+            v = None
+        strings[key] = v
+    work_dir = strings["work_dir"] or DEFAULT_WORK_DIR
+    if not (work_dir.startswith(("/", "~/")) or work_dir == "~"):
+        add(f"cluster.work_dir {work_dir!r} must be absolute or start with ~/ (a path on each host)")
+    python = strings["python"]
+    if python is not None and not python.startswith("/"):
+        add(f"cluster.python {python!r} must be an absolute path (the Python on every host)")
+    identity = strings["ssh_identity_file"]
+    return ClusterSpec(tuple(hosts), port, str(base / os.path.expanduser(identity)) if identity else None,
+                       tuple(options), work_dir, python)
+
+
+def cli_cluster(cluster: ClusterSpec | None, hosts: str | None, hostfile: str | None,
+                instance_count: int) -> ClusterSpec:
+    """The spec's cluster with ``--hosts``/``--hostfile`` of ``hora job run`` (or ``hora job clean``)."""
+    if hosts and hostfile:
+        raise ConfigError("give --hosts or --hostfile, not both")
+    names = parse_host_list(hosts) if hosts else hostfile_hosts(hostfile or "")
+    if instance_count and len(names) != instance_count:
+        raise ConfigError(f"{len(names)} host(s) given but the spec's instance_count is {instance_count}: each host "
+                          f"is one instance (algo-1..N in order); set instance_count: {len(names)} in the spec or "
+                          f"give {instance_count} host(s)")
+    return with_hosts(cluster, names)
+
+
+def with_hosts(cluster: ClusterSpec | None, hosts: list[str]) -> ClusterSpec:
+    """The spec's cluster (or a default one) with the hosts given on the command line."""
+    if cluster is None:
+        return ClusterSpec(tuple(hosts))
+    return ClusterSpec(tuple(hosts), cluster.ssh_port, cluster.ssh_identity_file, cluster.ssh_options,
+                       cluster.work_dir, cluster.python)
+
+
+def job_work_dir(work_dir: str, job_name: str, host: str) -> str:
+    """The job's directory on ``host`` as that host's shell sees it (``~`` still to be expanded there)."""
+    return f"{work_dir.replace('{host}', host).rstrip('/')}/{job_name}"
+
+
+def changes(local: Manifest, remote: Manifest) -> tuple[list[str], list[str]]:
+    """What a push must send (files new or different in size or modification time) and delete (files the host
+    has that the local tree no longer has), both sorted."""
+    send = sorted(p for p, meta in local.items() if tuple(remote.get(p, ())) != tuple(meta))
+    delete = sorted(p for p in remote if p not in local)
+    return send, delete
+
+
+def manifest(root: Path) -> Manifest:
+    """Every regular file under ``root`` (symlinks followed, as they are shipped) with its size and mtime."""
+    out: Manifest = {}
+    if not root.is_dir():
+        return out
+    for dirpath, _, files in os.walk(root, followlinks=True):
+        for name in files:
+            path = Path(dirpath, name)
+            try:
+                st = path.stat()
+            except OSError:
+                continue  # a dangling link: nothing to ship
+            out[path.relative_to(root).as_posix()] = (st.st_size, st.st_mtime_ns)
+    return out
