@@ -81,6 +81,9 @@ def train_through_a_lost_executor(out: str, kill_step: int, steps: int, until_si
         if hvd.rank() == 1 and state.step == kill_step and not marker.exists():
             marker.write_text(slot)
             os.kill(executor_above(os.getpid()), signal.SIGKILL)
+            # This process goes with its executor, but not at once: on a loaded machine it could run the last
+            # steps with rank 0 first, which then ends the job as a success with no round 2. It ends here.
+            os.kill(os.getpid(), signal.SIGKILL)
 
     return _loop(out, steps, after_step, until_size)
 
