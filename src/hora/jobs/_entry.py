@@ -40,7 +40,7 @@ from hora.jobs.metric_lines import FLUSH_SECONDS, MetricParser
 from hora.jobs.outcome import describe_code
 from hora.jobs.parameter_server import MasterWatch, ps_command, tf_config_for
 from hora.jobs.plan import JobPlan
-from hora.jobs.records import RankEnd, log_line
+from hora.jobs.records import RankEnd, log_line, stderr_line
 
 TAIL_LINES = 60
 DRAIN_SECONDS = 5.0
@@ -107,7 +107,7 @@ class _Pump:
         except OSError as exc:  # a full disk: the script goes on; say so once, on the wrapper's own stderr
             if not self.log_failed:
                 self.log_failed = True
-                _stderr(f"{self.tag} hora job: cannot write {self.log_path} ({exc.strerror}); this rank's lines "
+                stderr_line(f"{self.tag} hora job: cannot write {self.log_path} ({exc.strerror}); this rank's lines "
                         "are missing from it from here on")
         if stream == "stderr":
             self.tail.append(text)
@@ -240,13 +240,6 @@ def _stop_script(proc: subprocess.Popen[bytes]) -> None:
     timer.start()
 
 
-def _stderr(message: str) -> None:
-    try:
-        sys.stderr.write(message + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-
 
 def job_dir_of(argv: list[str], rank: int) -> Path:
     """``JOB_DIR``; for a job on remote hosts ``--remote TEMPLATE PROCESSES_PER_HOST HOST...``: the job's directory
@@ -333,7 +326,7 @@ def main() -> None:
     try:
         end.write(job_dir, attempt)
     except OSError as exc:  # the exit code still reaches hora run; only the traceback tail is lost
-        _stderr(f"{pump.tag} hora job: cannot record this rank's end in {job_dir / 'hora'}: {exc}")
+        stderr_line(f"{pump.tag} hora job: cannot record this rank's end in {job_dir / 'hora'}: {exc}")
     sys.stdout.flush()
     sys.stderr.flush()
     if code < 0:  # die of the same signal, so hora run reports the script's outcome unchanged

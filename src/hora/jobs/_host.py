@@ -44,7 +44,7 @@ from hora.errors import HoraError
 from hora.jobs.cluster import read_secret, socket_path
 from hora.jobs.parameter_server import hora_ps_run_settings
 from hora.jobs.plan import JobPlan
-from hora.jobs.records import HostReport, MasterRecord
+from hora.jobs.records import HostReport, MasterRecord, host_says
 from hora.jobs.store import JobStore
 from hora.runner.system_metrics import Sample, SystemSampler
 
@@ -56,13 +56,6 @@ MAX_REQUEST = 1 << 20
 HANDSHAKE_SECONDS = 10.0
 JOB_SESSION_MARK = "hora.runner.host_agent"  # the master's session that runs this host's ranks
 
-
-def _say(host: str, message: str) -> None:
-    try:
-        sys.stderr.write(f"[{host}] hora job: {message}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
 
 
 # -- the other hosts --------------------------------------------------------------------------------------------
@@ -161,7 +154,7 @@ def serve(job_dir: Path, plan: JobPlan, host: str, attempt: int) -> int:
         if session.is_job:
             job_started.set()
 
-    rejects = RejectLog(logging.getLogger(__name__), "refused a connection", say=lambda m: _say(host, m))
+    rejects = RejectLog(logging.getLogger(__name__), "refused a connection", say=lambda m: host_says(host, m))
 
     def run(session: _Session) -> None:
         session.serve(secret, host, on_start, rejects)
@@ -176,7 +169,7 @@ def serve(job_dir: Path, plan: JobPlan, host: str, attempt: int) -> int:
                 reason = (f"{host} waited {plan.master_timeout:g}s for the master host {master} to start the "
                           f"ranks and it never did (see {master}'s messages above or in logs/job.log); "
                           "raise master_timeout in the job spec if the master is just slow to start")
-                _say(host, reason)
+                host_says(host, reason)
                 HostReport(host, reason).write(job_dir, attempt)
                 return MASTER_NEVER_CAME
             readable, _, _ = select.select([listener], [], [], 0.2)
@@ -211,7 +204,7 @@ def run_master(job_dir: Path, plan: JobPlan, host: str, attempt: int) -> int:
         if servers is not None and servers.servers == "hora":  # the hook: hora's own parameter servers, one per host
             settings.update(hora_ps_run_settings(len(plan.hosts)))
     except HoraError as exc:
-        _say(host, str(exc))
+        host_says(host, str(exc))
         MasterRecord(error=f"{type(exc).__name__}: {exc}").write(job_dir, attempt)
         return 1
     spec = LaunchSpec(
@@ -230,13 +223,13 @@ def run_master(job_dir: Path, plan: JobPlan, host: str, attempt: int) -> int:
     try:
         result = launch(spec)
     except HoraError as exc:
-        _say(host, f"hora run could not start the ranks: {exc}")
+        host_says(host, f"hora run could not start the ranks: {exc}")
         MasterRecord(error=f"{type(exc).__name__}: {exc}").write(job_dir, attempt)
         return 1
     try:
         MasterRecord(result=result).write(job_dir, attempt)
     except OSError as exc:  # a full disk: the supervisor reports the missing record; say why here
-        _say(host, f"cannot record how hora run ended in {job_dir / 'hora'}: {exc}")
+        host_says(host, f"cannot record how hora run ended in {job_dir / 'hora'}: {exc}")
     return result.exit_code
 
 
@@ -252,7 +245,7 @@ def _system_metrics(plan: JobPlan, host: str) -> SystemSampler | None:
     try:
         return SystemSampler(plan.system_monitor_interval, sink).start()
     except (HoraError, OSError) as exc:
-        _say(host, f"no system metrics for this host: {exc}")
+        host_says(host, f"no system metrics for this host: {exc}")
         return None
 
 

@@ -48,7 +48,7 @@ from hora.jobs.cluster import host_name, host_names
 from hora.jobs.lifecycle import entry_command, unattended_settings
 from hora.jobs.outcome import archive, describe_code, traceback_tail
 from hora.jobs.plan import JobPlan
-from hora.jobs.records import RankEnd
+from hora.jobs.records import RankEnd, host_says
 from hora.jobs.sagemaker_env import HostLayout, num_gpus, sm_environment, to_cmd_args
 from hora.jobs.spec import JobSpec, spec_from_dict
 from hora.jobs.store import write_private
@@ -62,13 +62,6 @@ POLL_SECONDS = 0.1
 #: How long the other ranks of this pod get to end on their own after one failed, before SIGTERM (hora run's).
 SETTLE_SECONDS = 0.5
 
-
-def _say(host: str, message: str) -> None:
-    try:
-        sys.stderr.write(f"[{host}] hora job: {message}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
 
 
 def resolve_hosts(template: str, count: int, timeout: float) -> list[str]:
@@ -112,7 +105,7 @@ def _add_hosts(path: Path, addresses: list[str], host: str) -> None:
         with open(path, "a") as f:
             f.write(lines)
     except OSError as exc:
-        _say(host, f"cannot add the job's hosts to {path} ({exc.strerror}): the names algo-1..N do not resolve in "
+        host_says(host, f"cannot add the job's hosts to {path} ({exc.strerror}): the names algo-1..N do not resolve in "
                    "this pod; the ranks use the addresses")
 
 
@@ -181,7 +174,7 @@ class _Ranks:
                     first = (rank, code)
                     failed_at = time.monotonic()
             if failed_at is not None and self.stopping is None and time.monotonic() > failed_at + SETTLE_SECONDS:
-                _say(self.host, f"rank {first[0] if first else '?'} failed; stopping this host's other ranks")
+                host_says(self.host, f"rank {first[0] if first else '?'} failed; stopping this host's other ranks")
                 self.terminate()
             if self.stopping is not None and time.monotonic() > self.stopping + self.grace:
                 self.kill()
@@ -252,10 +245,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("HORA_SECRET is not set: the manifest gives it from the Secret <name>-secret; apply the "
                           "whole manifest (kubectl apply -f)")
     addresses = resolve_hosts(args.peer_dns, count, spec.master_timeout)
-    _say(host, f"hosts {', '.join(f'{h}={a}' for h, a in zip(host_names(count), addresses))}")
+    host_says(host, f"hosts {', '.join(f'{h}={a}' for h, a in zip(host_names(count), addresses))}")
     _add_hosts(Path(args.hosts_file), addresses, host)
     layout = _layout(args, spec, host)
-    handles = [_stage.stage_channel(ch, layout.data_dir, index, count, lambda m: _say(host, m)) for ch in spec.inputs]
+    handles = [_stage.stage_channel(ch, layout.data_dir, index, count, lambda m: host_says(host, m))
+               for ch in spec.inputs]
     if spec.checkpoint_path:
         _stage.download_dir(spec.checkpoint_path, layout.checkpoint_dir)
     workdir = Path(args.workdir)
@@ -335,17 +329,17 @@ def _finish(args: argparse.Namespace, spec: JobSpec, layout: HostLayout, workdir
         if spec.checkpoint_path and layout.checkpoint_dir.is_dir():
             _stage.upload_dir(layout.checkpoint_dir, spec.checkpoint_path)
     except (HoraError, OSError) as exc:
-        _say(host, f"copying the checkpoints to {spec.checkpoint_path} failed: {exc}")
+        host_says(host, f"copying the checkpoints to {spec.checkpoint_path} failed: {exc}")
     if host == "algo-1":
         artifacts, problem = archive(workdir, [layout], spec.output_path, spec.job_name)
         for what, where in artifacts.items():
-            _say(host, f"{what}: {where}")
+            host_says(host, f"{what}: {where}")
         if problem:
-            _say(host, problem)
+            host_says(host, problem)
             if code == 0:
                 code, reason = 1, f"ClientError: {problem}"
     if reason:
-        _say(host, reason)
+        host_says(host, reason)
         try:
             Path(args.termination_log).write_text(reason[:4096])  # Kubernetes keeps at most 4096 bytes of it
         except OSError:
@@ -359,7 +353,7 @@ def main() -> None:
     try:
         code = run(args)
     except HoraError as exc:
-        _say(host, str(exc))
+        host_says(host, str(exc))
         try:
             Path(args.termination_log).write_text(str(exc)[:4096])
         except OSError:

@@ -43,6 +43,7 @@ from hora.jobs.host_trees import HOST_START_SECONDS, HostTrees
 from hora.jobs.install import JobEnvironment
 from hora.jobs.outcome import archive, failure_reason
 from hora.jobs.plan import JobPlan, ParameterServerPlan
+from hora.jobs.records import stderr_line
 from hora.jobs.remote_hosts import RemoteHosts, RemotePipes, ship_pipe_sources
 from hora.jobs.sagemaker_env import (
     HostLayout,
@@ -100,12 +101,6 @@ def _private(path: str, flags: int) -> int:
     return os.open(path, flags, 0o600)
 
 
-def _stderr(message: str) -> None:
-    try:
-        print(message, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
-
 
 class _Stop(Exception):
     """A stop signal (``hora job stop``, Ctrl-C, max_run) arrived outside the launch of the ranks."""
@@ -161,10 +156,10 @@ class JobSupervisor(Attempts):
                 self._log_file.flush()
             except OSError as exc:  # a full disk: the message still reaches the terminal and the job's record
                 self._log_file = None
-                _stderr(f"hora job: cannot write {self.job_dir / 'logs' / 'job.log'} ({exc.strerror}); "
+                stderr_line(f"hora job: cannot write {self.job_dir / 'logs' / 'job.log'} ({exc.strerror}); "
                         "the supervisor's messages go to its stderr from here on")
         if self._log_file is None and self._progress is None:
-            _stderr(f"hora job: {message}")
+            stderr_line(f"hora job: {message}")
         if self._progress is not None:
             self._progress(message)
 

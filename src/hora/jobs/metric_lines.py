@@ -5,11 +5,11 @@ remote hosts, the supervisor reading the lines streamed home (:mod:`hora.jobs.re
 from __future__ import annotations
 
 import re
-import sys
 import time
 from collections.abc import Sequence
 
 from hora.errors import HoraError
+from hora.jobs.records import stderr_line
 from hora.jobs.spec import MetricDefinition
 from hora.jobs.store import JobStore
 
@@ -20,13 +20,6 @@ FLUSH_SECONDS = 1.0
 #: matching line per batch for days would otherwise grow the index without bound (2 M rows took 151 MB).
 MAX_METRIC_VALUES = 100_000
 
-
-def _stderr(message: str) -> None:
-    try:
-        sys.stderr.write(message + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
 
 
 class MetricParser:
@@ -55,7 +48,7 @@ class MetricParser:
             stored = self.stored[rank] = self.stored.get(rank, 0) + 1
             if stored > MAX_METRIC_VALUES:
                 if stored == MAX_METRIC_VALUES + 1:
-                    _stderr(f"{tag} hora job: this rank has stored {MAX_METRIC_VALUES} metric values, the most one "
+                    stderr_line(f"{tag} hora job: this rank has stored {MAX_METRIC_VALUES} metric values, the most one "
                             "rank keeps; later ones are in the logs only")
                 continue
             self.pending.append((name, value, now, host, rank, attempt))
@@ -69,4 +62,4 @@ class MetricParser:
             try:
                 self.store.add_metrics(self.job, rows)
             except HoraError as exc:  # a full disk: these values are lost, the script goes on
-                _stderr(f"{tag} hora job: {len(rows)} metric value(s) lost: {exc}")
+                stderr_line(f"{tag} hora job: {len(rows)} metric value(s) lost: {exc}")

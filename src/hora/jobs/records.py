@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,16 @@ from typing import Any
 from hora.jobs.json_fields import Fields
 from hora.runner.result import Failure, RunResult
 
-__all__ = ["AttemptResult", "HostReport", "MasterRecord", "RankEnd", "attempt_dir", "log_line"]
+__all__ = [
+    "AttemptResult",
+    "HostReport",
+    "MasterRecord",
+    "RankEnd",
+    "attempt_dir",
+    "host_says",
+    "log_line",
+    "stderr_line",
+]
 
 
 def log_line(tag: str, stream: str, text: str, now: float) -> bytes:
@@ -186,3 +196,17 @@ class AttemptResult:
     def read(cls, job_dir: str | os.PathLike[str], attempt: int) -> AttemptResult:
         f = _fields(attempt_dir(job_dir, attempt) / "result.json")
         return cls(f.codes("returncodes"), f.integer("exit_code"), f.optional_integer("interrupted"))
+
+
+def stderr_line(text: str) -> None:
+    """One line of hora job's own on stderr; a stderr that is closed or gone is no error (the work goes on)."""
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def host_says(host: str, message: str) -> None:
+    """A message of a host's hora job process: ``[algo-2] hora job: ...`` on stderr."""
+    stderr_line(f"[{host}] hora job: {message}")

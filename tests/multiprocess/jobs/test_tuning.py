@@ -35,6 +35,7 @@ from hora.jobs import (
 from hora.jobs.tuning import wait_tuning_job
 from hora.jobs.tuning_store import TuningStore
 from support import paths
+from support.intervals import most_at_once
 
 pd = pytest.importorskip("pandas")
 
@@ -69,14 +70,6 @@ def _estimator(tmp_path, **hps) -> Estimator:
                      hyperparameters={"epochs": 3, **hps}, metric_definitions=METRICS)
 
 
-def _most_at_once(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    now = most = 0
-    for _, step in events:
-        now += step
-        most = max(most, now)
-    return most
-
 
 def test_a_grid_tuning_job_runs_two_trials_at_a_time_counts_the_failing_one_and_attaches_elsewhere(tmp_path):
     est = _estimator(tmp_path, pause=0.5)
@@ -108,7 +101,7 @@ def test_a_grid_tuning_job_runs_two_trials_at_a_time_counts_the_failing_one_and_
     assert record.spec["hyperparameters"] == {"epochs": 3, "pause": 0.5, "width": "7", "mode": "ok"}
     assert [m[1] for m in store.metrics(record.name)] == pytest.approx([0.7, 0.71, 0.72])
     # at most two at once, and two did run at once
-    assert _most_at_once([(r.created, r.ended) for r in trials.values()]) == 2  # type: ignore[misc]
+    assert most_at_once([(r.created, r.ended) for r in trials.values()]) == 2  # type: ignore[misc]
     df = tuner.analytics().dataframe()
     assert list(df.columns) == ["width", "mode", "TrainingJobName", "TrainingJobStatus", "FinalObjectiveValue",
                                 "TrainingStartTime", "TrainingEndTime", "TrainingElapsedTimeSeconds"]

@@ -18,6 +18,7 @@ import pytest
 
 from hora.jobs import HyperparameterTuner, JobStore
 from support import paths
+from support.intervals import most_at_once
 
 pytest.importorskip("pandas")
 pytest.importorskip("optuna")
@@ -25,14 +26,6 @@ pytest.importorskip("sklearn")
 
 EXAMPLE = paths.REPO / "examples" / "jobs" / "tune_digits.py"
 
-
-def _most_at_once(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    now = most = 0
-    for _, step in events:
-        now += step
-        most = max(most, now)
-    return most
 
 
 def _example():
@@ -62,7 +55,7 @@ def test_the_digits_example_is_tuned_end_to_end_six_trials_two_at_a_time(tmp_pat
     assert {"learning-rate", "l2", "batch-size", "FinalObjectiveValue"} <= set(df.columns)
     # never more than two at once (and two did run together), from the trials' own start and end times
     spans = [(s.timestamp(), e.timestamp()) for s, e in zip(df["TrainingStartTime"], df["TrainingEndTime"])]
-    assert _most_at_once(spans) == 2
+    assert most_at_once(spans) == 2
 
     store = JobStore(home)
     for row in df.itertuples():

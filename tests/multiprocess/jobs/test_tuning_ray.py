@@ -23,6 +23,7 @@ from hora.cli import main
 from hora.jobs import CategoricalParameter, Estimator, HyperparameterTuner, JobStore
 from hora.jobs.tuning import wait_tuning_job
 from hora.jobs.tuning_store import TuningStore
+from support.intervals import most_at_once
 from support.ray_cluster import processes_under, ray_environment, settle
 
 #: acc = width/10 + the offset read from the training channel; the model is a file naming the width.
@@ -67,29 +68,27 @@ def two_one_cpu_nodes():
         shutil.rmtree(node_tmp, ignore_errors=True)
         assert left == [], f"Ray processes outlived the cluster: {left}"
 
-
-def _most_at_once(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    now = most = 0
-    for _, step in events:
-        now += step
-        most = max(most, now)
-    return most
+METRICS = [{"Name": "acc", "Regex": r"acc=([0-9.]+)"}]
 
 
-def test_four_trials_two_at_a_time_on_a_two_node_ray_cluster(tmp_path, two_one_cpu_nodes, capsys):
-    cluster, node_tmp = two_one_cpu_nodes
-    src, data, out = tmp_path / "src", tmp_path / "data", tmp_path / "out"
+def _job(tmp_path, offset: str, **fields) -> tuple[Estimator, Path]:
+    """The trials' script in ``src/``, a ``data/`` channel holding ``offset``, and an Estimator over them."""
+    src, data, home = tmp_path / "src", tmp_path / "data", tmp_path / "home"
     src.mkdir()
     (src / "train.py").write_text(textwrap.dedent(SCRIPT))
     data.mkdir()
-    (data / "offset.txt").write_text("0.5")
-    home = tmp_path / "home"
-    est = Estimator(home=str(home), entry_point="train.py", source_dir=str(src), output_path=str(out),
-                    metric_definitions=[{"Name": "acc", "Regex": r"acc=([0-9.]+)"}])
+    (data / "offset.txt").write_text(offset)
+    est = Estimator(home=str(home), entry_point="train.py", source_dir=str(src), metric_definitions=METRICS,
+                    **fields)
+    return est, home
+
+def test_four_trials_two_at_a_time_on_a_two_node_ray_cluster(tmp_path, two_one_cpu_nodes, capsys):
+    cluster, node_tmp = two_one_cpu_nodes
+    out = tmp_path / "out"
+    est, home = _job(tmp_path, "0.5", output_path=str(out))
     tuner = HyperparameterTuner(est, "acc", {"width": CategoricalParameter([1, 2, 3, 4])}, strategy="Grid",
                                 max_parallel_jobs=2, ray_address=cluster.address)
-    tuner.fit({"training": str(data)}, job_name="raygrid", wait=True)
+    tuner.fit({"training": str(tmp_path / "data")}, job_name="raygrid", wait=True)
     desc = tuner.describe()
     assert desc["HyperParameterTuningJobStatus"] == "Completed", desc.get("FailureReason")
     assert desc["TrainingJobStatusCounters"]["Completed"] == 4
@@ -116,7 +115,7 @@ def test_four_trials_two_at_a_time_on_a_two_node_ray_cluster(tmp_path, two_one_c
         assert main(["job", "--home", str(home), "logs", name]) == 0
         assert f"acc={width / 10 + 0.51:.4f}" in capsys.readouterr().out
     assert len(nodes) == 2, "both nodes ran trials"
-    assert _most_at_once([(r.created, r.ended) for r in trials.values()]) <= 2  # type: ignore[misc]
+    assert most_at_once([(r.created, r.ended) for r in trials.values()]) <= 2  # type: ignore[misc]
 
     # hora job list / describe show them with their node
     assert main(["job", "--home", str(home), "list"]) == 0
@@ -167,17 +166,10 @@ def test_a_node_lost_mid_trial_fails_that_trial_naming_the_node(tmp_path, two_on
     cluster, node_tmp = two_one_cpu_nodes
     doomed = cluster.add_node(num_cpus=1, resources={"doomed": 1}, object_store_memory=80 << 20)
     cluster.wait_for_nodes()
-    src, data = tmp_path / "src", tmp_path / "data"
-    src.mkdir()
-    (src / "train.py").write_text(textwrap.dedent(SCRIPT))
-    data.mkdir()
-    (data / "offset.txt").write_text("0")
-    home = tmp_path / "home"
-    est = Estimator(home=str(home), entry_point="train.py", source_dir=str(src), hyperparameters={"hold": 1},
-                    metric_definitions=[{"Name": "acc", "Regex": r"acc=([0-9.]+)"}])
+    est, home = _job(tmp_path, "0", hyperparameters={"hold": 1})
     tuner = HyperparameterTuner(est, "acc", {"width": CategoricalParameter([1])}, strategy="Grid",
                                 ray_address=cluster.address, ray_resources={"CPU": 1, "doomed": 1})
-    tuner.fit({"training": str(data)}, job_name="raylost", wait=False)
+    tuner.fit({"training": str(tmp_path / "data")}, job_name="raylost", wait=False)
     store, tstore = JobStore(home), TuningStore(JobStore(home))
     deadline = time.monotonic() + 240
     while not (store.jobs() and store.metrics(store.jobs()[0].name)):  # it runs on the doomed node
@@ -200,11 +192,7 @@ def test_a_node_lost_mid_trial_fails_that_trial_naming_the_node(tmp_path, two_on
 
 def test_a_trial_wider_than_every_node_fails_the_tuning_job_at_once(tmp_path, two_one_cpu_nodes):
     cluster, _ = two_one_cpu_nodes
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "train.py").write_text(textwrap.dedent(SCRIPT))
-    est = Estimator(home=str(tmp_path / "home"), entry_point="train.py", source_dir=str(src), processes_per_host=3,
-                    metric_definitions=[{"Name": "acc", "Regex": r"acc=([0-9.]+)"}])
+    est, _ = _job(tmp_path, "0", processes_per_host=3)
     tuner = HyperparameterTuner(est, "acc", {"width": CategoricalParameter([1])}, strategy="Grid",
                                 ray_address=cluster.address)
     tuner.fit(job_name="raywide", wait=False)
@@ -216,17 +204,10 @@ def test_a_trial_wider_than_every_node_fails_the_tuning_job_at_once(tmp_path, tw
 
 def test_hora_job_stop_of_a_trial_stops_it_on_its_node_and_brings_its_artifacts_home(tmp_path, two_one_cpu_nodes):
     cluster, node_tmp = two_one_cpu_nodes
-    src, data = tmp_path / "src", tmp_path / "data"
-    src.mkdir()
-    (src / "train.py").write_text(textwrap.dedent(SCRIPT))
-    data.mkdir()
-    (data / "offset.txt").write_text("0")
-    home = tmp_path / "home"
-    est = Estimator(home=str(home), entry_point="train.py", source_dir=str(src), hyperparameters={"hold": 1},
-                    stop_grace=5, metric_definitions=[{"Name": "acc", "Regex": r"acc=([0-9.]+)"}])
+    est, home = _job(tmp_path, "0", hyperparameters={"hold": 1}, stop_grace=5)
     tuner = HyperparameterTuner(est, "acc", {"width": CategoricalParameter([2])}, strategy="Grid",
                                 ray_address=cluster.address)
-    tuner.fit({"training": str(data)}, job_name="raystop", wait=False)
+    tuner.fit({"training": str(tmp_path / "data")}, job_name="raystop", wait=False)
     store = JobStore(home)
     deadline = time.monotonic() + 240
     while not (store.jobs() and store.metrics(store.jobs()[0].name)):
