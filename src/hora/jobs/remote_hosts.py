@@ -49,6 +49,7 @@ __all__ = ["JobLines", "RemoteHosts", "RemotePipes", "clean", "ship_pipe_sources
 
 #: Seconds one set-up, shipping or pull step may take on a host before the supervisor gives up on it.
 STEP_SECONDS = 600.0
+_DATA_FILTER: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
 _TAG = re.compile(r"^\[(algo-\d+) rank (\d+)\] ?(.*)$", re.S)
 
 
@@ -252,7 +253,8 @@ class RemoteHosts:
                         if not (member.isfile() or member.isdir()) or ".." in parts or Path(rest).is_absolute():
                             continue
                         member.name = rest
-                        tar.extract(member, tree if top == "tree" else records, set_attrs=False)
+                        # the data filter (Python >= 3.10.12) also refuses a path a local symlink would lead out
+                        tar.extract(member, tree if top == "tree" else records, set_attrs=False, **_DATA_FILTER)
             finally:
                 timer.cancel()
                 code = proc.wait()
