@@ -312,6 +312,9 @@ class RayTrials(TrialRunner):
             if where.startswith("s3://"):
                 out[kind] = where
                 continue
+            if Path(where).name in ("", ".", ".."):  # only a file's own name is taken from the node
+                t.problems.append(f"{kind} ({where}): not a file's path")
+                continue
             dest = dest_dir / Path(where).name
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
