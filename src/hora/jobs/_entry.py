@@ -107,8 +107,8 @@ class _Pump:
         except OSError as exc:  # a full disk: the script goes on; say so once, on the wrapper's own stderr
             if not self.log_failed:
                 self.log_failed = True
-                stderr_line(f"{self.tag} hora job: cannot write {self.log_path} ({exc.strerror}); this rank's lines "
-                        "are missing from it from here on")
+                stderr_line(f"{self.tag} hora job: cannot write {self.log_path} ({exc.strerror}); this rank's "
+                            "lines are missing from it from here on")
         if stream == "stderr":
             self.tail.append(text)
         if self.echo:
@@ -119,14 +119,6 @@ class _Pump:
             except (BrokenPipeError, ValueError):
                 pass
         self.metrics.feed(text, self.host, self.rank, self.attempt, now, self.tag)
-
-    @property
-    def pending(self) -> bool:
-        return bool(self.metrics.pending)
-
-    @property
-    def last_flush(self) -> float:
-        return self.metrics.last_flush
 
     def flush(self) -> None:
         self.metrics.flush(self.tag)
@@ -166,8 +158,7 @@ def _pump(proc: subprocess.Popen[bytes], pump: _Pump) -> None:
             *lines, partial[name] = (partial[name] + data).split(b"\n")
             for raw in lines:
                 pump.line(name, raw.decode(errors="replace").rstrip("\r"))
-        if pump.pending and time.monotonic() - pump.last_flush >= FLUSH_SECONDS:
-            pump.flush()
+        pump.metrics.flush_if_due(pump.tag)
     sel.close()
 
 
@@ -238,7 +229,6 @@ def _stop_script(proc: subprocess.Popen[bytes]) -> None:
     timer = threading.Timer(SCRIPT_GRACE, kill)
     timer.daemon = True
     timer.start()
-
 
 
 def job_dir_of(argv: list[str], rank: int) -> Path:

@@ -42,7 +42,7 @@ from hora._wire import recv_exact, send_frame
 from hora.config.variables import environment
 from hora.errors import HoraError
 from hora.jobs.cluster import read_secret, socket_path
-from hora.jobs.parameter_server import hora_ps_run_settings
+from hora.jobs.parameter_server import launch_settings
 from hora.jobs.plan import JobPlan
 from hora.jobs.records import HostReport, MasterRecord, host_says
 from hora.jobs.store import JobStore
@@ -55,7 +55,6 @@ MASTER_NEVER_CAME = 3
 MAX_REQUEST = 1 << 20
 HANDSHAKE_SECONDS = 10.0
 JOB_SESSION_MARK = "hora.runner.host_agent"  # the master's session that runs this host's ranks
-
 
 
 # -- the other hosts --------------------------------------------------------------------------------------------
@@ -198,11 +197,8 @@ def run_master(job_dir: Path, plan: JobPlan, host: str, attempt: int) -> int:
     from hora.runner.ssh import SshOptions
 
     rsh = [sys.executable, "-m", "hora.jobs._rsh", str(job_dir)]
-    settings = dict(plan.run_settings)
-    servers = plan.parameter_server
     try:
-        if servers is not None and servers.servers == "hora":  # the hook: hora's own parameter servers, one per host
-            settings.update(hora_ps_run_settings(len(plan.hosts)))
+        settings = launch_settings(plan)
     except HoraError as exc:
         host_says(host, str(exc))
         MasterRecord(error=f"{type(exc).__name__}: {exc}").write(job_dir, attempt)

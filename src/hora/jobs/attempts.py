@@ -155,15 +155,13 @@ class Attempts:
     def _run_remote(self, attempt: int) -> RunResult:
         """The attempt on the real hosts: hora run's launch() from here, over SSH; then every host's results home,
         whatever the outcome."""
-        from hora.jobs.parameter_server import hora_ps_run_settings
+        from hora.jobs.parameter_server import launch_settings
         from hora.runner.hosts import HostSlots
         from hora.runner.launch import LaunchSpec, launch
 
         assert self._remote is not None
         plan = JobPlan.read(self.job_dir)
-        settings = dict(plan.run_settings)
-        if plan.parameter_server is not None and plan.parameter_server.servers == "hora":
-            settings.update(hora_ps_run_settings(len(plan.hosts)))
+        settings = launch_settings(plan)
         lines = JobLines(self.job_dir, plan.metric_definitions, str(self.store.home), self.spec.job_name, attempt)
         spec = LaunchSpec(
             self._remote.command(plan.processes_per_host), plan.world_size, env=self._launch_env(attempt),

@@ -63,7 +63,6 @@ POLL_SECONDS = 0.1
 SETTLE_SECONDS = 0.5
 
 
-
 def resolve_hosts(template: str, count: int, timeout: float) -> list[str]:
     """The IPv4 address of every host, ``template`` formatted with its ``index`` (0 for algo-1), retried until
     ``timeout`` seconds have passed.
@@ -105,8 +104,8 @@ def _add_hosts(path: Path, addresses: list[str], host: str) -> None:
         with open(path, "a") as f:
             f.write(lines)
     except OSError as exc:
-        host_says(host, f"cannot add the job's hosts to {path} ({exc.strerror}): the names algo-1..N do not resolve in "
-                   "this pod; the ranks use the addresses")
+        host_says(host, f"cannot add the job's hosts to {path} ({exc.strerror}): the names algo-1..N do not resolve "
+                        "in this pod; the ranks use the addresses")
 
 
 def _layout(args: argparse.Namespace, spec: JobSpec, host: str) -> HostLayout:

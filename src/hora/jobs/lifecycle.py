@@ -101,7 +101,6 @@ def _private(path: str, flags: int) -> int:
     return os.open(path, flags, 0o600)
 
 
-
 class _Stop(Exception):
     """A stop signal (``hora job stop``, Ctrl-C, max_run) arrived outside the launch of the ranks."""
 
@@ -157,7 +156,7 @@ class JobSupervisor(Attempts):
             except OSError as exc:  # a full disk: the message still reaches the terminal and the job's record
                 self._log_file = None
                 stderr_line(f"hora job: cannot write {self.job_dir / 'logs' / 'job.log'} ({exc.strerror}); "
-                        "the supervisor's messages go to its stderr from here on")
+                            "the supervisor's messages go to its stderr from here on")
         if self._log_file is None and self._progress is None:
             stderr_line(f"hora job: {message}")
         if self._progress is not None:

@@ -21,7 +21,6 @@ FLUSH_SECONDS = 1.0
 MAX_METRIC_VALUES = 100_000
 
 
-
 class MetricParser:
     """The metric values in the lines of a job's ranks, stored in batches (at most :data:`MAX_METRIC_VALUES` per
     rank); ``home`` None or empty: none are stored."""
@@ -48,10 +47,14 @@ class MetricParser:
             stored = self.stored[rank] = self.stored.get(rank, 0) + 1
             if stored > MAX_METRIC_VALUES:
                 if stored == MAX_METRIC_VALUES + 1:
-                    stderr_line(f"{tag} hora job: this rank has stored {MAX_METRIC_VALUES} metric values, the most one "
-                            "rank keeps; later ones are in the logs only")
+                    stderr_line(f"{tag} hora job: this rank has stored {MAX_METRIC_VALUES} metric values, the most "
+                                "one rank keeps; later ones are in the logs only")
                 continue
             self.pending.append((name, value, now, host, rank, attempt))
+        self.flush_if_due(tag)
+
+    def flush_if_due(self, tag: str = "") -> None:
+        """Store what is pending when the last store is :data:`FLUSH_SECONDS` old (also while no line comes)."""
         if self.pending and time.monotonic() - self.last_flush >= FLUSH_SECONDS:
             self.flush(tag)
 

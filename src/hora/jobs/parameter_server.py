@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from hora.errors import ConfigError
-from hora.jobs.plan import ParameterServerPlan
+from hora.jobs.plan import JobPlan, ParameterServerPlan
 from hora.jobs.records import RankEnd
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "MasterWatch",
     "build_tf_config",
     "hora_ps_run_settings",
+    "launch_settings",
     "plan_entry",
     "ps_command",
     "reachable",
@@ -213,3 +214,13 @@ def hora_ps_run_settings(host_count: int) -> dict[str, Any]:
     if host_count < 1:
         raise ConfigError(f"a parameter_server job needs at least one host, got {host_count}")
     return {"num_ps": host_count, "ps_per_host": 1}
+
+
+def launch_settings(plan: JobPlan) -> dict[str, Any]:
+    """The hora run settings the job's launch uses (the master host's, or the supervisor's for a job on remote
+    hosts): the plan's, with hora's own parameter servers merged in when the job has them."""
+    settings = dict(plan.run_settings)
+    servers = plan.parameter_server
+    if servers is not None and servers.servers == "hora":  # the hook: hora's own parameter servers, one per host
+        settings.update(hora_ps_run_settings(len(plan.hosts)))
+    return settings

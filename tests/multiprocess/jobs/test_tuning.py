@@ -70,7 +70,6 @@ def _estimator(tmp_path, **hps) -> Estimator:
                      hyperparameters={"epochs": 3, **hps}, metric_definitions=METRICS)
 
 
-
 def test_a_grid_tuning_job_runs_two_trials_at_a_time_counts_the_failing_one_and_attaches_elsewhere(tmp_path):
     est = _estimator(tmp_path, pause=0.5)
     ranges = {"width": CategoricalParameter([1, 7, 3, 5]), "mode": CategoricalParameter(["ok", "fail"])}

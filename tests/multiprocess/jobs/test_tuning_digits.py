@@ -27,7 +27,6 @@ pytest.importorskip("sklearn")
 EXAMPLE = paths.REPO / "examples" / "jobs" / "tune_digits.py"
 
 
-
 def _example():
     spec = importlib.util.spec_from_file_location("tune_digits", EXAMPLE)
     assert spec is not None and spec.loader is not None

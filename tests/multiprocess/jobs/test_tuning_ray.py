@@ -137,7 +137,6 @@ def test_four_trials_two_at_a_time_on_a_two_node_ray_cluster(tmp_path, two_one_c
     assert [p.name for p in node_tmp.iterdir() if not p.name.startswith("ray")] == [], list(node_tmp.iterdir())
 
 
-
 def _processes_in(directory: Path) -> list[int]:
     """Processes whose command line or working directory is under ``directory`` (a trial's, on its node)."""
     out = []
