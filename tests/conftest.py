@@ -105,3 +105,19 @@ def netns_cluster():
         yield cluster
     finally:
         cluster.close()
+
+
+@pytest.fixture(scope="module")
+def netns_cluster3():
+    """As :func:`netns_cluster` with three SSH hosts, for the tests a third host makes stronger (a host lost in the
+    middle of the list, the hosts on both sides of it cleaned up); built for the module that asks for it only."""
+    from support import netns_hosts
+
+    reason = netns_hosts.unavailable()
+    if reason:
+        pytest.skip(reason)
+    cluster = netns_hosts.start_cluster(3)
+    try:
+        yield cluster
+    finally:
+        cluster.close()

@@ -1,6 +1,7 @@
 """``hora job`` on real hosts over SSH (the spec's ``cluster:``, ``hora job run --hosts``), on network-namespace hosts
-with their own sshd (fixture: tests/support/netns_hosts.py). Each host keeps its job directory under a directory of
-its own (``work_dir`` with ``{host}``), so the shared file system cannot hide a tree that was not shipped."""
+with their own sshd (fixtures: tests/support/netns_hosts.py; two hosts, three for the host cut off mid-job). Each
+host keeps its job directory under a directory of its own (``work_dir`` with ``{host}``), so the shared file system
+cannot hide a tree that was not shipped."""
 
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def _source(tmp_path: Path) -> Path:
 def _spec(c: netns.Cluster, tmp_path: Path, name: str, **extra: object) -> dict[str, object]:
     return {
         "entry_point": "train.py", "source_dir": str(tmp_path / "src"), "job_name": name,
-        "instance_count": 2, "processes_per_host": 2,
+        "instance_count": len(c.hosts), "processes_per_host": 2,
         "distribution": {"mpi": {"enabled": True, "processes_per_host": 2}},
         "hyperparameters": {"lr": 0.25}, "inputs": {"training": str(tmp_path / "data"),
                    "stream": {"uri": str(tmp_path / "stream"), "input_mode": "Pipe"}},
@@ -171,8 +172,9 @@ def test_two_hosts_run_the_contract_archive_home_and_a_rerun_ships_only_a_change
     assert not any((tmp_path / f"remote-{h.addr}").exists() for h in c.hosts)
 
 
-def test_a_host_cut_off_mid_job_ends_it_naming_the_host(netns_cluster, tmp_path):
-    c = netns_cluster
+def test_a_host_cut_off_mid_job_ends_it_naming_the_host(netns_cluster3, tmp_path):
+    """Three hosts, the middle one cut off: the job ends naming it, and nothing is left on the hosts either side."""
+    c = netns_cluster3
     _source(tmp_path)
     marker, home = f"cutoff-{uuid.uuid4().hex[:6]}", tmp_path / "home"
     proc = _start_sleeping(c, tmp_path, marker, home)
@@ -190,15 +192,16 @@ def test_a_host_cut_off_mid_job_ends_it_naming_the_host(netns_cluster, tmp_path)
     assert record.status == "Failed"
     assert f"lost the connection to host {c.hosts[1].addr}" in (record.failure_reason or ""), record.failure_reason
     assert "host algo-2" in (record.failure_reason or "")
-    with tarfile.open(record.artifacts["model"]) as tar:  # archived even so, with what algo-1 had
-        assert sorted(tar.getnames()) == ["rank-0.json", "rank-1.json"]
+    with tarfile.open(record.artifacts["model"]) as tar:  # archived even so, with what algo-1 and algo-3 had
+        assert sorted(tar.getnames()) == ["rank-0.json", "rank-1.json", "rank-4.json", "rank-5.json"]
     job_log = (Path(record.job_dir) / "logs" / "job.log").read_text()
     assert f"could not bring back the results of attempt 1 from every host:\n  host {c.hosts[1].addr}: " in job_log
     _wait_clean(c, marker)
 
 
 def _start_sleeping(c: netns.Cluster, tmp_path: Path, name: str, home: Path, *flags: str) -> subprocess.Popen[str]:
-    """``hora job run --wait --hosts`` of a 2 x 2 job whose ranks sleep, returned once all four are ready."""
+    """``hora job run --wait --hosts`` of a job of 2 ranks per host whose ranks sleep, returned once all are
+    ready."""
     spec = _spec(c, tmp_path, name, hyperparameters={"lr": 0.25, "sleep": 1}, **({"stop_grace": 5} if flags else {}))
     spec["cluster"] = {k: v for k, v in spec["cluster"].items() if k != "hosts"}  # type: ignore[attr-defined]
     path = tmp_path / f"{name}.yaml"
@@ -210,12 +213,12 @@ def _start_sleeping(c: netns.Cluster, tmp_path: Path, name: str, home: Path, *fl
     )  # fmt: skip
     ready, deadline = 0, time.monotonic() + LIMIT
     assert proc.stdout is not None
-    while ready < 4 and time.monotonic() < deadline:
+    while ready < 2 * len(c.hosts) and time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
             break
         ready += line.rstrip().endswith("] ready")
-    if ready < 4:
+    if ready < 2 * len(c.hosts):
         proc.kill()
         pytest.fail(f"the job did not start: {proc.communicate()[1]}")
     return proc
