@@ -7,7 +7,8 @@ run's SIGTERM to the group reaches the script directly, and SIGKILL after the gr
 script's output: every line is tagged ``[algo-2 rank 3]``, appended to the host's log file, matched against the
 metric definitions (values go to the job store) and echoed to hora run. When the script ends it records the
 script's real exit status and stderr tail for the supervisor, and ends the same way (same exit code, or the same
-signal), so hora run's root-cause logic sees the script's outcome.
+signal), so hora run's root-cause logic sees the script's outcome. On a remote host (``--remote``) the first rank's
+wrapper also samples the host's system metrics and echoes them home (:mod:`hora.jobs.metric_lines`).
 
 With the ``parameter_server`` distribution (:mod:`hora.jobs.parameter_server`) the wrapper is also what SageMaker's
 TensorFlow container is on its host: it gives the script ``TF_CONFIG``, starts the host's TensorFlow
@@ -36,11 +37,12 @@ from hora.config.launchers import detect
 from hora.config.variables import environment, read
 from hora.config.worker_env import JobExtras, JobKeys, worker_env
 from hora.errors import HoraError
-from hora.jobs.metric_lines import FLUSH_SECONDS, MetricParser
+from hora.jobs.metric_lines import FLUSH_SECONDS, MetricParser, system_metrics_line
 from hora.jobs.outcome import describe_code
 from hora.jobs.parameter_server import MasterWatch, ps_command, tf_config_for
 from hora.jobs.plan import JobPlan
 from hora.jobs.records import RankEnd, log_line, stderr_line
+from hora.runner.system_metrics import SystemSampler
 
 TAIL_LINES = 60
 DRAIN_SECONDS = 5.0
@@ -90,6 +92,7 @@ def on_host_tree(value: str, tree: Path) -> str:
 class _Pump:
     def __init__(self, plan: JobPlan, job_dir: Path, host: str, rank: int, attempt: int) -> None:
         self.tag = f"[{host} rank {rank}]"
+        self.lock = threading.Lock()  # whole lines on this wrapper's stdout: the script's and the system sampler's
         self.host, self.rank, self.attempt = host, rank, attempt
         self.echo = plan.echo
         self.log_path = job_dir / "logs" / f"{host}.log"
@@ -112,13 +115,17 @@ class _Pump:
         if stream == "stderr":
             self.tail.append(text)
         if self.echo:
-            target = sys.stdout if stream == "stdout" else sys.stderr
+            self.echo_line(stream, f"{self.tag} {text}")
+        self.metrics.feed(text, self.host, self.rank, self.attempt, now, self.tag)
+
+    def echo_line(self, stream: str, line: str) -> None:
+        target = sys.stdout if stream == "stdout" else sys.stderr
+        with self.lock:
             try:
-                target.write(f"{self.tag} {text}\n")
+                target.write(line + "\n")
                 target.flush()
             except (BrokenPipeError, ValueError):
                 pass
-        self.metrics.feed(text, self.host, self.rank, self.attempt, now, self.tag)
 
     def flush(self) -> None:
         self.metrics.flush(self.tag)
@@ -231,6 +238,20 @@ def _stop_script(proc: subprocess.Popen[bytes]) -> None:
     timer.start()
 
 
+def _remote_system_metrics(plan: JobPlan, host: str, rank: int, pump: _Pump) -> SystemSampler | None:
+    """On a remote host, the first rank's wrapper samples the host (profiler_config) and echoes the batches home
+    (the host has no job store; :func:`hora.jobs.metric_lines.system_metrics_line`). A job on this machine's hosts
+    is sampled by each host's agent (:mod:`hora.jobs._host`)."""
+    if plan.network != "ssh" or plan.system_monitor_interval is None or rank % plan.processes_per_host:
+        return None
+    try:
+        return SystemSampler(plan.system_monitor_interval,
+                             lambda batch: pump.echo_line("stdout", system_metrics_line(host, batch))).start()
+    except (HoraError, OSError) as exc:
+        pump.line("stderr", f"hora job: no system metrics for this host: {exc}")
+        return None
+
+
 def job_dir_of(argv: list[str], rank: int) -> Path:
     """``JOB_DIR``; for a job on remote hosts ``--remote TEMPLATE PROCESSES_PER_HOST HOST...``: the job's directory
     on this rank's host, ``{host}`` in it that host's name as the job lists it and ``~`` this host's home."""
@@ -276,6 +297,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     pump = _Pump(plan, job_dir, host, rank, attempt)
+    sampler = _remote_system_metrics(plan, host, rank, pump)
     # parameter_server: the host's ps task first, then the script, as SageMaker's container (_run_ps, _run_worker)
     ps = _PsTask(plan, job_dir, host, rank, attempt, env) if tf_config is not None else None
     if tf_config is not None:
@@ -303,6 +325,8 @@ def main() -> None:
         _pump(proc, pump)
         code = proc.wait()
     pump.flush()
+    if sampler is not None:
+        sampler.stop()  # the last sample, and what is pending, home before this wrapper ends
     end = RankEnd(rank, host, pid, code, tuple(pump.tail), time.time())
     if ps is not None:
         if code == 0 and host != plan.hosts[0]:  # a worker host keeps its ps task until the master's script ends

@@ -39,10 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from hora._proc import die_with_parent
-from hora.errors import HostError
-from hora.jobs.metric_lines import MetricParser
+from hora.errors import HoraError, HostError
+from hora.jobs.metric_lines import MetricParser, parse_system_metrics_line
 from hora.jobs.records import log_line
 from hora.jobs.remote_spec import ClusterSpec, changes, job_work_dir, manifest
+from hora.jobs.store import JobStore
 from hora.runner.ssh import SshOptions, preflight, ssh_command
 
 __all__ = ["JobLines", "RemoteHosts", "RemotePipes", "clean", "ship_pipe_sources"]
@@ -319,18 +320,25 @@ class RemotePipes:
 
 class JobLines:
     """hora run's observer for a job on remote hosts: every tagged line its ranks' wrappers echo goes into the
-    job's ``logs/<host>.log`` and through the metric parser, here (the hosts cannot reach the job store)."""
+    job's ``logs/<host>.log`` and through the metric parser, and each host's system metrics into the job store,
+    here (the hosts cannot reach the job store)."""
 
     def __init__(self, job_dir: Path, plan_metrics: Any, home: str, job: str, attempt: int) -> None:
         self.logs = job_dir / "logs"
         self.fds: dict[str, int] = {}
         self.parser = MetricParser(plan_metrics, home, job)
         self.attempt = attempt
+        self.store, self.job = (JobStore(home) if home else None), job
+        self.system_failed = False
 
     def started(self, ranks: Sequence[tuple[int, str]]) -> None:
         pass
 
     def line(self, label: str, stream: str, text: str) -> None:
+        system = parse_system_metrics_line(text) if stream == "stdout" else None
+        if system is not None:  # a host's system metrics (profiler_config), into the store: not a log line
+            self._system(*system)
+            return
         m = _TAG.match(text)
         host, rank, body = (m.group(1), int(m.group(2)), m.group(3)) if m else ("algo-1", -1, text)
         tag = f"[{host} rank {rank}]" if m else f"[{label}]"
@@ -343,6 +351,16 @@ class JobLines:
             pass  # a full disk: the line still reached the terminal
         if m:
             self.parser.feed(body, host, rank, self.attempt, now, tag)
+
+    def _system(self, host: str, samples: list[Any]) -> None:
+        if not samples or self.store is None:
+            return
+        try:
+            self.store.add_system_metrics(self.job, [(host, t, name, value) for t, name, value in samples])
+        except HoraError as exc:  # a full disk: this batch is lost, the job goes on; said once
+            if not self.system_failed:
+                self.system_failed = True
+                sys.stderr.write(f"hora job: system metrics of {host} lost: {exc}\n")
 
     def ended(self, exit_code: int, report: str) -> None:
         self.close()

@@ -121,7 +121,9 @@ def test_two_hosts_run_the_contract_archive_home_and_a_rerun_ships_only_a_change
     _source(tmp_path)
     store = JobStore(tmp_path / "home")
     name = f"rmt-{uuid.uuid4().hex[:6]}"
-    record = start_job(parse_spec(_spec(c, tmp_path, f"{name}-1")), store, wait=True, echo=False)
+    record = start_job(parse_spec(_spec(c, tmp_path, f"{name}-1",
+                                        profiler_config={"system_monitor_interval_millis": 200})),
+                       store, wait=True, echo=False)
     assert record.status == "Completed", record.failure_reason
     # every host got its own tree, in its own directory (never the other host's)
     for i, h in enumerate(c.hosts):
@@ -149,6 +151,11 @@ def test_two_hosts_run_the_contract_archive_home_and_a_rerun_ships_only_a_change
     logs = (Path(record.job_dir) / "logs" / "algo-2.log").read_text()
     assert "[algo-2 rank 3]<stdout> loss=3.5" in logs
     assert sorted(v for _, v, *_ in store.metrics(f"{name}-1")) == [0.5, 1.5, 2.5, 3.5]
+    # each host sampled itself (its first rank's wrapper) and the samples came home into the store, not the logs
+    system = list(store.iter_system_metrics(f"{name}-1"))
+    assert {h for h, *_ in system} == {"algo-1", "algo-2"}
+    assert all(0 <= v <= 100 for _, _, n, v in system if n.endswith("percent"))
+    assert "system]" not in logs
     first = _shipped((Path(record.job_dir) / "logs" / "job.log").read_text())
     assert first["algo-1"] == first["algo-2"] == {"code/train.py", "code/helper.py", "code/big.bin",
                                                   "input/data/training/a.txt", ".pipe/stream/a.txt", ".pipe/stream/b.txt"}
