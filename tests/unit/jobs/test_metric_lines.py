@@ -17,14 +17,16 @@ def test_a_batch_goes_home_as_one_line_and_comes_back_the_same():
 
 
 def test_only_the_samplers_names_and_finite_numbers_are_kept():
-    rows = [[1.0, "cpu_percent", 5], [1.0, "os.system", 1.0], [1.0, "cpu_percent", float("nan")], [True, "cpu_percent", 1],
-            [1.0, "cpu_percent"], "x", [2.0, "memory_percent", "7"], [3.0, "memory_percent", 7.5]]  # fmt: skip
+    rows = [[1.0, "cpu_percent", 5], [1.0, "os.system", 1.0], [1.0, "cpu_percent", float("nan")],
+            [True, "cpu_percent", 1], [1.0, "cpu_percent"], "x", [2.0, "memory_percent", "7"],
+            [3.0, "memory_percent", 7.5]]
     got = parse_system_metrics_line("[algo-1 system] " + json.dumps(rows))
     assert got == ("algo-1", [(1.0, "cpu_percent", 5.0), (3.0, "memory_percent", 7.5)])
     assert parse_system_metrics_line("[algo-1 system] {not json") == ("algo-1", [])
     assert parse_system_metrics_line('[algo-1 system] {"a": 1}') == ("algo-1", [])
     many = [[float(i), "cpu_percent", 1.0] for i in range(MAX_SYSTEM_SAMPLES + 5)]
-    assert len(parse_system_metrics_line("[algo-1 system] " + json.dumps(many))[1]) == MAX_SYSTEM_SAMPLES  # type: ignore[index]
+    kept = parse_system_metrics_line("[algo-1 system] " + json.dumps(many))
+    assert kept is not None and len(kept[1]) == MAX_SYSTEM_SAMPLES
 
 
 def test_a_scripts_line_is_never_taken_for_system_metrics():
