@@ -389,7 +389,7 @@ class JobSupervisor(Attempts):
     def _parameter_servers(self) -> ParameterServerPlan | None:
         """The parameter_server distribution's tasks and their addresses (parameter_server.py), said once."""
         entry = parameter_server.plan_entry(self.spec.strategy, self.spec.ps_servers, self.hosts, self.addresses,
-                                            namespaces=self._net is not None)
+                                            namespaces=self._net is not None, remote=self._remote is not None)
         if self.spec.strategy != "parameter_server":
             return None
         if entry is not None and entry.servers == "hora":

@@ -125,26 +125,34 @@ def _ephemeral_low() -> int:
 
 
 def plan_entry(
-    strategy: str, servers: str, hosts: list[str], addresses: list[str], namespaces: bool
+    strategy: str, servers: str, hosts: list[str], addresses: list[str], namespaces: bool, remote: bool = False
 ) -> ParameterServerPlan | None:
     """What the job's plan says about the parameter servers: None unless the job runs the ``parameter_server``
     distribution on more than one host. With a network namespace per host every host has the container's ports
     and its name resolves (``algo-1:2222``); on loopback addresses the hosts share one port space, so each task
-    gets a free port of its host's address (``127.0.0.2:41234``), chosen here."""
+    gets a free port of its host's address (``127.0.0.2:41234``), chosen here. On ``remote`` hosts (real machines,
+    ``cluster:``) every host has its own ports too, but ``algo-K`` resolves there only for root: the tasks are
+    addressed by the hosts' addresses (``10.0.0.2:2222``); nothing is chosen here, where those addresses are not
+    this machine's."""
     if strategy != "parameter_server":
         return None
     if servers == "hora":  # hora run places and addresses them itself (hora.ps.connect reads the job's store)
         return ParameterServerPlan(servers)
     if len(hosts) < 2:
         return None
-    if namespaces:
-        worker_at = [f"{h}:{WORKER_PORT}" for h in hosts]
-        ps_at = [f"{h}:{PS_PORT}" for h in hosts]
+    if namespaces or remote:
+        names = addresses if remote else hosts
+        worker_at = [_host_port(h, WORKER_PORT) for h in names]
+        ps_at = [_host_port(h, PS_PORT) for h in names]
     else:
         ports = _free_ports([*addresses, *addresses])
         worker_at = [f"{a}:{p}" for a, p in zip(addresses, ports)]
         ps_at = [f"{a}:{p}" for a, p in zip(addresses, ports[len(addresses):])]
     return ParameterServerPlan(servers, tuple(worker_at), tuple(ps_at))
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address goes in brackets
 
 
 def tf_config_for(

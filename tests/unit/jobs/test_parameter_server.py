@@ -94,7 +94,7 @@ def test_tf_config_equals_the_containers_for_every_host_and_task(count):
             build_tf_config(hosts, "algo-1", ps_task=True)
 
 
-def test_the_plan_uses_the_containers_ports_on_namespaces_and_free_ports_on_loopback():
+def test_the_plan_uses_the_containers_ports_on_namespaces_and_machines_and_free_ports_on_loopback():
     hosts = ["algo-1", "algo-2", "algo-3"]
     assert plan_entry("mpi", "tensorflow", hosts, [], True) is None
     assert plan_entry("parameter_server", "tensorflow", hosts[:1], ["10.0.0.1"], True) is None  # one host: no PS
@@ -102,6 +102,12 @@ def test_the_plan_uses_the_containers_ports_on_namespaces_and_free_ports_on_loop
     assert entry == ParameterServerPlan(
         "tensorflow", tuple(f"{h}:{WORKER_PORT}" for h in hosts), tuple(f"{h}:{PS_PORT}" for h in hosts)
     )
+    # real machines (cluster:): their own ports, addressed by address (algo-K resolves there only for root); no
+    # port is chosen on this machine, which cannot bind those addresses
+    entry = plan_entry("parameter_server", "tensorflow", hosts, ["10.9.9.1", "10.9.9.2", "fd00::3"], False, True)
+    assert entry == ParameterServerPlan(
+        "tensorflow", ("10.9.9.1:2222", "10.9.9.2:2222", "[fd00::3]:2222"),
+        ("10.9.9.1:2223", "10.9.9.2:2223", "[fd00::3]:2223"))
     addresses = ["127.0.0.1", "127.0.0.1", "127.0.0.1"]
     entry = plan_entry("parameter_server", "tensorflow", hosts, addresses, False)
     assert entry is not None
