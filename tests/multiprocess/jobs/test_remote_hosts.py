@@ -319,3 +319,36 @@ def _free_port(addr: str) -> int:
     with socket.socket() as s:
         s.bind((addr, 0))
         return int(s.getsockname()[1])
+
+
+def test_tensorflows_parameter_servers_listen_on_each_hosts_address_with_the_containers_ports(netns_cluster, tmp_path):
+    """The parameter_server distribution on real hosts: TF_CONFIG names each host's address with ports 2222 (worker)
+    and 2223 (ps), every server answers, and a worker host keeps its server until the master's script has ended
+    (it learns of that end from the master's server going away: the master's end record is on algo-1 only)."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("the parameter servers are TensorFlow's (the tensorflow extra)")
+    from support import paths
+
+    c = netns_cluster
+    _source(tmp_path)
+    (tmp_path / "src" / "census.py").write_text((paths.SCRIPTS / "tf_ps_census.py").read_text())
+    out = tmp_path / "out"
+    out.mkdir()
+    name = f"ps-{uuid.uuid4().hex[:6]}"
+    spec = _spec(c, tmp_path, name, entry_point="census.py", processes_per_host=1, metric_definitions=[],
+                 distribution={"parameter_server": {"enabled": True}}, inputs={},
+                 hyperparameters={"out": str(out), "mode": "census"}, max_run=240)  # fmt: skip
+    record = start_job(parse_spec(spec), JobStore(tmp_path / "home"), wait=True, echo=False)
+    assert record.status == "Completed", record.failure_reason
+    seen = {h: json.loads((out / f"{h}.json").read_text()) for h in ("algo-1", "algo-2")}
+    a1, a2 = (h.addr for h in c.hosts)
+    for index, host in enumerate(("algo-1", "algo-2")):
+        assert seen[host]["tf_config"] == {
+            "cluster": {"master": [f"{a1}:2222"], "ps": [f"{a1}:2223", f"{a2}:2223"], "worker": [f"{a2}:2222"]},
+            "environment": "cloud", "task": {"index": 0, "type": "master" if index == 0 else "worker"},
+        }
+        assert seen[host]["ps_up"] == [True, True]
+    assert seen["algo-1"]["ps_up_after_workers_ended"] == [True, True]
+    _wait_clean(c, name)
