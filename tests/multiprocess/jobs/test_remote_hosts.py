@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("sagemaker_training", reason="the toolkit check needs sagemaker-training (the test extra)")
 yaml = pytest.importorskip("yaml", reason="the spec file needs PyYAML (the jobs extra)")
 
-from hora.jobs import JobStore, parse_spec, start_job  # noqa: E402 - after the skips
+from hora.jobs import Estimator, JobStore, parse_spec, start_job  # noqa: E402 - after the skips
 from support import netns_hosts as netns  # noqa: E402
 
 LIMIT = 240.0
@@ -297,7 +297,10 @@ def test_each_host_fetches_its_own_shard_of_an_s3_channel_and_a_retry_starts_afr
                      distribution="none", metric_definitions=[],
                      inputs={"shards": {"uri": "s3://data/shards/", "distribution": "ShardedByS3Key"}},
                      environment={**credentials, "HORA_S3_ENDPOINT_URL": url}, max_retry_attempts=1)  # fmt: skip
-        record = start_job(parse_spec(spec), JobStore(tmp_path / "home"), wait=True, echo=False)
+        # through the SDK's API this time: Estimator(cluster=...) is the spec's cluster section
+        estimator = Estimator(home=str(tmp_path / "home"),
+                              **{k: v for k, v in spec.items() if k not in ("inputs", "job_name")})
+        record = estimator.fit(spec["inputs"], job_name=str(spec["job_name"]), logs=False)
     finally:
         server.terminate()
         server.wait(timeout=30)
