@@ -84,6 +84,7 @@ def main() -> None:
             if raw.rstrip(b"\r\n") == MARKER.encode():
                 started = True
                 sys.stderr.buffer.write(b"".join(held))
+                sys.stderr.buffer.flush()  # os._exit below flushes nothing
             else:
                 held.append(raw)
             continue
