@@ -121,3 +121,23 @@ def netns_cluster3():
         yield cluster
     finally:
         cluster.close()
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real one-node Slurm cluster (slurmctld + slurmd, see support/slurm_cluster.py): the environment that points
+    srun/salloc/sbatch/squeue at it. Skips with the reason when this machine cannot run one (not root, no slurm-wlm).
+    """
+    from support import slurm_cluster
+
+    reason = slurm_cluster.unavailable()
+    if reason:
+        pytest.skip(reason)
+    try:
+        cluster = slurm_cluster.start_cluster()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield cluster.env
+    finally:
+        cluster.close()

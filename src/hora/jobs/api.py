@@ -26,6 +26,13 @@ def start_job(spec: JobSpec, store: JobStore | None = None, wait: bool = True, e
     """Record the job and run it: here until it ends (``wait=True``), or in a detached supervisor process that
     outlives this one (``wait=False``; follow it with ``hora job logs --follow``)."""
     store = store or JobStore()
+    if spec.cluster is not None and spec.cluster.slurm and not spec.cluster.hosts:  # the allocation's nodes
+        import dataclasses
+
+        from hora.config.variables import environment
+        from hora.jobs.slurm_hosts import allocation_cluster
+
+        spec = dataclasses.replace(spec, cluster=allocation_cluster(spec.cluster, environment(), spec.instance_count))
     store.create(spec.job_name, spec.to_dict())
     if wait and threading.current_thread() is threading.main_thread():
         return JobSupervisor(spec, store, echo=echo, progress=progress).run()

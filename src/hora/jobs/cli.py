@@ -26,9 +26,13 @@ def add_job_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--job-name", help="override the spec's job_name")
     _add_host_flags(run, "run the job on these hosts over SSH (algo-1 first); the spec's cluster: keeps its other "
                     "settings")
+    run.add_argument("--slurm", action="store_true", help="run the job on the nodes of the Slurm allocation this "
+                     "runs in (salloc, sbatch), each host started with srun; waits for the job (as --wait)")
     _add_manifest_parser(jsub)
     cl = jsub.add_parser("clean", help="remove the job directories a job on remote hosts left there (over SSH)")
     _add_host_flags(cl, "the hosts to clean")
+    cl.add_argument("--slurm", action="store_true", help="clean every node of the Slurm allocation this runs in, "
+                    "with srun")
     cl.add_argument("--job", help="only this job's directory (default: the whole work dir, the shipping cache too)")
     cl.add_argument("--work-dir", help="the work_dir the jobs used (default ~/.hora/remote)")
     cl.add_argument("--ssh-port", type=int, help="the hosts' SSH port")
@@ -117,10 +121,20 @@ def _clean(args: argparse.Namespace) -> int:
     from hora.jobs.remote_hosts import clean
     from hora.jobs.remote_spec import DEFAULT_WORK_DIR, ClusterSpec, cli_cluster
 
-    if not (args.hosts or args.hostfile):
-        raise ConfigError("hora job clean needs --hosts H1,H2 or --hostfile FILE")
-    cluster = cli_cluster(ClusterSpec((), args.ssh_port, args.ssh_identity_file, tuple(args.ssh_option),
-                                      args.work_dir or DEFAULT_WORK_DIR), args.hosts, args.hostfile, 0)
+    if args.slurm:
+        from hora.config.variables import environment
+        from hora.jobs.slurm_hosts import allocation_cluster
+
+        if args.hosts or args.hostfile or args.ssh_port or args.ssh_identity_file or args.ssh_option:
+            raise ConfigError("hora job clean --slurm cleans the nodes of the Slurm allocation with srun: leave out "
+                              "--hosts/--hostfile and the SSH options")
+        cluster = allocation_cluster(ClusterSpec((), work_dir=args.work_dir or DEFAULT_WORK_DIR), environment(), None,
+                                     "hora job clean --slurm")
+    elif not (args.hosts or args.hostfile):
+        raise ConfigError("hora job clean needs --hosts H1,H2, --hostfile FILE or --slurm")
+    else:
+        cluster = cli_cluster(ClusterSpec((), args.ssh_port, args.ssh_identity_file, tuple(args.ssh_option),
+                                          args.work_dir or DEFAULT_WORK_DIR), args.hosts, args.hostfile, 0)
     for line in clean(cluster, args.job):
         print(f"removed {line}")
     return 0
@@ -206,7 +220,22 @@ def job_main(args: argparse.Namespace) -> int:
             return _clean(args)
         if args.job_cmd == "run":
             spec = load_spec(args.spec, {"job_name": args.job_name} if args.job_name else None)
-            if args.hosts or args.hostfile:
+            if args.slurm and (args.hosts or args.hostfile):
+                raise ConfigError("give --hosts/--hostfile (hosts over SSH) or --slurm (the nodes of the Slurm "
+                                  "allocation), not both")
+            if args.slurm or (spec.cluster is not None and spec.cluster.slurm):
+                import dataclasses
+
+                from hora.config.variables import environment
+                from hora.jobs.slurm_hosts import allocation_cluster
+
+                spec = dataclasses.replace(spec, cluster=allocation_cluster(
+                    spec.cluster, environment(), spec.instance_count, f"hora job run {args.spec} --slurm"))
+                if not args.wait:  # the allocation ends with this command: the job must end before it does
+                    _progress("inside a Slurm allocation the job runs in the foreground (as --wait): the "
+                              "allocation ends when this command does")
+                    args.wait = True
+            elif args.hosts or args.hostfile:
                 import dataclasses
 
                 from hora.jobs.remote_spec import cli_cluster

@@ -43,8 +43,9 @@ from hora.errors import HoraError, HostError
 from hora.jobs.metric_lines import MetricParser, parse_system_metrics_line
 from hora.jobs.records import log_line
 from hora.jobs.remote_spec import ClusterSpec, changes, job_work_dir, manifest
+from hora.jobs.slurm_hosts import SRUN_START_SECONDS, srun_agent
 from hora.jobs.store import JobStore
-from hora.runner.ssh import SshOptions, preflight, ssh_command
+from hora.runner.ssh import SshOptions, advertise_address, preflight, ssh_command
 
 __all__ = ["JobLines", "RemoteHosts", "RemotePipes", "clean", "ship_pipe_sources"]
 
@@ -61,6 +62,9 @@ def _hora_path() -> str:
 
 
 def ssh_options(cluster: ClusterSpec) -> SshOptions:
+    if cluster.slurm:  # inside a Slurm allocation: srun in place of ssh (slurm_hosts.py)
+        return SshOptions(agent=srun_agent(str(cluster.slurm_job_id)), python=cluster.python,
+                          connect_timeout=SRUN_START_SECONDS)
     return SshOptions(port=cluster.ssh_port, identity_file=cluster.ssh_identity_file,
                       options=tuple(cluster.ssh_options), python=cluster.python)
 
@@ -134,7 +138,10 @@ class RemoteHosts:
     def probe(self) -> None:
         """Check every host (hora run's preflight), make the job's directory there, learn its interface."""
         seen = preflight(self.hosts, self.ssh)
-        peers = [_address(h) for h in self.hosts] if len(self.hosts) > 1 else [seen[self.hosts[0]]]
+        # one host: its route back here (the address it saw the SSH connection come from; through srun, which
+        # says none, this machine's address towards it)
+        peers = [_address(h) for h in self.hosts] if len(self.hosts) > 1 else [
+            seen[self.hosts[0]] or advertise_address(self.hosts, None, seen)]
 
         def one(i: int, host: str) -> None:
             peer = peers[(i + 1) % len(peers)]
@@ -143,6 +150,9 @@ class RemoteHosts:
             self.info[i] = json.loads(out.decode().strip().splitlines()[-1])
 
         _each(self.hosts, one)
+        if self.cluster.slurm:
+            self.say(f"inside Slurm job {self.cluster.slurm_job_id}: node(s) {', '.join(self.hosts)}, each host's "
+                     "processes started there as job steps with srun")
         for i, host in enumerate(self.hosts):
             info = self.info[i]
             self.say(f"{self.algo[i]} is {host}: {info['dir']}, interface {info['interface']} "

@@ -1,8 +1,10 @@
-"""The spec's ``cluster:`` section (``hora job run --hosts``/``--hostfile``): the real hosts a job runs on over SSH,
-how to reach them, and where each keeps the job's tree; plus the pure logic of shipping trees to them (what changed
-since the last push, from two manifests) and of naming the per-host work directory.
+"""The spec's ``cluster:`` section (``hora job run --hosts``/``--hostfile``/``--slurm``): the real hosts a job runs
+on (over SSH, or the nodes of a Slurm allocation), how to reach them, and where each keeps the job's tree; plus the
+pure logic of shipping trees to them (what changed since the last push, from two manifests) and of naming the
+per-host work directory.
 
-The SSH backend itself is :mod:`hora.jobs.remote_hosts`; what runs on each host is :mod:`hora.jobs._remote_sync`.
+The SSH backend itself is :mod:`hora.jobs.remote_hosts` (with srun in place of ssh: :mod:`hora.jobs.slurm_hosts`);
+what runs on each host is :mod:`hora.jobs._remote_sync`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ __all__ = [
     "hostfile_hosts", "job_work_dir", "manifest", "parse_cluster", "parse_host_list", "with_hosts",
 ]  # fmt: skip
 
-CLUSTER_FIELDS = ("hosts", "hostfile", "ssh_port", "ssh_identity_file", "ssh_options", "work_dir", "python")
+CLUSTER_FIELDS = ("hosts", "hostfile", "slurm", "ssh_port", "ssh_identity_file", "ssh_options", "work_dir", "python")
+_SSH_FIELDS = ("ssh_port", "ssh_identity_file", "ssh_options")
 #: Where each host keeps its jobs (``<work_dir>/<job>``) and its copy of the last shipped trees (``.cache``):
 #: relative to the SSH user's home there, as ``~`` is expanded by the host itself.
 DEFAULT_WORK_DIR = "~/.hora/remote"
@@ -34,7 +37,8 @@ Manifest = dict[str, tuple[int, int]]
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """The real hosts of a job (``hosts[0]`` is algo-1) and how to reach them over SSH (hora run's conventions)."""
+    """The real hosts of a job (``hosts[0]`` is algo-1) and how to reach them: over SSH (hora run's conventions), or
+    with srun inside a Slurm allocation (``slurm``)."""
 
     hosts: tuple[str, ...]
     ssh_port: int | None = None
@@ -44,10 +48,15 @@ class ClusterSpec:
     work_dir: str = DEFAULT_WORK_DIR
     #: the Python on every host that runs hora and the script (default: this supervisor's, at the same path)
     python: str | None = None
+    #: the hosts are the nodes of the Slurm allocation the job is started in, reached with srun (slurm_hosts.py);
+    #: ``hosts`` and ``slurm_job_id`` (the allocation's job id) are filled in when the job starts
+    slurm: bool = False
+    slurm_job_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"hosts": list(self.hosts), "ssh_port": self.ssh_port, "ssh_identity_file": self.ssh_identity_file,
-                "ssh_options": list(self.ssh_options), "work_dir": self.work_dir, "python": self.python}
+                "ssh_options": list(self.ssh_options), "work_dir": self.work_dir, "python": self.python,
+                "slurm": self.slurm, "slurm_job_id": self.slurm_job_id}
 
 
 def cluster_from_dict(data: Mapping[str, Any] | None) -> ClusterSpec | None:
@@ -56,7 +65,7 @@ def cluster_from_dict(data: Mapping[str, Any] | None) -> ClusterSpec | None:
         return None
     return ClusterSpec(tuple(data["hosts"]), data.get("ssh_port"), data.get("ssh_identity_file"),
                        tuple(data.get("ssh_options") or ()), data.get("work_dir") or DEFAULT_WORK_DIR,
-                       data.get("python"))
+                       data.get("python"), bool(data.get("slurm")), data.get("slurm_job_id"))
 
 
 def parse_host_list(text: str, what: str = "--hosts") -> list[str]:
@@ -82,7 +91,7 @@ def hostfile_hosts(path: str) -> list[str]:
 
 def parse_cluster(value: Any, base: Path, instance_count: int, add: Any) -> ClusterSpec | None:
     """The spec's ``cluster:`` mapping (None: the job runs on this machine; no hosts: they come from ``hora job run
-    --hosts``). Problems go to ``add``."""
+    --hosts``, or from the Slurm allocation with ``slurm: true``). Problems go to ``add``."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -91,6 +100,7 @@ def parse_cluster(value: Any, base: Path, instance_count: int, add: Any) -> Clus
     for key in value:
         if key not in CLUSTER_FIELDS:
             add(unknown_field(str(key), CLUSTER_FIELDS, " in cluster"))
+    slurm = _slurm(value, add)  # with it, hosts and hostfile are refused: the hosts come from the allocation
     hosts: list[str] = []
     try:
         if value.get("hosts") is not None and value.get("hostfile") is not None:
@@ -129,7 +139,23 @@ def parse_cluster(value: Any, base: Path, instance_count: int, add: Any) -> Clus
         add(f"cluster.python {python!r} must be an absolute path (the Python on every host)")
     identity = strings["ssh_identity_file"]
     return ClusterSpec(tuple(hosts), port, str(base / os.path.expanduser(identity)) if identity else None,
-                       tuple(options), work_dir, python)
+                       tuple(options), work_dir, python, slurm)
+
+
+def _slurm(value: Mapping[str, Any], add: Any) -> bool:
+    """``cluster.slurm``; with it, the keys that name hosts or SSH settings are refused."""
+    slurm = value.get("slurm", False)
+    if not isinstance(slurm, bool):
+        add(f"cluster.slurm must be true or false, got {slurm!r}")
+        return False
+    if slurm:
+        if value.get("hosts") is not None or value.get("hostfile") is not None:
+            add("cluster: slurm: true takes the hosts from the Slurm allocation (its nodes are algo-1..N); remove "
+                "cluster.hosts and cluster.hostfile, or remove slurm to run on those hosts over SSH")
+        ssh = [f"cluster.{k}" for k in _SSH_FIELDS if value.get(k) is not None]
+        if ssh:
+            add(f"cluster: slurm: true reaches the nodes with srun, not SSH: remove {', '.join(ssh)}")
+    return slurm
 
 
 def cli_cluster(cluster: ClusterSpec | None, hosts: str | None, hostfile: str | None,
@@ -137,6 +163,10 @@ def cli_cluster(cluster: ClusterSpec | None, hosts: str | None, hostfile: str | 
     """The spec's cluster with ``--hosts``/``--hostfile`` of ``hora job run`` (or ``hora job clean``)."""
     if hosts and hostfile:
         raise ConfigError("give --hosts or --hostfile, not both")
+    if cluster is not None and cluster.slurm:
+        raise ConfigError(f"the spec's cluster says slurm: true (the nodes of a Slurm allocation) but --"
+                          f"{'hosts' if hosts else 'hostfile'} names hosts to reach over SSH: remove slurm from the "
+                          "spec's cluster, or leave out the hosts")
     names = parse_host_list(hosts) if hosts else hostfile_hosts(hostfile or "")
     if instance_count and len(names) != instance_count:
         raise ConfigError(f"{len(names)} host(s) given but the spec's instance_count is {instance_count}: each host "

@@ -38,6 +38,7 @@ from typing import IO, Any
 
 from hora._proc import die_with_parent, kill_group, set_parent_death_signal, usable_cpus
 from hora.config import Config
+from hora.config.launchers import without_launcher_variables
 from hora.config.variables import environment
 from hora.config.worker_env import thread_defaults
 from hora.errors import ConfigError, HoraError
@@ -91,7 +92,9 @@ class _Agent:
                 self.stop(signal.SIGTERM)
 
     def start(self) -> None:
-        env = environment()
+        # Another launcher's per-process variables are not the ranks': started as a job step (hora job in a Slurm
+        # allocation starts this agent with srun), SLURM_STEP_ID/SLURM_PROCID would make every rank rank 0 of 1.
+        env = without_launcher_variables(environment())
         env.update(self.job["env"])
         env["HORA_STACKS_DIR"] = str(self.stacks.directory)
         iface = self.job.get("network_interface")

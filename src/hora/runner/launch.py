@@ -136,7 +136,7 @@ def _plan(spec: LaunchSpec, base_env: Mapping[str, str]) -> _Plan:
         slots = [RankSlot(r, spec.hostname, r, spec.np, 0, 1) for r in range(spec.np)]
     hosts = list(dict.fromkeys(s.host for s in slots))
     ps_hosts = _server_hosts(spec, hosts, base_env)  # a bad combination fails before any SSH check
-    remote = [h for h in hosts if h not in spec.local_hosts and not is_local_host(h)]
+    remote = [h for h in hosts if spec.remote_only or (h not in spec.local_hosts and not is_local_host(h))]
     here = sum(s.host not in remote for s in slots) + sum(h not in remote for h in ps_hosts)
     servers = f" with {len(ps_hosts)} parameter server(s)" if ps_hosts else ""
     check_process_count(here, f"-np {spec.np}{servers}", spec.oversubscribe)

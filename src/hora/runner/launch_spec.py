@@ -36,6 +36,9 @@ class LaunchSpec:
     network_interface: str | None = None
     start_timeout: float = 30.0
     local_hosts: Sequence[str] = ()  # host names that are this machine whatever they resolve to (hora job's algo-1)
+    #: every host through ``ssh``/the agent, this machine's own name too (hora job in a Slurm allocation: each host's
+    #: processes are a job step, started with srun on whichever node the launcher runs)
+    remote_only: bool = False
     oversubscribe: bool = False  # allow more than MAX_PER_CPU processes per CPU here (the oversubscribe setting)
     merge_stderr: bool = False  # one pipe for each process's stdout and stderr (the merge_stderr setting)
     observer: RunObserver | None = None  # told of the ranks, their lines and the end (hora run --record)

@@ -173,7 +173,8 @@ def preflight(hosts: Sequence[str], ssh: SshOptions) -> dict[str, str]:
         t.join()
     bad = [r for r in results.values() if not r.ok]
     if bad:
-        head = f"cannot start the job: {len(bad)} of {len(hosts)} remote host(s) failed the SSH check"
+        check = "host check" if ssh.agent else "SSH check"
+        head = f"cannot start the job: {len(bad)} of {len(hosts)} remote host(s) failed the {check}"
         raise HostError(head + ":\n  " + "\n  ".join(r.problem for r in bad))
     return {h: r.client_addr for h, r in results.items()}
 

@@ -140,3 +140,37 @@ def test_lines_streamed_home_go_to_the_hosts_logs_and_the_metrics(tmp_path):
     assert algo1[0].endswith("[algo-1 rank 0]<stderr> Traceback (most recent call last):")
     assert algo1[1].endswith("[ps0]<stderr> a server's line")
     assert [(n, v, h, r, a) for n, v, _, h, r, a in store.metrics("j")] == [("loss", 0.25, "algo-2", 3, 2)]
+
+
+def test_a_slurm_cluster_is_parsed_kept_and_rebuilt(tmp_path):
+    spec = _spec(tmp_path, {"slurm": True, "work_dir": "/scratch/{host}", "python": "/opt/py/bin/python"},
+                 instance_count=2)
+    assert spec.cluster == ClusterSpec((), work_dir="/scratch/{host}", python="/opt/py/bin/python", slurm=True)
+    assert spec_from_dict(spec.to_dict()) == spec
+    resolved = ClusterSpec(("n1", "n2"), slurm=True, slurm_job_id="42")  # as the job starts in the allocation
+    assert cluster_from_dict(resolved.to_dict()) == resolved
+    assert _spec(tmp_path, {"hosts": ["a"]}).cluster.slurm is False  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("cluster", "problem"),
+    [
+        ({"slurm": True, "hosts": ["a"]}, "slurm: true takes the hosts from the Slurm allocation (its nodes are "
+         "algo-1..N); remove cluster.hosts and cluster.hostfile, or remove slurm to run on those hosts over SSH"),
+        ({"slurm": True, "hostfile": "hosts.txt"}, "remove cluster.hosts and cluster.hostfile"),
+        ({"slurm": True, "ssh_port": 22, "ssh_options": ["A=b"]},
+         "cluster: slurm: true reaches the nodes with srun, not SSH: remove cluster.ssh_port, cluster.ssh_options"),
+        ({"slurm": True, "ssh_identity_file": "id"}, "not SSH: remove cluster.ssh_identity_file"),
+        ({"slurm": "yes"}, "cluster.slurm must be true or false, got 'yes'"),
+        ({"slurm": True, "work_dir": "rel"}, "must be absolute or start with ~/"),
+    ],
+)
+def test_a_slurm_cluster_refuses_hosts_and_ssh_settings(tmp_path, cluster, problem):
+    with pytest.raises(SpecError) as err:
+        _spec(tmp_path, cluster)
+    assert problem in str(err.value)
+
+
+def test_hosts_on_the_command_line_are_refused_for_a_slurm_cluster():
+    with pytest.raises(ConfigError, match=r"says slurm: true .* but --hosts names hosts to reach over SSH"):
+        cli_cluster(ClusterSpec((), slurm=True), "a", None, 1)
