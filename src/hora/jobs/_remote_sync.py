@@ -91,6 +91,7 @@ def apply(job_dir: Path, host: str) -> None:
         if ".." not in PurePosixPath(name).parts and (cache / name).is_file():
             os.utime(cache / name, ns=(ns, ns))
     shutil.copytree(cache, tree, dirs_exist_ok=True)  # copy2: sizes and mtimes as shipped
+    _sent(job_dir, host).unlink(missing_ok=True)
     reset(job_dir, host)  # model/ and output/ there, empty
 
 
@@ -149,23 +150,44 @@ def pipe(job_dir: Path, host: str, argv: list[str]) -> None:
             print(json.dumps({"channel": handle.name, "error": str(handle.error)}), flush=True)
 
 
-def reset(job_dir: Path, host: str) -> None:
+def reset(job_dir: Path, host: str, checkpoints: bool = False) -> None:
+    """Empty model/ and output/ (a retry), and checkpoints/ too for a new instance (a spot reclaim: the supervisor
+    then pushes the checkpoints restored from checkpoint_path)."""
     tree = job_dir / "hosts" / host
-    for name in ("model", "output"):
+    for name in ("model", "output", *(("checkpoints",) if checkpoints else ())):
         shutil.rmtree(tree / name, ignore_errors=True)
-    for sub in ("model", "output/data", "output/intermediate"):
+    if checkpoints:
+        _sent(job_dir, host).unlink(missing_ok=True)
+    for sub in ("model", "output/data", "output/intermediate", "checkpoints"):
         (tree / sub).mkdir(parents=True, exist_ok=True)
 
 
 def pack(job_dir: Path, host: str, attempt: str) -> None:
-    tree = job_dir / "hosts" / host
+    """model/, output/, checkpoints/ and the attempt's records as a tar on stdout; attempt ``-``: checkpoints/
+    only (the periodic sync of a spot job's checkpoints while it runs)."""
+    tree, cache = job_dir / "hosts" / host, _cache(job_dir, host)
     with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
-        for name in ("model", "output", "checkpoints"):
+        for name in ("model", "output") if attempt != "-" else ():
             if (tree / name).is_dir():
                 tar.add(tree / name, arcname=f"tree/{name}")
+        # checkpoints/: only what changed since the last pack, or since the push restored every host's checkpoints
+        # here (an untouched copy of another host's file must not come back as this host's, see _stage.py)
+        sent = _sent(job_dir, host)
+        known = json.loads(sent.read_text()) if sent.is_file() else manifest(cache / "checkpoints")
+        now = manifest(tree / "checkpoints")
+        for rel, meta in sorted(now.items()):
+            if tuple(known.get(rel, ())) != meta:
+                tar.add(tree / "checkpoints" / rel, arcname=f"tree/checkpoints/{rel}")
         records = job_dir / "hora" / f"attempt-{attempt}"
-        if records.is_dir():
+        if attempt != "-" and records.is_dir():
             tar.add(records, arcname=f"hora/attempt-{attempt}")
+    sys.stdout.flush()
+    sent.write_text(json.dumps({**known, **now}))  # only once the whole tar went out
+
+
+def _sent(job_dir: Path, host: str) -> Path:
+    """The checkpoints a pack sent last (a new push or a new instance starts again from the shipped ones)."""
+    return job_dir / "hora" / f"checkpoints-sent-{host}.json"
 
 
 def main() -> None:
@@ -181,7 +203,7 @@ def main() -> None:
     elif command == "pipe":
         pipe(_dir(args[0]), args[1], args[2:])
     elif command == "reset":
-        reset(_dir(args[0]), args[1])
+        reset(_dir(args[0]), args[1], checkpoints=args[2:] == ["checkpoints"])
     elif command == "pack":
         pack(_dir(args[0]), args[1], args[2])
     elif command == "clean":

@@ -8,7 +8,8 @@ artifact upload (the runner calls ``channels.upload`` itself).
 - ``stage_channel``: File mode fills ``data_dir/<channel>/``; Pipe mode creates the FIFOs
   ``data_dir/<channel>_<epoch>`` and feeds them. The runner closes the returned handle after the attempt's ranks
   have exited (it stops Pipe feeders).
-- ``download_dir`` / ``upload_dir``: checkpoint sync between a host's ``checkpoints/`` and ``checkpoint_path``.
+- ``restore_checkpoints`` / ``upload_changed``: checkpoint sync between a host's ``checkpoints/`` and
+  ``checkpoint_path`` (out: only the files the host changed since the restore).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from pathlib import Path
 
 from hora.jobs import channels, s3
 from hora.jobs.channels import ChannelHandle, TransferProgress
+from hora.jobs.remote_spec import Manifest, manifest
 from hora.jobs.spec import ChannelSpec
 
-__all__ = ["download_dir", "stage_channel", "upload_dir"]
+__all__ = ["download_dir", "restore_checkpoints", "stage_channel", "upload_changed"]
 
 
 def _lines(what: str, progress: Callable[[str], None] | None) -> Callable[[TransferProgress], None] | None:
@@ -57,7 +59,21 @@ def download_dir(uri: str, directory: Path) -> None:
     )
 
 
-def upload_dir(directory: Path, uri: str) -> None:
-    """Copy everything in ``directory`` to ``uri`` (a local directory or an ``s3://`` prefix)."""
-    for child in sorted(directory.iterdir()):
-        channels.upload(child, uri)
+def restore_checkpoints(uri: str, directory: Path) -> Manifest:
+    """:func:`download_dir`, and what it restored (each file's size and modification time): a file that still
+    matches is not the host's to sync out (:func:`upload_changed`)."""
+    download_dir(uri, directory)
+    return manifest(directory)
+
+
+def upload_changed(directory: Path, uri: str, synced: Manifest) -> Manifest:
+    """Copy the files of ``directory`` that differ from ``synced`` to ``uri`` (a local directory or an ``s3://``
+    prefix), as SageMaker syncs only what changed: every host restores every host's checkpoints, and an untouched
+    copy of another host's file would overwrite that host's newer one. ``synced``: what :func:`restore_checkpoints`
+    restored, or what the last call returned (what is now in sync)."""
+    now = manifest(directory)
+    for rel, meta in sorted(now.items()):
+        if synced.get(rel) != meta:
+            parent = rel.rpartition("/")[0]
+            channels.upload(directory / rel, f"{uri.rstrip('/')}/{parent}" if parent else uri)
+    return {**synced, **now}

@@ -19,6 +19,7 @@ from hora.jobs.outcome import failure_reason, master_result
 from hora.jobs.plan import JobPlan
 from hora.jobs.records import AttemptResult
 from hora.jobs.remote_hosts import JobLines, RemoteHosts
+from hora.jobs.remote_spec import Manifest
 from hora.jobs.sagemaker_env import HostLayout
 from hora.jobs.spec import JobSpec
 from hora.jobs.states import JobStatus, SecondaryStatus
@@ -45,6 +46,9 @@ class Attempts:
     layouts: dict[str, HostLayout]
     _trees: HostTrees
     _remote: RemoteHosts | None
+    _remote_running: bool
+    #: each host's checkpoints as restored from checkpoint_path or last synced out (only what differs goes out)
+    _synced: dict[str, Manifest]
     echo: bool
     _reclaimed: str | None
     _limit: str | None
@@ -74,14 +78,14 @@ class Attempts:
     def _fresh_attempt(self, new_instances: bool = False) -> None:
         """A retry starts with empty model/ and output/ and keeps checkpoints/; after a spot reclaim the hosts are
         new instances: checkpoints/ is emptied too and restored from checkpoint_path."""
-        for layout in self.layouts.values():
+        for host, layout in self.layouts.items():
             for d in (layout.model_dir, layout.output_dir) + ((layout.checkpoint_dir,) if new_instances else ()):
                 shutil.rmtree(d, ignore_errors=True)
             layout.create()
             if new_instances and self.spec.checkpoint_path:
-                _stage.download_dir(self.spec.checkpoint_path, layout.checkpoint_dir)
+                self._synced[host] = _stage.restore_checkpoints(self.spec.checkpoint_path, layout.checkpoint_dir)
         if self._remote is not None:
-            self._remote.reset()
+            self._remote.reset(self.job_dir if new_instances else None)
 
     def _train(self) -> tuple[JobStatus, SecondaryStatus, str | None, int | None]:
         attempts = self.spec.max_retry_attempts + 1
@@ -136,7 +140,7 @@ class Attempts:
         if self.spec.use_spot_instances:  # max_run bounds the time trained; checkpoints go out while it runs
             limit = _timer(max(self.spec.max_run - self._trained, 0.0), self._max_run_reached)
             if self.spec.checkpoint_path:
-                sync = spot.CheckpointSync(self._sync_checkpoints_out, self.say)
+                sync = spot.CheckpointSync(self._sync_running_checkpoints_out, self.say)
         began = time.monotonic()
         try:
             if self._remote is not None:
@@ -169,15 +173,25 @@ class Attempts:
             hosts=[HostSlots(h, plan.processes_per_host) for h in self._remote.hosts], ssh=self._remote.ssh,
             observer=lines, quiet=not self.echo, remote_only=self._remote.cluster.slurm,
         )
+        self._remote_running = True  # a spot reclaim now stops the launch (lifecycle._on_signal)
         try:
             result = launch(spec)
         finally:
+            self._remote_running = False
             lines.close()
             self._remote.pull(self.job_dir, attempt)
         AttemptResult(tuple(result.returncodes), result.exit_code, result.interrupted).write(self.job_dir, attempt)
         return result
 
+    def _sync_running_checkpoints_out(self) -> None:
+        """While an attempt runs: on remote hosts the checkpoints come home first (the sync uploads the local
+        trees)."""
+        if self._remote is not None:
+            self._remote.pull(self.job_dir, None)
+        self._sync_checkpoints_out()
+
     def _sync_checkpoints_out(self) -> None:
         if self.spec.checkpoint_path:
-            for layout in self.layouts.values():
-                _stage.upload_dir(layout.checkpoint_dir, self.spec.checkpoint_path)
+            for host, layout in self.layouts.items():
+                self._synced[host] = _stage.upload_changed(layout.checkpoint_dir, self.spec.checkpoint_path,
+                                                           self._synced.get(host, {}))

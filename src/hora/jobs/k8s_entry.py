@@ -49,6 +49,7 @@ from hora.jobs.lifecycle import entry_command, unattended_settings
 from hora.jobs.outcome import archive, describe_code, traceback_tail
 from hora.jobs.plan import JobPlan
 from hora.jobs.records import RankEnd, host_says
+from hora.jobs.remote_spec import Manifest
 from hora.jobs.sagemaker_env import HostLayout, num_gpus, sm_environment, to_cmd_args
 from hora.jobs.spec import JobSpec, spec_from_dict
 from hora.jobs.store import write_private
@@ -249,8 +250,7 @@ def run(args: argparse.Namespace) -> int:
     layout = _layout(args, spec, host)
     handles = [_stage.stage_channel(ch, layout.data_dir, index, count, lambda m: host_says(host, m))
                for ch in spec.inputs]
-    if spec.checkpoint_path:
-        _stage.download_dir(spec.checkpoint_path, layout.checkpoint_dir)
+    restored = _stage.restore_checkpoints(spec.checkpoint_path, layout.checkpoint_dir) if spec.checkpoint_path else {}
     workdir = Path(args.workdir)
     for d in ("hora", "logs", "hosts"):
         (workdir / d).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -317,16 +317,16 @@ def run(args: argparse.Namespace) -> int:
             handle.close()
         if server is not None:
             server.shutdown()
-    return _finish(args, spec, layout, workdir, host, code, failed)
+    return _finish(args, spec, layout, workdir, host, code, failed, restored)
 
 
 def _finish(args: argparse.Namespace, spec: JobSpec, layout: HostLayout, workdir: Path, host: str, code: int,
-            failed: int | None) -> int:
+            failed: int | None, restored: Manifest) -> int:
     """Checkpoints out (every host), artifacts and the failure reason (algo-1); the pod's exit code."""
     reason = _failure(layout, workdir, host, failed, code) if code != 0 else None
     try:
         if spec.checkpoint_path and layout.checkpoint_dir.is_dir():
-            _stage.upload_dir(layout.checkpoint_dir, spec.checkpoint_path)
+            _stage.upload_changed(layout.checkpoint_dir, spec.checkpoint_path, restored)
     except (HoraError, OSError) as exc:
         host_says(host, f"copying the checkpoints to {spec.checkpoint_path} failed: {exc}")
     if host == "algo-1":

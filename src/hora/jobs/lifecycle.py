@@ -45,6 +45,7 @@ from hora.jobs.outcome import archive, failure_reason
 from hora.jobs.plan import JobPlan, ParameterServerPlan
 from hora.jobs.records import stderr_line
 from hora.jobs.remote_hosts import RemoteHosts, RemotePipes, ship_pipe_sources
+from hora.jobs.remote_spec import Manifest
 from hora.jobs.sagemaker_env import (
     HostLayout,
     host_layout,
@@ -133,6 +134,8 @@ class JobSupervisor(Attempts):
         self._progress = progress
         self._limit: str | None = None  # the time limit that stopped the job: "max_run" or "max_wait" (spot)
         self._reclaimed: str | None = None  # managed spot: the host whose reclaim interrupted this attempt
+        self._remote_running = False  # on remote hosts: hora run's launch() of an attempt is running here
+        self._synced: dict[str, Manifest] = {}
         self._trained = 0.0  # seconds the attempts so far trained (managed spot: max_run bounds this)
         self._stoppable = True
         self._closers: list[ChannelHandle | RemotePipes] = []
@@ -268,7 +271,7 @@ class JobSupervisor(Attempts):
     def _on_signal(self, signum: int, frame: object) -> None:
         if signum == spot.INTERRUPT_SIGNAL:  # a simulated spot reclaim: the ranks get SIGTERM, the job restarts
             host = spot.read_interrupt(self.job_dir)
-            if self._reclaimed is None and self._trees.forward(signal.SIGTERM):
+            if self._reclaimed is None and self._stop_ranks():
                 self._reclaimed = host
                 self.say(f"spot capacity reclaimed ({host}): SIGTERM to every rank, SIGKILL after "
                          f"stop_grace={self.spec.stop_grace:g}s")
@@ -280,6 +283,15 @@ class JobSupervisor(Attempts):
         if self._stoppable:
             raise _Stop(signum)
         self.say(f"{signal.Signals(signum).name} while archiving: finishing the archive first")
+
+    def _stop_ranks(self) -> bool:
+        """SIGTERM to every rank of the running attempt (SIGKILL after stop_grace); False when none runs."""
+        if self._remote is None:
+            return self._trees.forward(signal.SIGTERM)
+        if not self._remote_running:
+            return False
+        os.kill(os.getpid(), signal.SIGTERM)  # hora run's launch() runs here: it stops every host's ranks
+        return True
 
     def _max_run_reached(self) -> None:
         self._limit_reached("max_run", self.spec.max_run)
@@ -423,7 +435,7 @@ class JobSupervisor(Attempts):
                     self.say(f"{host}: channel {ch.name!r} ({ch.input_mode}, {ch.distribution}) from {ch.uri}")
                     self._closers.append(_stage.stage_channel(ch, layout.data_dir, index, len(self.hosts), self.say))
             if self.spec.checkpoint_path:
-                _stage.download_dir(self.spec.checkpoint_path, layout.checkpoint_dir)
+                self._synced[host] = _stage.restore_checkpoints(self.spec.checkpoint_path, layout.checkpoint_dir)
         if self._remote is not None:
             ship_pipe_sources(self.spec.inputs, [self.layouts[h].root for h in self.hosts])
             self._remote.push(self.job_dir)

@@ -236,20 +236,29 @@ class RemoteHosts:
             name += f"/{Path(channel.uri).name}"
         return f"{self.job_dir(index)}/hosts/{self.algo[index]}/{name}"
 
-    def reset(self) -> None:
-        """A retry: empty model/ and output/ on every host (checkpoints/ stay)."""
+    def reset(self, local_job_dir: Path | None = None) -> None:
+        """A retry: empty model/ and output/ on every host (checkpoints/ stay). With ``local_job_dir``, the hosts
+        are new instances (a spot reclaim): their checkpoints/ go too, and the local trees (the checkpoints restored
+        from checkpoint_path there) are pushed again."""
+        extra = ("checkpoints",) if local_job_dir is not None else ()
+
         def one(i: int, host: str) -> None:
-            _run(host, self.ssh, _sync_command(self.python, "reset", self.job_dir(i), self.algo[i]))
+            _run(host, self.ssh, _sync_command(self.python, "reset", self.job_dir(i), self.algo[i], *extra))
 
         _each(self.hosts, one)
+        if local_job_dir is not None:
+            self.push(local_job_dir)
 
     # -- results ---------------------------------------------------------------------------------------------
-    def pull(self, local_job_dir: Path, attempt: int) -> None:
-        """model/, output/, checkpoints/ and the attempt's records of every host into the local tree; a host that
-        cannot be reached is said and skipped (its share of the artifacts is missing)."""
+    def pull(self, local_job_dir: Path, attempt: int | None) -> None:
+        """model/, output/, checkpoints/ and the attempt's records of every host into the local tree (``attempt``
+        None: checkpoints/ only, while the attempt runs); a host that cannot be reached is said and skipped (its
+        share of the artifacts is missing)."""
+        which = "-" if attempt is None else str(attempt)
+
         def one(i: int, host: str) -> None:
             algo = self.algo[i]
-            argv = ssh_command(host, self.ssh, _sync_command(self.python, "pack", self.job_dir(i), algo, str(attempt)))
+            argv = ssh_command(host, self.ssh, _sync_command(self.python, "pack", self.job_dir(i), algo, which))
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     preexec_fn=die_with_parent)
             tree, records = local_job_dir / "hosts" / algo, local_job_dir / "hora"
@@ -276,7 +285,8 @@ class RemoteHosts:
         try:
             _each(self.hosts, one)
         except HostError as exc:
-            self.say(f"could not bring back the results of attempt {attempt} from every host:\n  {exc}")
+            what = "the checkpoints" if attempt is None else f"the results of attempt {attempt}"
+            self.say(f"could not bring back {what} from every host:\n  {exc}")
 
     # -- launch ----------------------------------------------------------------------------------------------
     def command(self, pph: int) -> list[str]:

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("sagemaker_training", reason="the toolkit check needs sagemaker-training (the test extra)")
 yaml = pytest.importorskip("yaml", reason="the spec file needs PyYAML (the jobs extra)")
 
-from hora.jobs import Estimator, JobStore, parse_spec, start_job  # noqa: E402 - after the skips
+from hora.jobs import Estimator, JobStore, parse_spec, start_job, wait_job  # noqa: E402 - after the skips
 from support import netns_hosts as netns  # noqa: E402
 
 LIMIT = 240.0
@@ -354,4 +354,63 @@ def test_tensorflows_parameter_servers_listen_on_each_hosts_address_with_the_con
         }
         assert seen[host]["ps_up"] == [True, True]
     assert seen["algo-1"]["ps_up_after_workers_ended"] == [True, True]
+    _wait_clean(c, name)
+
+
+SPOT_SCRIPT = textwrap.dedent("""
+    import os, time
+    ckpt = "/opt/ml/checkpoints" if os.path.isdir("/opt/ml/checkpoints") else os.path.join(
+        os.environ["SM_MODEL_DIR"], "..", "checkpoints")
+    path = os.path.join(ckpt, "epoch-" + os.environ["SM_CURRENT_HOST"])
+    start = int(open(path).read()) if os.path.exists(path) else 0
+    print(f"resumed at epoch {start}", flush=True)
+    for epoch in range(start, 40):
+        time.sleep(0.25)
+        with open(path + ".tmp", "w") as f:
+            f.write(str(epoch + 1))
+        os.replace(path + ".tmp", path)
+    open(os.path.join(os.environ["SM_MODEL_DIR"], "model.txt"), "w").write("trained")
+""")
+
+
+def test_a_spot_reclaim_restarts_every_host_from_the_checkpoints_synced_while_it_ran(netns_cluster, tmp_path):
+    """Managed spot on real hosts: the hosts' checkpoints are synced out to checkpoint_path while the job runs;
+    a reclaim (hora job interrupt) stops every host, and the restart begins with new instances' trees: each host's
+    checkpoints/ emptied and restored from checkpoint_path (both hosts' files), so each resumes where it was."""
+    from hora.jobs.api import interrupt_job
+    from hora.jobs.views import read_logs
+
+    c = netns_cluster
+    _source(tmp_path)
+    (tmp_path / "src" / "spot.py").write_text(SPOT_SCRIPT)
+    ckpt, store, name = tmp_path / "ckpt", JobStore(tmp_path / "home"), f"spot-{uuid.uuid4().hex[:6]}"
+    spec = _spec(c, tmp_path, name, entry_point="spot.py", processes_per_host=1, metric_definitions=[],
+                 distribution="none", inputs={}, use_spot_instances=True, max_run=200, max_wait=400,
+                 checkpoint_path=str(ckpt), max_retry_attempts=0)  # fmt: skip
+    start_job(parse_spec(spec), store, wait=False, echo=False)
+    deadline = time.monotonic() + LIMIT
+
+    def synced(host: str) -> int:
+        try:
+            return int((ckpt / f"epoch-{host}").read_text())
+        except (OSError, ValueError):
+            return 0
+
+    while min(synced("algo-1"), synced("algo-2")) < 4:  # out while it runs: pulled from the hosts, then synced
+        assert time.monotonic() < deadline and not store.get(name).done, store.get(name).failure_reason
+        time.sleep(0.1)
+    interrupt_job(store, name, "algo-2")
+    record = wait_job(store, name, timeout=LIMIT)
+    assert (record.status, record.attempts) == ("Completed", 2), record.failure_reason
+    secondaries = [t[2] for t in store.transitions(name)]
+    assert secondaries.count("Interrupted") == 1 and secondaries.count("Restarting") == 1
+    logs = list(read_logs(store, name))
+    for host in ("algo-1", "algo-2"):
+        resumed = [int(line.rsplit(" ", 1)[1]) for line in logs if f"[{host} rank" in line and "resumed at" in line]
+        assert len(resumed) == 2 and resumed[0] == 0 and resumed[1] >= 4, resumed  # from the synced checkpoint
+        assert synced(host) == 40
+    for h in c.hosts:  # new instances: each host got both hosts' checkpoints back from checkpoint_path
+        tree = tmp_path / f"remote-{h.addr}" / name / "hosts"
+        (algo,) = [p.name for p in tree.iterdir()]
+        assert sorted(p.name for p in (tree / algo / "checkpoints").iterdir()) == ["epoch-algo-1", "epoch-algo-2"]
     _wait_clean(c, name)
