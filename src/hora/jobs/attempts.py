@@ -167,7 +167,7 @@ class Attempts:
             self._remote.command(plan.processes_per_host), plan.world_size, env=self._launch_env(attempt),
             settings=settings, prefix_output=False, grace=plan.grace, cwd="/",
             hosts=[HostSlots(h, plan.processes_per_host) for h in self._remote.hosts], ssh=self._remote.ssh,
-            observer=lines, quiet=not self.echo,
+            host_addresses=self._remote.addresses, observer=lines, quiet=not self.echo,
         )
         try:
             result = launch(spec)

@@ -27,7 +27,8 @@ def add_job_parser(sub: argparse._SubParsersAction) -> None:
     _add_host_flags(run, "run the job on these hosts over SSH (algo-1 first); the spec's cluster: keeps its other "
                     "settings")
     _add_manifest_parser(jsub)
-    cl = jsub.add_parser("clean", help="remove the job directories a job on remote hosts left there (over SSH)")
+    cl = jsub.add_parser("clean", help="remove the job directories jobs on remote hosts left there (over SSH, or on "
+                         "every node of a Ray cluster)")
     _add_host_flags(cl, "the hosts to clean")
     cl.add_argument("--job", help="only this job's directory (default: the whole work dir, the shipping cache too)")
     cl.add_argument("--work-dir", help="the work_dir the jobs used (default ~/.hora/remote)")
@@ -111,16 +112,20 @@ def _manifest(args: argparse.Namespace) -> int:
 def _add_host_flags(p: argparse.ArgumentParser, hosts_help: str) -> None:
     p.add_argument("--hosts", metavar="H1,H2", help=hosts_help)
     p.add_argument("--hostfile", metavar="FILE", help="the hosts, one per line (host [slots=N]; slots are not used)")
+    p.add_argument("--ray", metavar="ADDRESS", help="a Ray cluster (auto, HOST:PORT or ray://HOST:PORT): one host "
+                   "algo-K per node (see On a Ray cluster in docs/jobs.md)")
 
 
 def _clean(args: argparse.Namespace) -> int:
     from hora.jobs.remote_hosts import clean
     from hora.jobs.remote_spec import DEFAULT_WORK_DIR, ClusterSpec, cli_cluster
 
-    if not (args.hosts or args.hostfile):
-        raise ConfigError("hora job clean needs --hosts H1,H2 or --hostfile FILE")
+    if not (args.hosts or args.hostfile or args.ray):
+        raise ConfigError("hora job clean needs --hosts H1,H2, --hostfile FILE or --ray ADDRESS")
+    if args.ray and (args.ssh_port or args.ssh_identity_file or args.ssh_option):
+        raise ConfigError("hora job clean --ray takes no SSH options: the nodes are reached through Ray")
     cluster = cli_cluster(ClusterSpec((), args.ssh_port, args.ssh_identity_file, tuple(args.ssh_option),
-                                      args.work_dir or DEFAULT_WORK_DIR), args.hosts, args.hostfile, 0)
+                                      args.work_dir or DEFAULT_WORK_DIR), args.hosts, args.hostfile, 0, args.ray)
     for line in clean(cluster, args.job):
         print(f"removed {line}")
     return 0
@@ -206,14 +211,14 @@ def job_main(args: argparse.Namespace) -> int:
             return _clean(args)
         if args.job_cmd == "run":
             spec = load_spec(args.spec, {"job_name": args.job_name} if args.job_name else None)
-            if args.hosts or args.hostfile:
+            if args.hosts or args.hostfile or args.ray:
                 import dataclasses
 
                 from hora.jobs.remote_spec import cli_cluster
 
                 spec = dataclasses.replace(spec, cluster=cli_cluster(spec.cluster, args.hosts, args.hostfile,
-                                                                     spec.instance_count))
-            if spec.cluster is not None and not spec.cluster.hosts:
+                                                                     spec.instance_count, args.ray))
+            if spec.cluster is not None and not spec.cluster.hosts and spec.cluster.backend != "ray":
                 raise ConfigError("the spec's cluster: names no hosts; list them in cluster.hosts (or hostfile) or "
                                   "give them with --hosts H1,H2")
             if not args.wait:

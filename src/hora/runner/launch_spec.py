@@ -36,6 +36,9 @@ class LaunchSpec:
     network_interface: str | None = None
     start_timeout: float = 30.0
     local_hosts: Sequence[str] = ()  # host names that are this machine whatever they resolve to (hora job's algo-1)
+    #: where hosts are whose names the network does not know (hora job's Ray nodes, named by node id; nodes of one
+    #: machine share an address): their addresses, for the route to them and MASTER_ADDR. Such a host is remote.
+    host_addresses: Mapping[str, str] = field(default_factory=dict)
     oversubscribe: bool = False  # allow more than MAX_PER_CPU processes per CPU here (the oversubscribe setting)
     merge_stderr: bool = False  # one pipe for each process's stdout and stderr (the merge_stderr setting)
     observer: RunObserver | None = None  # told of the ranks, their lines and the end (hora run --record)
