@@ -22,10 +22,11 @@ import pytest
 
 pytest.importorskip("ray")
 pytest.importorskip("sagemaker_training", reason="the toolkit check needs sagemaker-training (the test extra)")
+yaml = pytest.importorskip("yaml", reason="the spec file needs PyYAML (the jobs extra)")
 
-from hora.cli import main
-from hora.jobs import JobStore, parse_spec, start_job
-from support.ray_cluster import local_cluster, settle
+from hora.cli import main  # noqa: E402 - after the skips
+from hora.jobs import JobStore, parse_spec, start_job  # noqa: E402
+from support.ray_cluster import local_cluster, settle  # noqa: E402
 
 LIMIT = 240.0
 
@@ -150,13 +151,20 @@ def test_two_ray_nodes_run_the_contract_and_archive_home(ray_cluster, tmp_path):
     assert all(f"removed {h} (" in done.stdout for h in hosts), done.stdout
 
 
-def _start_sleeping(cluster, tmp_path: Path, name: str, **extra: object) -> tuple[JobStore, Path]:
-    """A detached job whose ranks say ``ready`` and sleep; returns once every rank has said it."""
+def _start_sleeping(cluster, tmp_path: Path, name: str, cli: bool = False, **extra: object) -> tuple[JobStore, Path]:
+    """A detached job whose ranks say ``ready`` and sleep (started with ``hora job run SPEC --ray ADDRESS`` when
+    ``cli``); returns once every rank has said it."""
     store = JobStore(tmp_path / "home")
     spec = _spec(cluster, tmp_path, name, hyperparameters={"sleep": 1}, **extra)
     spec["inputs"] = {"training": str(tmp_path / "data")}
-    record = start_job(parse_spec(spec), store, wait=False)
-    job_dir = Path(record.job_dir)
+    if cli:
+        spec["cluster"] = {"work_dir": str(tmp_path / "remote-{host}")}  # the cluster from the command line
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+        assert main(["job", "--home", str(store.home), "run", str(tmp_path / "job.yaml"), "--ray",
+                     cluster.address]) == 0
+    else:
+        start_job(parse_spec(spec), store, wait=False)
+    job_dir = store.job_dir(name)
     deadline = time.monotonic() + LIMIT
     while sum(f.read_text().count("ready") for f in (job_dir / "logs").glob("algo-*.log")) < 2:
         assert not store.get(name).done, store.get(name).failure_reason
@@ -188,9 +196,10 @@ def test_a_node_removed_mid_job_ends_it_naming_the_node(ray_cluster, tmp_path):
     assert settle(lambda: _processes_in(tmp_path), 60) == []
 
 
-def test_hora_job_stop_stops_the_ranks_on_every_node(ray_cluster, tmp_path):
+def test_hora_job_stop_stops_the_ranks_on_every_node_of_a_job_run_with_ray(ray_cluster, tmp_path):
     name = f"stop-{uuid.uuid4().hex[:6]}"
-    store, _ = _start_sleeping(ray_cluster, tmp_path, name, processes_per_host=1)
+    store, _ = _start_sleeping(ray_cluster, tmp_path, name, cli=True, processes_per_host=1)
+    assert store.get(name).spec["cluster"]["address"] == ray_cluster.address  # --ray
     assert _processes_in(tmp_path) != []  # the ranks run on their nodes
     assert main(["job", "--home", str(tmp_path / "home"), "stop", name]) == 0
     record = _ended(store, name)
