@@ -111,6 +111,7 @@ class RayHosts:
         self.hosts: list[str] = []
         self.addresses: list[str] = []
         self.nodes: list[dict[str, Any]] = []
+        self.given_python = spec.cluster.python
         self.python = sys.executable
         self.ssh = SshOptions(agent=[sys.executable, "-m", "hora.jobs._ray_rsh", str(job_dir)])
         self._ray: Any = None
@@ -149,8 +150,8 @@ class RayHosts:
                                       name=f"hora-job-{self.job_name}")
         self.say(f"waiting for {self.count} Ray node(s) with {_said(self.bundle)} each (placement group, "
                  f"STRICT_SPREAD) on the Ray cluster at {self.address}")
-        deadline = time.monotonic() + PLACEMENT_SECONDS
-        while not ray.wait([self._group.ready()], timeout=1.0)[0]:
+        deadline, ready = time.monotonic() + PLACEMENT_SECONDS, self._group.ready()
+        while not ray.wait([ready], timeout=1.0)[0]:  # each second: could it still be placed?
             alive, fits = self._nodes()
             if fits < self.count or time.monotonic() > deadline:
                 why = "" if fits < self.count else f" but they did not become free within {PLACEMENT_SECONDS:g}s"
@@ -168,8 +169,11 @@ class RayHosts:
             raise HostError(f"the job's host actors could not start their agents on the Ray nodes: {exc}") from None
         self.hosts = [host_name(n["node_id"]) for n in self.nodes]
         self.addresses = [str(n["address"]) for n in self.nodes]
-        pythons = {n["python"] for n in self.nodes}
-        self.python = pythons.pop() if len(pythons) == 1 else sys.executable
+        pythons = sorted({str(n["python"]) for n in self.nodes})
+        if len(pythons) > 1 and not self.given_python:
+            raise HostError(f"Ray's workers run different Pythons on the job's nodes ({', '.join(pythons)}); name the "
+                            "one that runs hora and the script on every node with cluster.python")
+        self.python = self.given_python or pythons[0]
         write_private(self.job_dir / "hora" / SECRET_FILE, secret.hex())
         listed = {h: {k: n[k] for k in ("address", "port", "node_id", "hostname")}
                   for h, n in zip(self.hosts, self.nodes)}
