@@ -146,3 +146,48 @@ def test_a_client_that_falls_silent_is_taken_as_lost(agent, monkeypatch):
             if kind == command_agent.EXIT:
                 break
         assert frames[-1] == (command_agent.EXIT, struct.pack("!i", -signal.SIGTERM))
+
+
+AGENT = """
+import sys, time
+from hora.jobs.command_agent import CommandAgent
+agent = CommandAgent(bytes.fromhex(sys.stdin.readline().strip()), "127.0.0.1", env={"PATH": "/usr/bin:/bin"}, cwd="/")
+print(agent.start(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_agent_that_falls_silent_is_given_up_and_its_commands_die_with_it(tmp_path):
+    secret = new_secret()
+    proc = subprocess.Popen([sys.executable, "-c", AGENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    client = None
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(secret.hex() + "\n")
+        proc.stdin.flush()
+        port = int(proc.stdout.readline())
+        job = tmp_path / "job"
+        write_private(job / "hora" / "agent-secret", secret.hex())
+        where = {"address": "127.0.0.1", "port": port, "node_id": "e" * 56, "hostname": "node"}
+        write_private(job / "hora" / "ray-hosts.json", json.dumps({"hosts": {"ray-eeeeeeeeeeee": where}}))
+        client = subprocess.Popen([sys.executable, "-m", "hora.jobs._ray_rsh", str(job), "ray-eeeeeeeeeeee",
+                                   "echo $$; exec sleep 600"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert client.stdout is not None
+        command = int(client.stdout.readline())
+        os.kill(proc.pid, signal.SIGSTOP)  # a hung node: its kernel still answers, its agent says nothing
+        _, err = client.communicate(timeout=LIMIT)
+        assert client.returncode == 255
+        assert (f"host ray-eeeeeeeeeeee (Ray node 127.0.0.1, node id {'e' * 56}): no word from its agent for "
+                f"{command_agent.LOST_AFTER:g}s (the node is lost or cut off)").encode() in err, err
+        assert alive(command)
+        proc.kill()  # the node's end (its actor killed): the command dies with its agent
+        assert settle(lambda: alive(command), 15) is False
+    finally:
+        for p in (proc, client):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        proc.wait()
+        for f in (proc.stdin, proc.stdout):
+            if f is not None:
+                f.close()
