@@ -154,15 +154,15 @@ class _Session:
 
     def _pump(self, stream: IO[bytes], kind: int) -> None:
         broken = False
-        while True:
-            data = os.read(stream.fileno(), CHUNK)
-            if not data:
-                return
-            if not broken:
-                try:
-                    send_frame(self.conn, self.lock, kind, data)
-                except OSError:
-                    broken = True  # the client is gone: _read stops the command; drain the pipe meanwhile
+        try:
+            while data := os.read(stream.fileno(), CHUNK):
+                if not broken:
+                    try:
+                        send_frame(self.conn, self.lock, kind, data)
+                    except OSError:
+                        broken = True  # the client is gone: _read stops the command; drain the pipe meanwhile
+        finally:
+            _close(stream)
 
     def _read(self) -> None:
         """The client's frames: its stdin into the command's; the command stopped when the client is lost."""
