@@ -4,16 +4,20 @@ nothing of Ray outlived a test."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from support import paths
 
-__all__ = ["alive", "processes_under", "ray_environment", "settle"]
+__all__ = ["alive", "local_cluster", "processes_under", "ray_environment", "settle"]
 
 
 def alive(pid: int) -> bool:
@@ -56,3 +60,26 @@ def settle(check, seconds: float = 15.0):
     while (left := check()) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
+
+
+@contextlib.contextmanager
+def local_cluster(monkeypatch: pytest.MonkeyPatch, nodes: int = 2, num_cpus: int = 2) -> Iterator[Any]:
+    """A Ray cluster on this machine (Ray's ``cluster_utils.Cluster``: a head and ``nodes - 1`` more raylets, each
+    with ``num_cpus`` CPUs), its files in a private temp dir; afterwards nothing of Ray may be left running."""
+    from ray.cluster_utils import Cluster
+
+    tmp = ray_environment(monkeypatch)
+    cluster = None
+    try:
+        node = {"num_cpus": num_cpus, "object_store_memory": 80 << 20}
+        cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False, "temp_dir": tmp})
+        for _ in range(nodes - 1):
+            cluster.add_node(**node)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+        left = settle(lambda: processes_under(tmp))
+        shutil.rmtree(tmp, ignore_errors=True)
+        assert left == [], f"Ray processes outlived the cluster: {left}"

@@ -15,7 +15,7 @@ from hora._runtime.gate import PendingHandshakes, RejectLog
 from hora._runtime.rendezvous import connect_with_retry
 from hora.errors import AuthenticationError, ConfigError, HoraError, ProtocolError, RendezvousError
 
-__all__ = ["PeerListener", "close_all", "connect_peers"]
+__all__ = ["PeerListener", "bind_listener", "close_all", "connect_peers"]
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 HANDSHAKE_SECONDS = 5.0
 
 
-def _bind(addr: str, port_range: str) -> socket.socket:
+def bind_listener(addr: str, port_range: str) -> socket.socket:
     """A listening socket on ``addr``: any free port, or the first free one of ``port_range`` (``LOW-HIGH``, tried
     from a random start so the ranks of one host do not all race for the same port)."""
     if not port_range:
@@ -52,7 +52,7 @@ class PeerListener:
 
     def __init__(self, bind_addr: str, secret: bytes, port_range: str = "") -> None:
         self._secret = secret
-        self.sock = _bind(bind_addr, port_range)
+        self.sock = bind_listener(bind_addr, port_range)
         self._rejects = RejectLog(log, "peer listener")
         self._pending = PendingHandshakes()
         self._lock = threading.Lock()

@@ -1,8 +1,9 @@
-"""What a job's supervisor runs on a remote host over SSH (:mod:`hora.jobs.remote_hosts`):
+"""What a job's supervisor runs on a remote host over SSH or a Ray host's agent (:mod:`hora.jobs.remote_hosts`):
 ``python -m hora.jobs._remote_sync COMMAND ...``, one command per SSH session, its answer on stdout.
 
 - ``probe JOB_DIR PEER``: create the job's directory; print (JSON) its absolute path, the interface and address
-  this host reaches ``PEER`` through (``ip -o route get PEER``), its CPU and GPU counts.
+  this host reaches ``PEER`` through (``ip -o route get PEER``), its CPU and GPU counts (the GPUs that
+  ``CUDA_VISIBLE_DEVICES`` leaves, when set).
 - ``manifest JOB_DIR HOST``: print the manifest of this host's cache of ``HOST``'s tree (``<work_dir>/.cache/HOST``,
   what the last push left there), so the supervisor sends only what changed.
 - ``apply JOB_DIR HOST``: read a tar from stdin: ``tree/...`` into the cache, ``hora/...`` into the job's ``hora/``,
@@ -57,6 +58,9 @@ def probe(job_dir: Path, peer: str) -> None:
         (job_dir / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
     dev, src = _route(peer)
     gpus = len([d for d in os.listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit()])
+    visible = environment().get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:  # what this host's processes may use (a Ray host: its bundle's GPUs)
+        gpus = min(gpus, len([d for d in visible.split(",") if d.strip()]))
     print(json.dumps({"dir": str(job_dir.resolve()), "interface": dev, "address": src,
                       "cpus": os.cpu_count() or 1, "gpus": gpus}))
 

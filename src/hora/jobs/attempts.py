@@ -171,7 +171,8 @@ class Attempts:
             self._remote.command(plan.processes_per_host), plan.world_size, env=self._launch_env(attempt),
             settings=settings, prefix_output=False, grace=plan.grace, cwd="/",
             hosts=[HostSlots(h, plan.processes_per_host) for h in self._remote.hosts], ssh=self._remote.ssh,
-            observer=lines, quiet=not self.echo, remote_only=self._remote.cluster.slurm,
+            host_addresses=self._remote.addresses, observer=lines, quiet=not self.echo,
+            remote_only=self._remote.cluster.slurm,
         )
         self._remote_running = True  # a spot reclaim now stops the launch (lifecycle._on_signal)
         try:

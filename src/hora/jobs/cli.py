@@ -29,7 +29,8 @@ def add_job_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--slurm", action="store_true", help="run the job on the nodes of the Slurm allocation this "
                      "runs in (salloc, sbatch), each host started with srun; waits for the job (as --wait)")
     _add_manifest_parser(jsub)
-    cl = jsub.add_parser("clean", help="remove the job directories a job on remote hosts left there (over SSH)")
+    cl = jsub.add_parser("clean", help="remove the job directories jobs on remote hosts left there (over SSH, or on "
+                         "every node of a Ray cluster)")
     _add_host_flags(cl, "the hosts to clean")
     cl.add_argument("--slurm", action="store_true", help="clean every node of the Slurm allocation this runs in, "
                     "with srun")
@@ -115,6 +116,8 @@ def _manifest(args: argparse.Namespace) -> int:
 def _add_host_flags(p: argparse.ArgumentParser, hosts_help: str) -> None:
     p.add_argument("--hosts", metavar="H1,H2", help=hosts_help)
     p.add_argument("--hostfile", metavar="FILE", help="the hosts, one per line (host [slots=N]; slots are not used)")
+    p.add_argument("--ray", metavar="ADDRESS", help="a Ray cluster (auto, HOST:PORT or ray://HOST:PORT): one host "
+                   "algo-K per node (see On a Ray cluster in docs/jobs.md)")
 
 
 def _clean(args: argparse.Namespace) -> int:
@@ -125,16 +128,18 @@ def _clean(args: argparse.Namespace) -> int:
         from hora.config.variables import environment
         from hora.jobs.slurm_hosts import allocation_cluster
 
-        if args.hosts or args.hostfile or args.ssh_port or args.ssh_identity_file or args.ssh_option:
+        if args.hosts or args.hostfile or args.ray or args.ssh_port or args.ssh_identity_file or args.ssh_option:
             raise ConfigError("hora job clean --slurm cleans the nodes of the Slurm allocation with srun: leave out "
-                              "--hosts/--hostfile and the SSH options")
+                              "--hosts/--hostfile/--ray and the SSH options")
         cluster = allocation_cluster(ClusterSpec((), work_dir=args.work_dir or DEFAULT_WORK_DIR), environment(), None,
                                      "hora job clean --slurm")
-    elif not (args.hosts or args.hostfile):
-        raise ConfigError("hora job clean needs --hosts H1,H2, --hostfile FILE or --slurm")
+    elif not (args.hosts or args.hostfile or args.ray):
+        raise ConfigError("hora job clean needs --hosts H1,H2, --hostfile FILE, --slurm or --ray ADDRESS")
     else:
+        if args.ray and (args.ssh_port or args.ssh_identity_file or args.ssh_option):
+            raise ConfigError("hora job clean --ray takes no SSH options: the nodes are reached through Ray")
         cluster = cli_cluster(ClusterSpec((), args.ssh_port, args.ssh_identity_file, tuple(args.ssh_option),
-                                          args.work_dir or DEFAULT_WORK_DIR), args.hosts, args.hostfile, 0)
+                                          args.work_dir or DEFAULT_WORK_DIR), args.hosts, args.hostfile, 0, args.ray)
     for line in clean(cluster, args.job):
         print(f"removed {line}")
     return 0
@@ -220,10 +225,11 @@ def job_main(args: argparse.Namespace) -> int:
             return _clean(args)
         if args.job_cmd == "run":
             spec = load_spec(args.spec, {"job_name": args.job_name} if args.job_name else None)
-            if args.slurm and (args.hosts or args.hostfile):
-                raise ConfigError("give --hosts/--hostfile (hosts over SSH) or --slurm (the nodes of the Slurm "
-                                  "allocation), not both")
-            if args.slurm or (spec.cluster is not None and spec.cluster.slurm):
+            named = args.hosts or args.hostfile or args.ray
+            if args.slurm and named:
+                raise ConfigError("give --hosts/--hostfile (hosts over SSH), --slurm (the nodes of the Slurm "
+                                  "allocation) or --ray (a Ray cluster), not two of them")
+            if args.slurm or (spec.cluster is not None and spec.cluster.slurm and not named):
                 import dataclasses
 
                 from hora.config.variables import environment
@@ -235,14 +241,14 @@ def job_main(args: argparse.Namespace) -> int:
                     _progress("inside a Slurm allocation the job runs in the foreground (as --wait): the "
                               "allocation ends when this command does")
                     args.wait = True
-            elif args.hosts or args.hostfile:
+            elif named:
                 import dataclasses
 
                 from hora.jobs.remote_spec import cli_cluster
 
                 spec = dataclasses.replace(spec, cluster=cli_cluster(spec.cluster, args.hosts, args.hostfile,
-                                                                     spec.instance_count))
-            if spec.cluster is not None and not spec.cluster.hosts:
+                                                                     spec.instance_count, args.ray))
+            if spec.cluster is not None and not spec.cluster.hosts and spec.cluster.backend != "ray":
                 raise ConfigError("the spec's cluster: names no hosts; list them in cluster.hosts (or hostfile) or "
                                   "give them with --hosts H1,H2")
             if not args.wait:

@@ -44,7 +44,7 @@ from hora.jobs.install import JobEnvironment
 from hora.jobs.outcome import archive, failure_reason
 from hora.jobs.plan import JobPlan, ParameterServerPlan
 from hora.jobs.records import stderr_line
-from hora.jobs.remote_hosts import RemoteHosts, RemotePipes, ship_pipe_sources
+from hora.jobs.remote_hosts import RemotePipes, remote_hosts_of, ship_pipe_sources
 from hora.jobs.remote_spec import Manifest
 from hora.jobs.sagemaker_env import (
     HostLayout,
@@ -146,8 +146,7 @@ class JobSupervisor(Attempts):
         self._trees = HostTrees(self.job_dir, self.hosts, spec.stop_grace, self.say)
         self._env = JobEnvironment(self.job_dir)
         self._exporter: JobExporter | None = None  # TensorBoard and MLflow (exporter.py), when the spec asks
-        self._remote = (RemoteHosts(spec.cluster, spec.job_name, self.hosts, self.say)
-                        if spec.cluster is not None and spec.cluster.hosts else None)
+        self._remote = remote_hosts_of(spec, self.job_dir, self.hosts, self.say)  # None: the hosts are here
 
     # -- messages --------------------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -192,6 +191,8 @@ class JobSupervisor(Attempts):
                 for timer in timers:
                     timer.cancel()
                 self._trees.stop(signal.SIGKILL)
+                if self._remote is not None:  # a Ray cluster's actors and placement group
+                    self._remote.close()
                 if self._exporter is not None:  # the job's end is recorded: its last export
                     self._exporter.finish()
                 if self._net is not None:

@@ -18,10 +18,16 @@ machine (store, logs, job directory) and reaches each host with hora run's SSH c
   ``checkpoints/`` and the ranks' end records come back from every host into the local tree, where the job is
   judged and archived as a local one.
 - **cleaning** (:func:`clean`): ``hora job clean --hosts`` removes the work directories.
+
+On a Ray cluster (``cluster.backend`` ``ray``) the hosts are placed by :class:`hora.jobs.ray_hosts.RayHosts` at
+:meth:`RemoteHosts.probe` (one per node) and reached through their command agents with :mod:`hora.jobs._ray_rsh` in
+place of ssh; every step above is the same. Their names are not known to the network: ``addresses`` says where
+each is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -47,7 +53,7 @@ from hora.jobs.slurm_hosts import SRUN_START_SECONDS, srun_agent
 from hora.jobs.store import JobStore
 from hora.runner.ssh import SshOptions, advertise_address, preflight, ssh_command
 
-__all__ = ["JobLines", "RemoteHosts", "RemotePipes", "clean", "ship_pipe_sources"]
+__all__ = ["JobLines", "RemoteHosts", "RemotePipes", "clean", "remote_hosts_of", "ship_pipe_sources"]
 
 #: Seconds one set-up, shipping or pull step may take on a host before the supervisor gives up on it.
 STEP_SECONDS = 600.0
@@ -117,12 +123,29 @@ def _address(host: str) -> str:
                         "machine resolves") from None
 
 
-class RemoteHosts:
-    """The job ``job_name``'s hosts ``algo[i]`` on the real machines ``cluster.hosts[i]``."""
+def remote_hosts_of(spec: Any, job_dir: Path, algo: Sequence[str], say: Callable[[str], None]) -> RemoteHosts | None:
+    """The hosts of a job spec that names real ones (``cluster:`` with hosts, or a Ray cluster); None: this machine."""
+    cluster = spec.cluster
+    if cluster is None or not (cluster.hosts or cluster.backend == "ray"):
+        return None
+    placement = None
+    if cluster.backend == "ray":
+        from hora.jobs.ray_hosts import RayHosts
 
-    def __init__(self, cluster: ClusterSpec, job_name: str, algo: Sequence[str], say: Callable[[str], None]) -> None:
+        placement = RayHosts(spec, job_dir, say)
+    return RemoteHosts(cluster, spec.job_name, algo, say, placement)
+
+
+class RemoteHosts:
+    """The job ``job_name``'s hosts ``algo[i]`` on the real machines ``cluster.hosts[i]``, or on the Ray nodes
+    ``placement`` reserves when :meth:`probe` runs."""
+
+    def __init__(self, cluster: ClusterSpec, job_name: str, algo: Sequence[str], say: Callable[[str], None],
+                 placement: Any = None) -> None:
         self.cluster, self.job_name, self.algo, self.say = cluster, job_name, list(algo), say
+        self.placement = placement
         self.hosts = list(cluster.hosts)
+        self.addresses: dict[str, str] = {}  # hosts whose names the network does not know (Ray's): their addresses
         self.ssh = ssh_options(cluster)
         self.python = cluster.python or sys.executable
         self.info: list[dict[str, Any]] = [{} for _ in self.hosts]
@@ -136,12 +159,20 @@ class RemoteHosts:
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def probe(self) -> None:
-        """Check every host (hora run's preflight), make the job's directory there, learn its interface."""
+        """Place the hosts (Ray); check every host (hora run's preflight), make the job's directory there, learn its
+        interface."""
+        if self.placement is not None:
+            self.placement.place()
+            self.hosts = list(self.placement.hosts)
+            self.addresses = dict(zip(self.hosts, self.placement.addresses))
+            self.python = self.cluster.python or self.placement.python
+            self.ssh = dataclasses.replace(self.placement.ssh, python=self.python)
+            self.info = [{} for _ in self.hosts]
         seen = preflight(self.hosts, self.ssh)
         # one host: its route back here (the address it saw the SSH connection come from; through srun, which
         # says none, this machine's address towards it)
-        peers = [_address(h) for h in self.hosts] if len(self.hosts) > 1 else [
-            seen[self.hosts[0]] or advertise_address(self.hosts, None, seen)]
+        peers = ([self.addresses.get(h) or _address(h) for h in self.hosts] if len(self.hosts) > 1
+                 else [seen[self.hosts[0]] or advertise_address(self.hosts, None, seen)])
 
         def one(i: int, host: str) -> None:
             peer = peers[(i + 1) % len(peers)]
@@ -249,6 +280,11 @@ class RemoteHosts:
         if local_job_dir is not None:
             self.push(local_job_dir)
 
+    def close(self) -> None:
+        """The job is over: release what placed the hosts (Ray's actors and placement group)."""
+        if self.placement is not None:
+            self.placement.close()
+
     # -- results ---------------------------------------------------------------------------------------------
     def pull(self, local_job_dir: Path, attempt: int | None) -> None:
         """model/, output/, checkpoints/ and the attempt's records of every host into the local tree (``attempt``
@@ -264,6 +300,7 @@ class RemoteHosts:
             tree, records = local_job_dir / "hosts" / algo, local_job_dir / "hora"
             timer = threading.Timer(STEP_SECONDS, proc.kill)
             timer.start()
+            unreadable: tarfile.TarError | None = None
             try:
                 assert proc.stdout is not None
                 with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
@@ -275,12 +312,18 @@ class RemoteHosts:
                         member.name = rest
                         # the data filter (Python >= 3.10.12) also refuses a path a local symlink would lead out
                         tar.extract(member, tree if top == "tree" else records, set_attrs=False, **_DATA_FILTER)
+            except tarfile.TarError as exc:  # said below, after why the stream ended (the host was lost)
+                unreadable = exc
             finally:
                 timer.cancel()
                 code = proc.wait()
                 err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
             if code != 0:
-                raise HostError(f"host {host}: ssh exited with {code}" + (f": {err.splitlines()[-1]}" if err else ""))
+                program = "its rsh agent" if self.ssh.agent else "ssh"
+                raise HostError(f"host {host}: {program} exited with {code}"
+                                + (f": {err.splitlines()[-1]}" if err else ""))
+            if unreadable is not None:
+                raise unreadable
 
         try:
             _each(self.hosts, one)
@@ -393,8 +436,12 @@ class JobLines:
 
 
 def clean(cluster: ClusterSpec, job: str | None) -> list[str]:
-    """Remove ``<work_dir>/<job>`` (or the whole work dir, the shipping cache included) on every host; returns
-    what each host removed."""
+    """Remove ``<work_dir>/<job>`` (or the whole work dir, the shipping cache included) on every host (every node
+    of a Ray cluster); returns what each host removed."""
+    if cluster.backend == "ray":
+        from hora.jobs import ray_hosts
+
+        return ray_hosts.clean(cluster, job)
     ssh = ssh_options(cluster)
     preflight(list(cluster.hosts), ssh)
     python = cluster.python or sys.executable

@@ -1,10 +1,10 @@
-"""The spec's ``cluster:`` section (``hora job run --hosts``/``--hostfile``/``--slurm``): the real hosts a job runs
-on (over SSH, or the nodes of a Slurm allocation), how to reach them, and where each keeps the job's tree; plus the
-pure logic of shipping trees to them (what changed since the last push, from two manifests) and of naming the
-per-host work directory.
+"""The spec's ``cluster:`` section (``hora job run --hosts``/``--hostfile``, ``--slurm``, ``--ray``): the real hosts
+a job runs on (over SSH, the nodes of a Slurm allocation, or one per node of a Ray cluster), how to reach them, and
+where each keeps the job's tree; plus the pure logic of shipping trees to them (what changed since the last push,
+from two manifests) and of naming the per-host work directory.
 
-The SSH backend itself is :mod:`hora.jobs.remote_hosts` (with srun in place of ssh: :mod:`hora.jobs.slurm_hosts`);
-what runs on each host is :mod:`hora.jobs._remote_sync`.
+The hosts themselves are :mod:`hora.jobs.remote_hosts` (with srun in place of ssh: :mod:`hora.jobs.slurm_hosts`;
+the Ray placement: :mod:`hora.jobs.ray_hosts`); what runs on each host is :mod:`hora.jobs._remote_sync`.
 """
 
 from __future__ import annotations
@@ -20,12 +20,17 @@ from hora.errors import ConfigError
 from hora.jobs.checks import type_name, unknown_field
 
 __all__ = [
-    "CLUSTER_FIELDS", "DEFAULT_WORK_DIR", "ClusterSpec", "Manifest", "changes", "cli_cluster", "cluster_from_dict",
+    "BACKENDS", "CLUSTER_FIELDS", "DEFAULT_WORK_DIR", "SSH_FIELDS", "ClusterSpec", "Manifest", "changes", "cli_cluster",
+    "cluster_from_dict",
     "hostfile_hosts", "job_work_dir", "manifest", "parse_cluster", "parse_host_list", "with_hosts",
 ]  # fmt: skip
 
-CLUSTER_FIELDS = ("hosts", "hostfile", "slurm", "ssh_port", "ssh_identity_file", "ssh_options", "work_dir", "python")
-_SSH_FIELDS = ("ssh_port", "ssh_identity_file", "ssh_options")
+CLUSTER_FIELDS = ("hosts", "hostfile", "slurm", "ssh_port", "ssh_identity_file", "ssh_options", "work_dir", "python",
+                  "ray")
+#: The keys that only mean something over SSH (refused with ``slurm`` and ``ray``).
+SSH_FIELDS = ("hosts", "hostfile", "ssh_port", "ssh_identity_file", "ssh_options")
+#: How the hosts are reached: over SSH, with srun inside a Slurm allocation, or placed on a Ray cluster.
+BACKENDS = ("ssh", "slurm", "ray")
 #: Where each host keeps its jobs (``<work_dir>/<job>``) and its copy of the last shipped trees (``.cache``):
 #: relative to the SSH user's home there, as ``~`` is expanded by the host itself.
 DEFAULT_WORK_DIR = "~/.hora/remote"
@@ -37,8 +42,9 @@ Manifest = dict[str, tuple[int, int]]
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """The real hosts of a job (``hosts[0]`` is algo-1) and how to reach them: over SSH (hora run's conventions), or
-    with srun inside a Slurm allocation (``slurm``)."""
+    """The real hosts of a job (``hosts[0]`` is algo-1) and how to reach them (``backend``): over SSH (hora run's
+    conventions), with srun inside a Slurm allocation (``slurm``), or one host per node of the Ray cluster at
+    ``address`` (``ray``; the hosts are known once placed)."""
 
     hosts: tuple[str, ...]
     ssh_port: int | None = None
@@ -48,15 +54,21 @@ class ClusterSpec:
     work_dir: str = DEFAULT_WORK_DIR
     #: the Python on every host that runs hora and the script (default: this supervisor's, at the same path)
     python: str | None = None
-    #: the hosts are the nodes of the Slurm allocation the job is started in, reached with srun (slurm_hosts.py);
-    #: ``hosts`` and ``slurm_job_id`` (the allocation's job id) are filled in when the job starts
-    slurm: bool = False
+    #: how the hosts are reached (:data:`BACKENDS`). ``slurm``: the nodes of the Slurm allocation the job is started
+    #: in (slurm_hosts.py; ``hosts`` and ``slurm_job_id`` are filled in when the job starts); ``ray``: placed on the
+    #: Ray cluster at ``address`` (ray_hosts.py)
+    backend: str = "ssh"
+    address: str | None = None
     slurm_job_id: str | None = None
+
+    @property
+    def slurm(self) -> bool:
+        return self.backend == "slurm"
 
     def to_dict(self) -> dict[str, Any]:
         return {"hosts": list(self.hosts), "ssh_port": self.ssh_port, "ssh_identity_file": self.ssh_identity_file,
                 "ssh_options": list(self.ssh_options), "work_dir": self.work_dir, "python": self.python,
-                "slurm": self.slurm, "slurm_job_id": self.slurm_job_id}
+                "backend": self.backend, "address": self.address, "slurm_job_id": self.slurm_job_id}
 
 
 def cluster_from_dict(data: Mapping[str, Any] | None) -> ClusterSpec | None:
@@ -65,7 +77,7 @@ def cluster_from_dict(data: Mapping[str, Any] | None) -> ClusterSpec | None:
         return None
     return ClusterSpec(tuple(data["hosts"]), data.get("ssh_port"), data.get("ssh_identity_file"),
                        tuple(data.get("ssh_options") or ()), data.get("work_dir") or DEFAULT_WORK_DIR,
-                       data.get("python"), bool(data.get("slurm")), data.get("slurm_job_id"))
+                       data.get("python"), data.get("backend") or "ssh", data.get("address"), data.get("slurm_job_id"))
 
 
 def parse_host_list(text: str, what: str = "--hosts") -> list[str]:
@@ -101,6 +113,17 @@ def parse_cluster(value: Any, base: Path, instance_count: int, add: Any) -> Clus
         if key not in CLUSTER_FIELDS:
             add(unknown_field(str(key), CLUSTER_FIELDS, " in cluster"))
     slurm = _slurm(value, add)  # with it, hosts and hostfile are refused: the hosts come from the allocation
+    ray = value.get("ray")
+    if ray is not None:
+        if not isinstance(ray, str) or not ray.strip() or any(ch.isspace() for ch in ray):
+            add(f"cluster.ray must be the Ray cluster's address (auto, HOST:PORT or ray://HOST:PORT), got {ray!r}")
+        ssh = [k for k in SSH_FIELDS if value.get(k) is not None]
+        if ssh:
+            add(f"cluster.ray cannot go with cluster.{', cluster.'.join(ssh)}: on a Ray cluster the hosts are its "
+                "nodes, placed by Ray and reached through hora's own agents (no SSH); keep ray, or drop it to run "
+                "over SSH")
+        if slurm:
+            add("cluster: give slurm: true (the nodes of a Slurm allocation) or ray (a Ray cluster), not both")
     hosts: list[str] = []
     try:
         if value.get("hosts") is not None and value.get("hostfile") is not None:
@@ -138,8 +161,10 @@ def parse_cluster(value: Any, base: Path, instance_count: int, add: Any) -> Clus
     if python is not None and not python.startswith("/"):
         add(f"cluster.python {python!r} must be an absolute path (the Python on every host)")
     identity = strings["ssh_identity_file"]
+    if isinstance(ray, str):
+        return ClusterSpec((), work_dir=work_dir, python=python, backend="ray", address=ray.strip())
     return ClusterSpec(tuple(hosts), port, str(base / os.path.expanduser(identity)) if identity else None,
-                       tuple(options), work_dir, python, slurm)
+                       tuple(options), work_dir, python, "slurm" if slurm else "ssh")
 
 
 def _slurm(value: Mapping[str, Any], add: Any) -> bool:
@@ -152,15 +177,29 @@ def _slurm(value: Mapping[str, Any], add: Any) -> bool:
         if value.get("hosts") is not None or value.get("hostfile") is not None:
             add("cluster: slurm: true takes the hosts from the Slurm allocation (its nodes are algo-1..N); remove "
                 "cluster.hosts and cluster.hostfile, or remove slurm to run on those hosts over SSH")
-        ssh = [f"cluster.{k}" for k in _SSH_FIELDS if value.get(k) is not None]
+        ssh = [f"cluster.{k}" for k in SSH_FIELDS[2:] if value.get(k) is not None]
         if ssh:
             add(f"cluster: slurm: true reaches the nodes with srun, not SSH: remove {', '.join(ssh)}")
     return slurm
 
 
 def cli_cluster(cluster: ClusterSpec | None, hosts: str | None, hostfile: str | None,
-                instance_count: int) -> ClusterSpec:
-    """The spec's cluster with ``--hosts``/``--hostfile`` of ``hora job run`` (or ``hora job clean``)."""
+                instance_count: int, ray: str | None = None) -> ClusterSpec:
+    """The spec's cluster with ``--hosts``/``--hostfile`` or ``--ray`` of ``hora job run`` (or ``hora job clean``)."""
+    if ray is not None:
+        if hosts or hostfile:
+            raise ConfigError("give --hosts/--hostfile (SSH hosts) or --ray (a Ray cluster), not both")
+        if cluster is not None and (cluster.hosts or cluster.ssh_port or cluster.ssh_identity_file
+                                    or cluster.ssh_options or cluster.slurm):
+            raise ConfigError("--ray: the spec's cluster: names SSH hosts or settings, or slurm; on a Ray cluster the "
+                              "hosts are its nodes (no SSH): remove them from the spec, or run without --ray")
+        if not ray.strip():
+            raise ConfigError("--ray needs the Ray cluster's address: auto, HOST:PORT or ray://HOST:PORT")
+        base = cluster or ClusterSpec(())
+        return ClusterSpec((), work_dir=base.work_dir, python=base.python, backend="ray", address=ray.strip())
+    if cluster is not None and cluster.backend == "ray":
+        raise ConfigError("--hosts/--hostfile: the spec's cluster: names a Ray cluster (cluster.ray); remove it to "
+                          "run over SSH, or run without --hosts/--hostfile")
     if hosts and hostfile:
         raise ConfigError("give --hosts or --hostfile, not both")
     if cluster is not None and cluster.slurm:

@@ -64,7 +64,7 @@ def allocation_cluster(cluster: ClusterSpec | None, env: Mapping[str, str], inst
             f"instance_count: {len(nodes)}")
     chosen = tuple(nodes[:instance_count] if instance_count is not None else nodes)
     base = cluster if cluster is not None else ClusterSpec(())
-    return dataclasses.replace(base, hosts=chosen, slurm=True, slurm_job_id=job_id)
+    return dataclasses.replace(base, hosts=chosen, backend="slurm", slurm_job_id=job_id)
 
 
 def srun_agent(job_id: str) -> list[str]:

@@ -136,14 +136,16 @@ def _plan(spec: LaunchSpec, base_env: Mapping[str, str]) -> _Plan:
         slots = [RankSlot(r, spec.hostname, r, spec.np, 0, 1) for r in range(spec.np)]
     hosts = list(dict.fromkeys(s.host for s in slots))
     ps_hosts = _server_hosts(spec, hosts, base_env)  # a bad combination fails before any SSH check
-    remote = [h for h in hosts if spec.remote_only or (h not in spec.local_hosts and not is_local_host(h))]
+    known = spec.host_addresses  # names the network does not know: never this machine's, never resolved
+    remote = [h for h in hosts
+              if spec.remote_only or h in known or (h not in spec.local_hosts and not is_local_host(h))]
     here = sum(s.host not in remote for s in slots) + sum(h not in remote for h in ps_hosts)
     servers = f" with {len(ps_hosts)} parameter server(s)" if ps_hosts else ""
     check_process_count(here, f"-np {spec.np}{servers}", spec.oversubscribe)
     if remote:
         ssh = spec.ssh or SshOptions()
         seen = preflight(remote, ssh)
-        rdv_host = advertise_address(remote, spec.network_interface, seen)
+        rdv_host = advertise_address(remote, spec.network_interface, seen, known)
         bind: dict[str, str | None] = {h: rdv_host for h in hosts if h not in remote}
     elif spec.network_interface:
         rdv_host = advertise_address([], spec.network_interface, {})
@@ -153,7 +155,7 @@ def _plan(spec: LaunchSpec, base_env: Mapping[str, str]) -> _Plan:
         # Several loopback "hosts" (-H 127.0.0.2:2,127.0.0.3:2): each group binds its own address.
         bind = {h: (h if _is_ip(h) and len(hosts) > 1 else None) for h in hosts}
     first = slots[0].host
-    master = first if first in remote else (rdv_host if remote else bind.get(first) or "127.0.0.1")
+    master = known.get(first, first) if first in remote else (rdv_host if remote else bind.get(first) or "127.0.0.1")
     return _Plan(slots, remote, rdv_host, bind, master, ps_hosts)
 
 

@@ -39,6 +39,9 @@ class LaunchSpec:
     #: every host through ``ssh``/the agent, this machine's own name too (hora job in a Slurm allocation: each host's
     #: processes are a job step, started with srun on whichever node the launcher runs)
     remote_only: bool = False
+    #: where hosts are whose names the network does not know (hora job's Ray nodes, named by node id; nodes of one
+    #: machine share an address): their addresses, for the route to them and MASTER_ADDR. Such a host is remote.
+    host_addresses: Mapping[str, str] = field(default_factory=dict)
     oversubscribe: bool = False  # allow more than MAX_PER_CPU processes per CPU here (the oversubscribe setting)
     merge_stderr: bool = False  # one pipe for each process's stdout and stderr (the merge_stderr setting)
     observer: RunObserver | None = None  # told of the ranks, their lines and the end (hora run --record)

@@ -235,7 +235,8 @@ class RemoteHost:
             if t is not threading.current_thread() and t.name.endswith("stderr"):
                 t.join(timeout=2.0)
         tail = "; ".join(x for x in list(self.stderr_tail)[-3:] if x.strip())
-        why = f"ssh exited with {code}" if code is not None else "ssh stopped answering"
+        program = "ssh" if self.argv[0] == "ssh" else "its rsh agent"  # SshOptions.agent: hora job's hosts
+        why = f"{program} exited with {code}" if code is not None else f"{program} stopped answering"
         self._fail_all(f"lost the connection to host {self.host} ({why}{': ' + tail if tail else ''})", LOST)
         for rank, stream in sorted(self._open):
             self._pump.close_remote(rank, stream)

@@ -12,7 +12,7 @@ import shlex
 import socket
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hora.errors import ConfigError, HostError
@@ -186,11 +186,13 @@ def _resolve(host: str) -> str | None:
         return None
 
 
-def advertise_address(remote_hosts: Sequence[str], interface: str | None, seen: dict[str, str]) -> str:
+def advertise_address(remote_hosts: Sequence[str], interface: str | None, seen: dict[str, str],
+                      addresses: Mapping[str, str] | None = None) -> str:
     """The address of this machine that the remote hosts can reach (its rendezvous store binds it).
 
     ``--network-interface`` decides when given; otherwise the kernel's route towards the first remote host (a UDP
-    connect, which sends nothing), and failing that the address the host saw the preflight SSH connection come from.
+    connect, which sends nothing; ``addresses`` gives the address of a host whose name does not resolve), and
+    failing that the address the host saw the preflight SSH connection come from.
     """
     if interface:
         try:
@@ -198,7 +200,7 @@ def advertise_address(remote_hosts: Sequence[str], interface: str | None, seen: 
         except OSError as exc:
             raise ConfigError(f"--network-interface: {exc}") from None
     for host in remote_hosts:
-        addr = _resolve(host)
+        addr = (addresses or {}).get(host) or _resolve(host)
         if addr is None:
             continue
         try:

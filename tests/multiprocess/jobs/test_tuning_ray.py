@@ -24,7 +24,7 @@ from hora.jobs import CategoricalParameter, Estimator, HyperparameterTuner, JobS
 from hora.jobs.tuning import wait_tuning_job
 from hora.jobs.tuning_store import TuningStore
 from support.intervals import most_at_once
-from support.ray_cluster import processes_under, ray_environment, settle
+from support.ray_cluster import local_cluster, settle
 
 #: acc = width/10 + the offset read from the training channel; the model is a file naming the width.
 SCRIPT = """
@@ -46,27 +46,15 @@ pathlib.Path(os.environ["SM_MODEL_DIR"], "model.txt").write_text(f"width {a.widt
 @pytest.fixture(scope="module")
 def two_one_cpu_nodes():
     """A head and a second raylet of 1 CPU each; the nodes' temp dir (where trials run) is a fresh one."""
-    from ray.cluster_utils import Cluster
-
     mp = pytest.MonkeyPatch()
-    tmp = ray_environment(mp)
     node_tmp = tempfile.mkdtemp(prefix="hrn-", dir="/tmp")
     mp.setenv("TMPDIR", node_tmp)  # the nodes' (and the trials') tempfile.gettempdir()
-    cluster = None
     try:
-        node = {"num_cpus": 1, "object_store_memory": 80 << 20}
-        cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False, "temp_dir": tmp})
-        cluster.add_node(**node)
-        cluster.wait_for_nodes()
-        yield cluster, Path(node_tmp)
+        with local_cluster(mp, nodes=2, num_cpus=1) as cluster:
+            yield cluster, Path(node_tmp)
     finally:
-        if cluster is not None:
-            cluster.shutdown()
         mp.undo()
-        left = settle(lambda: processes_under(tmp))
-        shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(node_tmp, ignore_errors=True)
-        assert left == [], f"Ray processes outlived the cluster: {left}"
 
 METRICS = [{"Name": "acc", "Regex": r"acc=([0-9.]+)"}]
 

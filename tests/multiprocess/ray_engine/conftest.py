@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from support.ray_cluster import processes_under, ray_environment, settle
+from support.ray_cluster import local_cluster, processes_under, ray_environment, settle
 
 
 @pytest.fixture(scope="module")
@@ -29,23 +29,13 @@ def local_ray():
 def two_nodes():
     """A 2-node Ray cluster on this machine (a head and a second raylet, 2 CPUs each: Ray's cluster_utils)."""
     ray = pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
-
     mp = pytest.MonkeyPatch()
-    tmp = ray_environment(mp)
-    cluster = None
     try:
-        node = {"num_cpus": 2, "object_store_memory": 80 << 20}
-        cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False, "temp_dir": tmp})
-        cluster.add_node(**node)
-        ray.init(address=cluster.address)
-        cluster.wait_for_nodes()
-        yield cluster
+        with local_cluster(mp, nodes=2, num_cpus=2) as cluster:
+            ray.init(address=cluster.address)
+            try:
+                yield cluster
+            finally:
+                ray.shutdown()
     finally:
-        ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
         mp.undo()
-        left = settle(lambda: processes_under(tmp))
-        shutil.rmtree(tmp, ignore_errors=True)
-        assert left == [], f"Ray processes outlived the cluster: {left}"

@@ -145,9 +145,9 @@ def test_lines_streamed_home_go_to_the_hosts_logs_and_the_metrics(tmp_path):
 def test_a_slurm_cluster_is_parsed_kept_and_rebuilt(tmp_path):
     spec = _spec(tmp_path, {"slurm": True, "work_dir": "/scratch/{host}", "python": "/opt/py/bin/python"},
                  instance_count=2)
-    assert spec.cluster == ClusterSpec((), work_dir="/scratch/{host}", python="/opt/py/bin/python", slurm=True)
+    assert spec.cluster == ClusterSpec((), work_dir="/scratch/{host}", python="/opt/py/bin/python", backend="slurm")
     assert spec_from_dict(spec.to_dict()) == spec
-    resolved = ClusterSpec(("n1", "n2"), slurm=True, slurm_job_id="42")  # as the job starts in the allocation
+    resolved = ClusterSpec(("n1", "n2"), backend="slurm", slurm_job_id="42")  # as the job starts in the allocation
     assert cluster_from_dict(resolved.to_dict()) == resolved
     assert _spec(tmp_path, {"hosts": ["a"]}).cluster.slurm is False  # type: ignore[union-attr]
 
@@ -173,4 +173,4 @@ def test_a_slurm_cluster_refuses_hosts_and_ssh_settings(tmp_path, cluster, probl
 
 def test_hosts_on_the_command_line_are_refused_for_a_slurm_cluster():
     with pytest.raises(ConfigError, match=r"says slurm: true .* but --hosts names hosts to reach over SSH"):
-        cli_cluster(ClusterSpec((), slurm=True), "a", None, 1)
+        cli_cluster(ClusterSpec((), backend="slurm"), "a", None, 1)

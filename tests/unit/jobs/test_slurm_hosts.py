@@ -18,9 +18,9 @@ ALLOCATION = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu[01-03]", "SLURM_T
 
 
 def test_the_allocations_first_nodes_become_the_hosts_in_order():
-    spec = ClusterSpec((), work_dir="/scratch/{host}", slurm=True)
+    spec = ClusterSpec((), work_dir="/scratch/{host}", backend="slurm")
     cluster = allocation_cluster(spec, ALLOCATION, 2)
-    assert cluster == ClusterSpec(("gpu01", "gpu02"), work_dir="/scratch/{host}", slurm=True, slurm_job_id="77")
+    assert cluster == ClusterSpec(("gpu01", "gpu02"), work_dir="/scratch/{host}", backend="slurm", slurm_job_id="77")
     assert allocation_cluster(None, ALLOCATION, None).hosts == ("gpu01", "gpu02", "gpu03")  # hora job clean
     options = ssh_options(cluster)  # srun in place of ssh: the node, then the command, follow
     assert options.agent == [sys.executable, "-m", "hora.jobs._srun_rsh", "77"]
