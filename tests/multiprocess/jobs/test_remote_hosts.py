@@ -253,6 +253,21 @@ def test_hora_job_stop_reaches_every_host_and_still_archives(netns_cluster, tmp_
     _wait_clean(c, name)
 
 
+def test_max_run_stops_every_host_and_still_archives_what_they_wrote(netns_cluster, tmp_path):
+    """SageMaker's MaxRuntimeExceeded on real hosts: the timer stops the ranks on every host (SIGTERM, SIGKILL after
+    stop_grace) and what each host wrote comes home and is archived."""
+    c = netns_cluster
+    _source(tmp_path)
+    name, store = f"maxrun-{uuid.uuid4().hex[:6]}", JobStore(tmp_path / "home")
+    spec = _spec(c, tmp_path, name, hyperparameters={"lr": 0.25, "sleep": 1}, max_run=20, stop_grace=5)
+    record = start_job(parse_spec(spec), store, wait=True, echo=False)
+    assert (record.status, record.secondary_status) == ("Stopped", "MaxRuntimeExceeded"), record.failure_reason
+    assert (record.failure_reason or "").startswith("MaxRuntimeExceeded: the job ran longer than max_run=20s")
+    with tarfile.open(record.artifacts["model"]) as tar:  # written before the ranks slept, on both hosts
+        assert sorted(tar.getnames()) == [f"rank-{r}.json" for r in range(4)]
+    _wait_clean(c, name)
+
+
 S3_SCRIPT = textwrap.dedent("""
     import json, os, sys
     if os.environ["HORA_JOB_ATTEMPT"] == "1":  # the first attempt fails, leaving a model file behind
