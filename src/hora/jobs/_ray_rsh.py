@@ -39,18 +39,13 @@ from hora.jobs.command_agent import (
     send_frame,
     wait_readable,
 )
+from hora.jobs.records import unreachable
 
-UNREACHABLE = 255
 #: Seconds to wait for the TCP connection to a host's agent.
 CONNECT_SECONDS = 10.0
 HOSTS_FILE = "ray-hosts.json"
 SECRET_FILE = "agent-secret"
 
-
-def _fail(message: str) -> None:
-    sys.stderr.write(f"hora job: {message}\n")
-    sys.stderr.flush()
-    os._exit(UNREACHABLE)
 
 
 def _write(fd: int, data: bytes) -> None:
@@ -79,15 +74,15 @@ def main() -> None:
         hosts = json.loads((job_dir / "hora" / HOSTS_FILE).read_text())["hosts"]
         secret = bytes.fromhex((job_dir / "hora" / SECRET_FILE).read_text().strip())
     except (OSError, ValueError, KeyError) as exc:
-        _fail(f"host {host}: the job's Ray hosts are not placed ({job_dir / 'hora'}: {exc})")
+        unreachable(f"host {host}: the job's Ray hosts are not placed ({job_dir / 'hora'}: {exc})")
     if host not in hosts:
-        _fail(f"host {host} is not one of the job's Ray hosts ({', '.join(sorted(hosts))})")
+        unreachable(f"host {host} is not one of the job's Ray hosts ({', '.join(sorted(hosts))})")
     entry = hosts[host]
     node = f"host {host} (Ray node {entry['address']}, node id {entry['node_id']})"
     try:
         sock = socket.create_connection((entry["address"], int(entry["port"])), timeout=CONNECT_SECONDS)
     except OSError as exc:
-        _fail(f"{node}: cannot reach its agent at {entry['address']}:{entry['port']} ({exc}); the node or its "
+        unreachable(f"{node}: cannot reach its agent at {entry['address']}:{entry['port']} ({exc}); the node or its "
               "actor is gone, or a firewall drops the port")
     lock, done = threading.Lock(), threading.Event()
     try:
@@ -99,7 +94,7 @@ def main() -> None:
         threading.Thread(target=beat, args=(sock, lock, done), daemon=True).start()
         while True:
             if not wait_readable(sock, LOST_AFTER):
-                _fail(f"{node}: no word from its agent for {LOST_AFTER:g}s (the node is lost or cut off)")
+                unreachable(f"{node}: no word from its agent for {LOST_AFTER:g}s (the node is lost or cut off)")
             kind, data = recv_frame(sock, f"the agent of {node}")
             if kind == STDOUT:
                 _write(1, data)
@@ -111,7 +106,7 @@ def main() -> None:
             elif kind != PING:
                 raise HoraError(f"a frame of unknown kind {kind}")
     except (HoraError, OSError, ValueError, struct.error) as exc:
-        _fail(f"{node}: lost the connection to its agent ({exc})")
+        unreachable(f"{node}: lost the connection to its agent ({exc})")
     done.set()
     os._exit(code if code >= 0 else 128 - code)
 

@@ -22,14 +22,7 @@ from hora.errors import HoraError
 from hora.jobs._host import HANDSHAKE_SECONDS
 from hora.jobs.cluster import read_secret, socket_path
 from hora.jobs.plan import JobPlan
-
-UNREACHABLE = 255
-
-
-def _fail(message: str) -> None:
-    sys.stderr.write(f"hora job: {message}\n")
-    sys.stderr.flush()
-    os._exit(UNREACHABLE)
+from hora.jobs.records import unreachable
 
 
 def main() -> None:
@@ -45,7 +38,7 @@ def main() -> None:
         except OSError as exc:
             sock.close()
             if time.monotonic() > deadline:
-                _fail(f"host {host} did not come up within {timeout:g}s: its agent does not listen at {path} "
+                unreachable(f"host {host} did not come up within {timeout:g}s: its agent does not listen at {path} "
                       f"({exc.strerror}); see that host's messages in the job's log")
             time.sleep(0.1)
     try:
@@ -54,7 +47,7 @@ def main() -> None:
         socket.send_fds(sock, [len(body).to_bytes(8, "big") + body], [0, 1, 2])
         reply = json.loads(recv_frame(sock, 1 << 16, f"host {host}'s agent"))
     except (HoraError, OSError, ValueError) as exc:
-        _fail(f"lost host {host}'s agent: {exc}")
+        unreachable(f"lost host {host}'s agent: {exc}")
     code = int(reply["exit"])
     os._exit(code if code >= 0 else 128 - code)
 

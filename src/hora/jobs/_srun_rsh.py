@@ -32,8 +32,8 @@ from collections.abc import Mapping
 
 from hora._proc import die_with_parent
 from hora.config.variables import environment
+from hora.jobs.records import unreachable
 
-UNREACHABLE = 255
 #: What the step's shell prints on stderr before anything else: seen, the step started on the node.
 MARKER = "hora-srun-step-started"
 #: The login variables a step gets from here (as an SSH login gets them there); Slurm adds its own.
@@ -60,11 +60,6 @@ def srun_environment(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("SLURM_") or k in _SRUN_KEEPS}
 
 
-def _fail(message: str) -> None:
-    sys.stderr.write(f"hora job: {message}\n")
-    sys.stderr.flush()
-    os._exit(UNREACHABLE)
-
 
 def main() -> None:
     job_id, node, command = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -74,7 +69,7 @@ def main() -> None:
                                 stderr=subprocess.PIPE, preexec_fn=die_with_parent,  # stdin, stdout: ours
                                 start_new_session=True)
     except FileNotFoundError:
-        _fail(f"node {node}: srun is not installed on this machine (hora job --slurm starts each host with srun)")
+        unreachable(f"node {node}: srun is not installed on this machine (hora job --slurm starts each host with srun)")
         return
     assert proc.stderr is not None
     started, lost = False, False
@@ -96,10 +91,10 @@ def main() -> None:
     code = proc.wait()
     if not started:
         said = " / ".join(line.decode(errors="replace").strip() for line in held if line.strip())
-        _fail(f"node {node}: srun could not start a step of Slurm job {job_id} there (srun exited with {code}"
+        unreachable(f"node {node}: srun could not start a step of Slurm job {job_id} there (srun exited with {code}"
               + (f": {said})" if said else ")"))
     if lost:
-        _fail(f"node {node}: srun lost the node while the step ran (Slurm job {job_id})")
+        unreachable(f"node {node}: srun lost the node while the step ran (Slurm job {job_id})")
     os._exit(code if code >= 0 else 128 - code)
 
 

@@ -149,6 +149,10 @@ class _Session:
             send_frame(self.conn, self.lock, EXIT, _EXIT.pack(code))
         except OSError:
             pass
+        try:  # wakes _read, which may wait in select() on this socket: close() alone would not (up to LOST_AFTER)
+            self.conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.conn.close()
         self.agent.forget(self)
 

@@ -19,12 +19,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hora.jobs.json_fields import Fields
 from hora.runner.result import Failure, RunResult
 
 __all__ = [
+    "UNREACHABLE",
     "AttemptResult",
     "HostReport",
     "MasterRecord",
@@ -33,6 +34,7 @@ __all__ = [
     "host_says",
     "log_line",
     "stderr_line",
+    "unreachable",
 ]
 
 
@@ -205,6 +207,17 @@ def stderr_line(text: str) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
+
+
+#: The exit status of an agent used in place of ssh (``SshOptions.agent``: _rsh, _srun_rsh, _ray_rsh) that could not
+#: reach its host: ssh's own, which hora run reads as a lost host.
+UNREACHABLE = 255
+
+
+def unreachable(message: str) -> NoReturn:
+    """Such an agent's end when its host cannot be reached: ``message`` on stderr, exit status 255."""
+    stderr_line(f"hora job: {message}")
+    os._exit(UNREACHABLE)
 
 
 def host_says(host: str, message: str) -> None:
