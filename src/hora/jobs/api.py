@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hora.errors import ConfigError, StorageError, TimeoutError
+from hora.jobs.cluster import runtime_dir
 from hora.jobs.lifecycle import JobSupervisor
 from hora.jobs.spec import JobSpec
 from hora.jobs.states import JobStatus, SecondaryStatus
@@ -71,6 +72,7 @@ def reconcile(store: JobStore, record: JobRecord) -> JobRecord:
         store.transition(record.name, JobStatus.Failed, SecondaryStatus.Failed, "the supervisor died")
     except StorageError:  # a full disk: show the job as it is recorded; a later look marks it
         return fresh
+    shutil.rmtree(runtime_dir(record.job_dir), ignore_errors=True)  # its hosts' sockets, which it could not remove
     return store.get(record.name)
 
 

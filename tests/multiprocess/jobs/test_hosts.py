@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 from hora._runtime.auth import Role, client_handshake
 from hora.errors import AuthenticationError
 from hora.jobs import JobStore, parse_spec, start_job, stop_job, wait_job
-from hora.jobs.cluster import socket_path
+from hora.jobs.cluster import runtime_dir, socket_path
 from hora.jobs.lifecycle import JobSupervisor
 
 
@@ -67,6 +68,7 @@ class _Prepared:
         if self.runner._net is not None:
             self.runner._net.remove()
         self.runner._log_file.close()
+        shutil.rmtree(runtime_dir(self.runner.job_dir), ignore_errors=True)  # the sockets' directory in /tmp
 
 
 @pytest.fixture

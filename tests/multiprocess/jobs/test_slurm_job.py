@@ -23,6 +23,8 @@ pytest.importorskip("sagemaker_training", reason="the toolkit check needs sagema
 yaml = pytest.importorskip("yaml", reason="the spec file needs PyYAML (the jobs extra)")
 
 from hora.jobs import JobStore  # noqa: E402 - after the skips
+from hora.jobs.api import reconcile  # noqa: E402
+from hora.jobs.cluster import runtime_dir  # noqa: E402
 from support.slurm_cluster import job_steps  # noqa: E402
 
 LIMIT = 240.0
@@ -165,6 +167,9 @@ def test_stop_ends_every_step_and_a_node_srun_cannot_reach_fails_the_job_naming_
         _end(proc)
         assert _settled(lambda: job_steps(slurm, job_id)) == []
         assert _settled(lambda: _left(killed) + _left(f"--jobid={job_id} ") + _left(f"_srun_rsh {job_id} ")) == []
+        store = JobStore(home)  # the next look at the job marks it Failed and removes what the supervisor left in /tmp
+        assert reconcile(store, store.get(killed)).status == "Failed"
+        assert not runtime_dir(store.get(killed).job_dir).exists()
 
         # hora run ends a host whose session does not close by killing its agent's process group: the step ends.
         # The command's first output has no newline: it comes at once all the same (a raw pty, srun --unbuffered)
