@@ -18,23 +18,20 @@ group are this driver's, so Ray ends them too when the supervisor dies.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shutil
-import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from hora._runtime.auth import new_secret
-from hora.config.process_env import restore_process_env
 from hora.config.variables import environment
-from hora.errors import ConfigError, HostError
+from hora.errors import HostError
+from hora.jobs import ray_driver
 from hora.jobs._ray_rsh import HOSTS_FILE, SECRET_FILE
 from hora.jobs.command_agent import CommandAgent
 from hora.jobs.remote_spec import ClusterSpec
@@ -66,32 +63,9 @@ def bundle_of(spec: JobSpec) -> dict[str, float]:
     return bundle
 
 
-def _connect(address: str, job: str) -> tuple[Any, bool]:
-    """``ray`` connected to the cluster at ``address`` as a driver, and whether this call connected it (a process
-    that is a driver already keeps its connection). SIGTERM keeps hora's handler (ray.init sets its own, which
-    would exit without archiving), and PYTHONBREAKPOINT its value."""
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("a job on a Ray cluster needs Ray: pip install -c constraints.txt -e '.[ray]' in hora's "
-                          "checkout") from None
-    if ray.is_initialized():
-        return ray, False
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if main else None
-    breakpoint_hook = environment().get("PYTHONBREAKPOINT")  # ray.init points it at Ray's debugger: the ranks
-    try:  # inherit this process's environment
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING,
-                 namespace=f"hora-job-{job}-{os.getpid()}")
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
-        raise HostError(f"cannot connect to the Ray cluster at {address}: {lines[-1] if lines else exc}; start one "
-                        "(ray start --head) or name a running one (cluster.ray, --ray)") from None
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
-        restore_process_env({"PYTHONBREAKPOINT": breakpoint_hook})
-    return ray, True
+def _connect(address: str, namespace: str) -> tuple[Any, bool]:
+    return ray_driver.connect(address, f"hora-job-{namespace}-{os.getpid()}", "a job on a Ray cluster", address,
+                              " (cluster.ray, --ray)")
 
 
 def _said(resources: Mapping[str, float]) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import logging
 import os
 import sys
 import tarfile
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from hora.errors import ConfigError, HoraError
+from hora.jobs import ray_driver
+from hora.jobs.ray_driver import last_line
 from hora.jobs.ray_trial_node import TrialNode, clean_node_dir
 from hora.jobs.spec import JobSpec
 from hora.jobs.states import JobStatus, SecondaryStatus
@@ -68,11 +69,6 @@ def _fits(request: dict[str, float], total: dict[str, float]) -> bool:
     return all(total.get(k, 0.0) >= v for k, v in request.items() if v > 0)
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return lines[-1].strip() if lines else type(exc).__name__
-
-
 @dataclass
 class _Trial:
     actor: Any
@@ -90,28 +86,19 @@ class RayTrials(TrialRunner):
 
     def __init__(self, store: JobStore, tuning_name: str, template: JobSpec, address: str,
                  resources: dict[str, float] | None = None) -> None:
-        try:
-            import ray
-        except ImportError:
-            raise ConfigError("trials on a Ray cluster (ray_address) need Ray: pip install -c constraints.txt -e "
-                              "'.[ray]' in hora's checkout") from None
-        self._ray = ray
         self.store, self.address = store, address
         self.run_id = f"{tuning_name}-{uuid.uuid4().hex[:8]}"
         self.request = trial_resources(template, resources)
-        try:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING,
-                     namespace=f"hora-tuning-{self.run_id}")
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise ConfigError(f"cannot connect to the Ray cluster at ray_address={address!r}: {_first_line(exc)}; "
-                              "start one (ray start --head) or name a running one") from None
+        self._ray, self._owned = ray_driver.connect(address, f"hora-tuning-{self.run_id}",
+                                                    "running trials on a Ray cluster (ray_address)",
+                                                    f"ray_address={address!r}", "", ConfigError)
         problem = self._infeasible()
         if problem:
             raise ConfigError(problem)
         self.shipment = self._ship(template)
         self.trials: dict[str, _Trial] = {}
         self.nodes_used: set[str] = set()
-        self._actor_cls: Any = ray.remote(TrialNode)
+        self._actor_cls: Any = self._ray.remote(TrialNode)
 
     def _infeasible(self) -> str | None:
         """Why no node of the cluster can ever take a trial (None when one can)."""
@@ -224,10 +211,10 @@ class RayTrials(TrialRunner):
         except self._ray.exceptions.RayTaskError as exc:
             t.stop_pending = False
             raise ConfigError(f"trial {name} on Ray node {t.placed and t.placed['node_ip']}: "
-                              f"{_first_line(exc)}") from None
+                              f"{last_line(exc)}") from None
         except self._ray.exceptions.RayError as exc:  # its node is gone: the next poll fails it
             t.stop_pending = False
-            raise ConfigError(f"trial {name}: {_first_line(exc)}") from None
+            raise ConfigError(f"trial {name}: {last_line(exc)}") from None
 
     def close(self) -> None:
         """Kill the actors left, clean every node this tuning job used, disconnect."""
@@ -245,7 +232,8 @@ class RayTrials(TrialRunner):
             print(f"hora job tune: could not clean the Ray nodes' directories of {self.run_id}: {exc}",
                   file=sys.stderr, flush=True)
         finally:
-            self._ray.shutdown()
+            if self._owned:
+                self._ray.shutdown()
 
     # -- the steps ------------------------------------------------------------------------------------------------
     def _placed(self, name: str, t: _Trial) -> bool:
@@ -262,11 +250,11 @@ class RayTrials(TrialRunner):
             t.placed = self._ray.get(t.start_ref)
         except self._ray.exceptions.RayTaskError as exc:
             self._finish_here(name, JobStatus.Failed, SecondaryStatus.Failed,
-                              f"ClientError: the trial could not start on its Ray node: {_first_line(exc)}")
+                              f"ClientError: the trial could not start on its Ray node: {last_line(exc)}")
             return False
         except self._ray.exceptions.RayError as exc:
             self._finish_here(name, JobStatus.Failed, SecondaryStatus.Failed,
-                              f"InternalError: the trial's Ray actor died before it started: {_first_line(exc)}")
+                              f"InternalError: the trial's Ray actor died before it started: {last_line(exc)}")
             return False
         assert t.placed is not None
         self.nodes_used.add(t.placed["node_id"])
@@ -280,7 +268,7 @@ class RayTrials(TrialRunner):
         where = t.placed or {}
         self._finish_here(name, JobStatus.Failed, SecondaryStatus.Failed, (
             f"InternalError: the trial's Ray actor on node {where.get('node_ip')} (node id {where.get('node_id')}, "
-            f"{where.get('hostname')}) died: the node was lost or the actor was killed ({_first_line(exc)})"))
+            f"{where.get('hostname')}) died: the node was lost or the actor was killed ({last_line(exc)})"))
         return self.store.get(name)
 
     def _finish_here(self, name: str, status: JobStatus, secondary: SecondaryStatus, reason: str) -> None:
@@ -330,7 +318,7 @@ class RayTrials(TrialRunner):
                 os.replace(tmp, dest)
             except (OSError, self._ray.exceptions.RayError) as exc:
                 tmp.unlink(missing_ok=True)
-                t.problems.append(f"{kind} ({where}): {_first_line(exc)}")
+                t.problems.append(f"{kind} ({where}): {last_line(exc)}")
                 continue
             out[kind] = str(dest)
         return out
