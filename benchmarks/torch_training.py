@@ -366,14 +366,22 @@ def summarize(recs: list[dict[str, Any]], batch: int, n: int) -> dict[str, Any]:
     compute = np.asarray([t for r in recs for t in r["compute_s"]])
     reference = np.asarray([t for r in recs for t in r.get("reference_s", [])])
     median = float(np.median(step))
+    # What communication adds, as the median of each iteration's difference (the kinds run back to back in every
+    # iteration): the machine's speed drifts between launches and within one (the two-core box runs a rank's
+    # arithmetic up to 1.5x slower at times), and the difference of two medians takes that drift in.
+    paired = len(step) == len(compute) == len(reference) or not len(reference)
+    adds = float(np.median(step - compute)) if len(step) == len(compute) else median - float(np.median(compute))
+    one = None
+    if len(reference):
+        one = float(np.median(reference - compute)) if paired else float(np.median(reference) - np.median(compute))
     return {
         "ok": all(r["ok"] for r in recs),
         "steps": len(step),
         "median_s": median,
         "p90_s": float(np.percentile(step, 90)),
         "compute_median_s": float(np.median(compute)),
-        "adds_s": median - float(np.median(compute)),
-        "one_allreduce_adds_s": float(np.median(reference) - np.median(compute)) if len(reference) else None,
+        "adds_s": adds,
+        "one_allreduce_adds_s": one,
         "comm_share": max(0.0, 1.0 - float(np.median(compute)) / median),
         "samples_per_s": n * batch / median,
         "samples_per_s_per_worker": batch / median,
@@ -497,8 +505,9 @@ def driver(args: argparse.Namespace) -> int:
     print(
         "Cells: step = the slowest rank's time for zero_grad + forward + backward + optimizer step, median and "
         "90th percentile over all rounds' steps. compute-only = the same step on a plain copy of the model "
-        "(no communication). comm share = 1 - compute-only / step. adds = step - compute-only; one allreduce adds = "
-        "(compute-only + one allreduce of all the gradients' bytes) - compute-only. x DDP = samples/s over DDP's.\n"
+        "(no communication). comm share = 1 - compute-only / step. adds = the median over iterations of step - "
+        "compute-only (the kinds run back to back in each iteration); one allreduce adds = the same for a step of "
+        "compute-only + one allreduce of all the gradients' bytes. x DDP = samples/s over DDP's.\n"
     )
     for n in args.np:
         print(table(args, n, summaries.get(n, {})))

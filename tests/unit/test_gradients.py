@@ -112,3 +112,19 @@ def test_buckets_fill_in_order_with_a_small_first_one():
     # kinds (dtypes) never share a bucket, each kind with its own small first bucket: a bucket is one flat buffer
     assert buckets([10, 10, 10, 10, 10], cap=25, first=15, kinds="abaab") == [[0], [1], [2, 3], [4]]
     assert buckets([10, 10, 10], cap=100, kinds="aba") == [[0, 2], [1]]
+
+
+def test_the_first_bucket_is_small_only_where_its_allreduce_can_overlap_the_backward_pass():
+    from hora._frontend.gradients import FIRST_BUCKET, first_bucket
+
+    cap = 25 << 20
+    # a core left for each rank's engine thread beside its compute threads: DDP's small first bucket
+    assert first_bucket(cap, False, compute_threads=1, ranks_here=2, cpus=4) == FIRST_BUCKET
+    assert first_bucket(cap, False, compute_threads=3, ranks_here=2, cpus=8) == FIRST_BUCKET
+    # the ranks' compute threads fill the cores (hora run's default): the first bucket is as large as the others
+    assert first_bucket(cap, False, compute_threads=1, ranks_here=2, cpus=2) == cap
+    assert first_bucket(cap, False, compute_threads=4, ranks_here=2, cpus=8) == cap
+    # gradients on an accelerator communicate beside the backward pass whatever the host's cores
+    assert first_bucket(cap, True, compute_threads=1, ranks_here=8, cpus=2) == FIRST_BUCKET
+    # the cap bounds the first bucket too
+    assert first_bucket(512 << 10, True, compute_threads=1, ranks_here=1, cpus=64) == 512 << 10

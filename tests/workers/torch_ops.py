@@ -3,6 +3,8 @@ computations of what every rank contributed (each rank can rebuild any other ran
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 import hora.torch as hvd
@@ -681,13 +683,18 @@ class _MixedModel(torch.nn.Module):
 
 
 def bucket_worker() -> bool:
-    """DistributedOptimizer's default buckets: every p.grad after synchronize() is the average of the ranks'
-    gradients (computed here for every rank on a plain copy), with an unused parameter counted as zeros; a gradient
-    handed out at one step is not changed by the next (p.grad never aliases a bucket's buffer)."""
+    """DistributedOptimizer's buckets (1 MiB here, so several whatever the host's cores decide for the first one):
+    every p.grad after synchronize() is the average of the ranks' gradients (computed here for every rank on a
+    plain copy), with an unused parameter counted as zeros; a gradient handed out at one step is not changed by the
+    next (p.grad never aliases a bucket's buffer)."""
     import copy
 
     torch.set_num_threads(1)
-    hvd.init()
+    os.environ["HORA_BUCKET_CAP"] = str(1 << 20)
+    try:
+        hvd.init()
+    finally:
+        del os.environ["HORA_BUCKET_CAP"]
     me, n = hvd.rank(), hvd.size()
     model = _MixedModel()
     plain = copy.deepcopy(model)

@@ -23,7 +23,15 @@ from hora._frontend.process_set import ProcessSet, global_process_set
 from hora._strategy import resolve_strategy
 from hora.errors import UnsupportedError
 
-__all__ = ["FIRST_BUCKET", "GradientReduction", "bucket_cap", "buckets", "describe_gradients", "split_list"]
+__all__ = [
+    "FIRST_BUCKET",
+    "GradientReduction",
+    "bucket_cap",
+    "buckets",
+    "describe_gradients",
+    "first_bucket",
+    "split_list",
+]
 
 T = TypeVar("T")
 
@@ -212,6 +220,17 @@ def _check_adasum(what: str, implemented: bool, process_set: Any, strategy: str,
 #: The first bucket's size (PyTorch DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``): small, so that the first grouped
 #: allreduce starts while most of the backward pass is still to run.
 FIRST_BUCKET = 1 << 20
+
+
+def first_bucket(cap: int, accelerator: bool, compute_threads: int, ranks_here: int, cpus: int) -> int:
+    """The first bucket's size: :data:`FIRST_BUCKET` when its allreduce can run beside the rest of the backward
+    pass (gradients on an accelerator, or a core left for each of the host's ``ranks_here`` ranks' engine thread
+    beside its ``compute_threads``, out of ``cpus``), else ``cap``. Without a free core an early allreduce only
+    takes turns with the backward pass on the same cores: one more engine cycle and more waits for the peers,
+    nothing overlapped (measured in docs/performance.md, "The first bucket on CPU")."""
+    if accelerator or ranks_here * (compute_threads + 1) <= cpus:
+        return min(FIRST_BUCKET, cap)
+    return cap
 
 
 def buckets(

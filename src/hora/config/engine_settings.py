@@ -36,9 +36,10 @@ class EngineSettings:
         help=(
             "Gradient buckets of hora.torch.DistributedOptimizer and hora.mxnet.DistributedTrainer, in bytes (PyTorch "
             "DDP's bucket_cap_mb): the gradients, in reverse registration order, go in buckets of up to this size "
-            "(the first one 1 MiB, so communication starts early in the backward pass), each submitted as one grouped "
-            "allreduce the moment its last gradient is ready. 0: one allreduce per gradient (Horovod's way). groups= "
-            "(num_groups=) overrides it."
+            "(the first one 1 MiB, so communication starts early in the backward pass; hora.torch makes it as large "
+            "as the others where nothing could run beside the backward pass: CPU gradients on a host whose ranks' "
+            "threads fill its cores), each submitted as one grouped allreduce the moment its last gradient is "
+            "ready. 0: one allreduce per gradient (Horovod's way). groups= (num_groups=) overrides it."
         ),
         flag=megabytes_flag(
             "--bucket-cap-mb",

@@ -36,6 +36,8 @@ class Bucket:
         self.params = params
         self._small = [i for i, p in enumerate(params) if p.numel() * p.element_size() < DIRECT]
         self._large = [i for i, p in enumerate(params) if p.numel() * p.element_size() >= DIRECT]
+        self._small_params = [params[i] for i in self._small]
+        self._large_params = [params[i] for i in self._large]
         self._flat: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
 
@@ -52,7 +54,7 @@ class Bucket:
             if flat is None:  # one dtype and device per bucket: the layout alone decides
                 total = sum(g.numel() for g in small)
                 flat = self._flat = torch.empty(total, dtype=small[0].dtype, device=small[0].device)
-                self._views = _views_of(flat, [self.params[i] for i in self._small])
+                self._views = _views_of(flat, self._small_params)
             with torch.no_grad():
                 torch._foreach_copy_(self._views, small)
             tensors.insert(0, flat)
@@ -75,7 +77,7 @@ class Bucket:
         if self._small:
             flat = done.pop(0)
             same = self._flat is not None and flat.data_ptr() == self._flat.data_ptr()
-            views = self._views if same else _views_of(flat, [self.params[i] for i in self._small])
+            views = self._views if same else _views_of(flat, self._small_params)
             for i, v in zip(self._small, views):
                 result[i] = v
         for i, out in zip(self._large, done):
@@ -87,11 +89,25 @@ class Bucket:
         outputs: list[torch.Tensor],
         ctxs: Any,
         reduction: GradientReduction,
-        sparse: list[bool],
+        sparse: list[bool] | None,
         write_sparse: Callable[[torch.Tensor, torch.Tensor, bool], None],
     ) -> None:
         """Put the reduced gradients into each ``p.grad``: copied, unless reduced in place; ``write_sparse`` for a
-        gradient that was sparse (``sparse_as_dense``)."""
+        gradient that was sparse (``sparse_as_dense``). ``sparse`` None: every gradient was dense, and each
+        ``p.grad`` is the tensor that was submitted."""
+        if sparse is None:  # the step's usual case, with no per-gradient Python beyond reading p.grad
+            done = [reduction.compression.decompress(out, ctx) for out, ctx in zip(outputs, ctxs)]
+            with torch.no_grad():
+                if self._small:
+                    flat = done.pop(0)
+                    same = self._flat is not None and flat.data_ptr() == self._flat.data_ptr()
+                    views = self._views if same else _views_of(flat, self._small_params)
+                    torch._foreach_copy_([p.grad for p in self._small_params], views)  # type: ignore[misc]
+                for p, out in zip(self._large_params, done):
+                    grad: Any = p.grad
+                    if out.data_ptr() != grad.data_ptr():  # compressed: not reduced in place
+                        grad.copy_(out)
+            return
         grads: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         for p, out, was_sparse in zip(self.params, self.results(outputs, ctxs, reduction), sparse):

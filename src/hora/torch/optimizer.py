@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from hora._frontend.gradients import GradientReduction, bucket_cap, buckets, describe_gradients
-from hora._frontend.surface import Adasum, Average, ProcessSet, global_process_set, size
+from hora._frontend.gradients import GradientReduction, bucket_cap, buckets, describe_gradients, first_bucket
+from hora._frontend.surface import Adasum, Average, ProcessSet, global_process_set, local_size, size
+from hora._proc import usable_cpus
 from hora._strategy import STRATEGIES
 from hora.config import launchers
 from hora.errors import UnsupportedError
@@ -104,7 +105,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             ready_order = [p for group in self.param_groups for p in group["params"] if p.requires_grad][::-1]
             sizes = [p.numel() * p.element_size() for p in ready_order]
             kinds = [(p.dtype, p.device) for p in ready_order]
-            self._groups = [[ready_order[i] for i in b] for b in buckets(sizes, cap, kinds=kinds)]
+            on_gpu = any(p.device.type != "cpu" for p in ready_order)
+            first = first_bucket(cap, on_gpu, torch.get_num_threads(), local_size(), usable_cpus())
+            self._groups = [[ready_order[i] for i in b] for b in buckets(sizes, cap, first, kinds=kinds)]
             self._group_of = {p: gi for gi, g in enumerate(self._groups) for p in g}
             self._group_ready = {}
             self._buckets = [Bucket(g, f"bucket.{self._parameter_names[g[0]]}") for g in self._groups]
@@ -217,10 +220,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         assert self._groups is not None
         params = self._groups[gi]
         if self._buckets is not None:
-            grads = [self._dense_grad(p) for p in params]
             bucket = self._buckets[gi]
-            handle, ctx = bucket.submit([g for g, _ in grads], self._reduction)
-            return handle, (bucket, ctx, [was_sparse for _, was_sparse in grads])
+            current = [p.grad for p in params]
+            sparse: list[bool] | None = None  # every gradient dense and computed: write_back's fast path
+            if any(g is None or g.is_sparse for g in current):  # not computed here, or sparse_as_dense
+                made = [self._dense_grad(p) for p in params]
+                grads, sparse = [g for g, _ in made], [was_sparse for _, was_sparse in made]
+            else:
+                grads = current  # type: ignore[assignment]  # none is None
+            handle, ctx = bucket.submit(grads, self._reduction)
+            return handle, (bucket, ctx, sparse)
         tensors, ctxs = [], []
         for p in params:
             dense, was_sparse = self._dense_grad(p)
@@ -318,26 +327,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if size() == 1:  # nothing to average; Horovod still counts the step as synchronized
             self._synchronized = True
             return
-        completed: set[Any] = set()
-        for key in self._handles:
-            completed.update(key) if isinstance(key, tuple) else completed.add(key)
-        if self._groups is not None:
-            # groups not complete on this rank: submit them whole, in group order (the same on every rank)
-            pending_groups = sorted(
-                {self._group_of[p] for p in self._requires_update - completed if p in self._group_of}
-                | set(self._group_ready)
-            )
-            for gi in pending_groups:
-                for q in self._groups[gi]:
-                    self._handles.pop(q, None)
-                    completed.add(q)
-                self._group_ready.pop(gi, None)
-                self._handles[tuple(self._groups[gi])] = self._allreduce_group_async(gi)
-        for p in sorted(self._requires_update - completed, key=lambda q: self._parameter_names.get(q, "")):
-            self._handles[p] = self._allreduce_grad_async(p)
-        for p, (handle, _ctx) in list(self._handles.items()):
-            if handle is None:
-                self._handles[p] = self._allreduce_grad_async(p)
+        covered = sum(len(key) if isinstance(key, tuple) else 1 for key in self._handles)
+        if covered < len(self._requires_update) or (self._groups is not None and self._group_ready):
+            self._submit_missing()  # else every gradient is in flight (a parameter is in one key at most)
         try:
             for key, (handle, ctx) in self._handles.items():
                 if isinstance(key, tuple) and isinstance(ctx[0], Bucket):
@@ -365,6 +357,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._buckets is not None:
                 self._bucket_count[:] = [0] * len(self._buckets)
         self._synchronized = True
+
+    def _submit_missing(self) -> None:
+        """Submit what backward did not: groups (buckets) not complete on this rank whole, in group order (the same
+        on every rank), then gradients whose hook did not fire, by name; placeholders of a group become requests."""
+        completed: set[Any] = set()
+        for key in self._handles:
+            completed.update(key) if isinstance(key, tuple) else completed.add(key)
+        if self._groups is not None:
+            pending_groups = sorted(
+                {self._group_of[p] for p in self._requires_update - completed if p in self._group_of}
+                | set(self._group_ready)
+            )
+            for gi in pending_groups:
+                for q in self._groups[gi]:
+                    self._handles.pop(q, None)
+                    completed.add(q)
+                self._group_ready.pop(gi, None)
+                self._handles[tuple(self._groups[gi])] = self._allreduce_group_async(gi)
+        for p in sorted(self._requires_update - completed, key=lambda q: self._parameter_names.get(q, "")):
+            self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, _ctx) in list(self._handles.items()):
+            if handle is None:
+                self._handles[p] = self._allreduce_grad_async(p)
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
