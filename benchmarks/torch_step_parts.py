@@ -11,6 +11,7 @@ Kinds (each on its own copy of the model, all starting from the same weights):
     async         copies, the allreduce submitted asynchronously and waited for (the optimizer's path)
     hooks         async, with an empty post-accumulate-grad hook on every parameter
     optimizer     hora.torch.DistributedOptimizer as it is
+    views         DistributedOptimizer(gradient_as_bucket_view=True): the gradients live in the bucket
     small-first   DistributedOptimizer with DDP's 1 MiB first bucket whatever the host's cores
 
 Rank 0 prints each kind's median step (the slowest rank's) and the median over iterations of its difference from
@@ -28,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-KINDS = ("compute", "one", "copies", "async", "hooks", "optimizer", "small-first")
+KINDS = ("compute", "one", "copies", "async", "hooks", "optimizer", "views", "small-first")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,12 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "hooks":
             for p in model.parameters():
                 p.register_post_accumulate_grad_hook(lambda _p: None)
-        if kind in ("optimizer", "small-first"):
+        if kind in ("optimizer", "views", "small-first"):
             chosen = hora_optimizer.first_bucket
             if kind == "small-first":
                 hora_optimizer.first_bucket = lambda cap, *_: min(FIRST_BUCKET, cap)  # type: ignore[assignment]
             named = [(f"{kind}.{k}", p) for k, p in model.named_parameters()]
-            opt = hvd.DistributedOptimizer(opt, named_parameters=named)
+            opt = hvd.DistributedOptimizer(opt, named_parameters=named, gradient_as_bucket_view=kind == "views")
             hora_optimizer.first_bucket = chosen  # type: ignore[assignment]
         models[kind] = (model, opt)
     views = [s.view(p.shape) for s, p in zip(flat.split([p.numel() for p in base.parameters()]), base.parameters())]

@@ -16,7 +16,9 @@ from typing import Any
 
 import torch
 
-from hora._frontend.gradients import GradientReduction
+from hora._frontend.gradients import GradientReduction, buckets, first_bucket
+from hora._frontend.surface import local_size
+from hora._proc import usable_cpus
 from hora.torch.mpi_ops import grouped_allreduce_async_
 
 #: Gradients of this many bytes or more go as themselves (in place), not through the bucket's flat buffer.
@@ -30,6 +32,7 @@ class Bucket:
 
     def __init__(self, params: list[torch.Tensor], name: str) -> None:
         self.name = name
+        self.as_views = False  # gradient_as_bucket_view: each small p.grad is its view of the buffer
         self._set(params)
 
     def _set(self, params: list[torch.Tensor]) -> None:
@@ -44,19 +47,24 @@ class Bucket:
     def leave(self, p: torch.Tensor) -> None:
         self._set([q for q in self.params if q is not p])
 
-    def submit(self, grads: list[torch.Tensor], reduction: GradientReduction) -> tuple[Any, Any]:
-        """Start the bucket's allreduce of ``grads`` (dense, one per parameter, in ``params`` order): (handle,
-        the compression's contexts)."""
+    def submit(
+        self, grads: list[torch.Tensor], reduction: GradientReduction, sparse: list[bool] | None = None
+    ) -> tuple[Any, Any]:
+        """Start the bucket's allreduce of ``grads`` (dense, one per parameter, in ``params`` order; ``sparse``:
+        which of them stand for a sparse ``p.grad``, None for none): (handle, the compression's contexts)."""
         tensors = [grads[i] for i in self._large]
         if self._small:
             small = [grads[i] for i in self._small]
             flat = self._flat
             if flat is None:  # one dtype and device per bucket: the layout alone decides
                 total = sum(g.numel() for g in small)
-                flat = self._flat = torch.empty(total, dtype=small[0].dtype, device=small[0].device)
+                flat = self._flat = torch.zeros(total, dtype=small[0].dtype, device=small[0].device)
                 self._views = _views_of(flat, self._small_params)
-            with torch.no_grad():
-                torch._foreach_copy_(self._views, small)
+            if self.as_views:
+                self._hold(small, sparse)
+            else:
+                with torch.no_grad():
+                    torch._foreach_copy_(self._views, small)
             tensors.insert(0, flat)
         compressed, ctxs = zip(*(reduction.compression.compress(t) for t in tensors))
         handle = grouped_allreduce_async_(
@@ -68,6 +76,27 @@ class Bucket:
             process_set=reduction.process_set,
         )
         return handle, ctxs
+
+    def _hold(self, small: list[torch.Tensor], sparse: list[bool] | None) -> None:
+        """gradient_as_bucket_view: a small gradient that is not already its view of the buffer (the first step,
+        or ``p.grad`` set to None or replaced since) is copied into it, and ``p.grad`` becomes that view (not for
+        a sparse ``p.grad``, which stays sparse); autograd then accumulates into the buffer itself."""
+        views = self._views
+        stale = [k for k, (g, v) in enumerate(zip(small, views)) if g.data_ptr() != v.data_ptr()]
+        if not stale:
+            return
+        with torch.no_grad():
+            torch._foreach_copy_([views[k] for k in stale], [small[k] for k in stale])
+        for k in stale:
+            i = self._small[k]
+            if sparse is None or not sparse[i]:
+                self.params[i].grad = views[k]
+
+    def held(self) -> dict[torch.Tensor, torch.Tensor]:
+        """The parameters whose ``p.grad`` is their view of the buffer, and that view."""
+        if not self.as_views or self._flat is None:
+            return {}
+        return {p: v for p, v in zip(self._small_params, self._views) if p.grad is v}
 
     def results(self, outputs: list[torch.Tensor], ctxs: Any, reduction: GradientReduction) -> list[torch.Tensor]:
         """The reduced gradients in ``params`` order: views of the bucket's buffer (copy them out before the bucket's
@@ -101,8 +130,12 @@ class Bucket:
                 if self._small:
                     flat = done.pop(0)
                     same = self._flat is not None and flat.data_ptr() == self._flat.data_ptr()
-                    views = self._views if same else _views_of(flat, self._small_params)
-                    torch._foreach_copy_([p.grad for p in self._small_params], views)  # type: ignore[misc]
+                    if self.as_views:  # every p.grad is its view: reduced in place, unless compressed
+                        if not same:
+                            self._flat.copy_(flat)  # type: ignore[union-attr]  # made by submit
+                    else:
+                        views = self._views if same else _views_of(flat, self._small_params)
+                        torch._foreach_copy_([p.grad for p in self._small_params], views)  # type: ignore[misc]
                 for p, out in zip(self._large_params, done):
                     grad: Any = p.grad
                     if out.data_ptr() != grad.data_ptr():  # compressed: not reduced in place
@@ -121,6 +154,54 @@ class Bucket:
                 torch._foreach_copy_(grads, values)
 
 
+def plan_buckets(params: list[torch.Tensor], names: dict[torch.Tensor, str], cap: int) -> list[Bucket]:
+    """``params`` (in registration order) in buckets, as DDP's: in the order backward makes their gradients
+    (reverse registration), one dtype and device each, the first one small where its allreduce can run beside the
+    backward pass (:func:`~hora._frontend.gradients.first_bucket`)."""
+    ready_order = params[::-1]
+    sizes = [p.numel() * p.element_size() for p in ready_order]
+    kinds = [(p.dtype, p.device) for p in ready_order]
+    on_gpu = any(p.device.type != "cpu" for p in ready_order)
+    first = first_bucket(cap, on_gpu, torch.get_num_threads(), local_size(), usable_cpus())
+    groups = [[ready_order[i] for i in b] for b in buckets(sizes, cap, first, kinds=kinds)]
+    return [Bucket(g, f"bucket.{names[g[0]]}") for g in groups]
+
+
 def _views_of(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
     """``flat`` cut into views shaped as ``params``, in order."""
     return [piece.view(p.shape) for piece, p in zip(flat.split([p.numel() for p in params]), params)]
+
+
+def hold_gradients_in_buckets(buckets: list[Bucket] | None, reduction: GradientReduction) -> None:
+    """``gradient_as_bucket_view=True`` (DDP's): the small gradients of every bucket live in its buffer."""
+    if buckets is None:
+        raise ValueError(
+            "gradient_as_bucket_view=True needs the optimizer's buckets: strategy='allreduce', an op other than "
+            "Adasum, no groups= or num_groups=, and HORA_BUCKET_CAP above 0 "
+            f"(here: strategy={reduction.strategy!r}, groups={reduction.groups!r})"
+        )
+    for b in buckets:
+        b.as_views = True
+
+
+def zero_grad_holding_views(
+    zero_grad: Callable[[bool], None], optimizer: Any, buckets: list[Bucket], set_to_none: bool
+) -> None:
+    """``zero_grad`` (the wrapped optimizer's) for every gradient but those living in their bucket
+    (gradient_as_bucket_view), which are zeroed there and stay views of it, as with ``set_to_none=False``."""
+    held: dict[torch.Tensor, torch.Tensor] = {}
+    for b in buckets:
+        held.update(b.held())
+    if not held:
+        zero_grad(set_to_none)
+        return
+    groups = optimizer.param_groups
+    optimizer.param_groups = [{**g, "params": [p for p in g["params"] if p not in held]} for g in groups]
+    try:
+        zero_grad(set_to_none)
+    finally:
+        optimizer.param_groups = groups
+    with torch.no_grad():
+        for b in buckets:
+            if b.as_views and b._flat is not None:
+                b._flat.zero_()

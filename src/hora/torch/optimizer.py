@@ -19,13 +19,12 @@ from typing import Any
 
 import torch
 
-from hora._frontend.gradients import GradientReduction, bucket_cap, buckets, describe_gradients, first_bucket
-from hora._frontend.surface import Adasum, Average, ProcessSet, global_process_set, local_size, size
-from hora._proc import usable_cpus
+from hora._frontend.gradients import GradientReduction, bucket_cap, describe_gradients
+from hora._frontend.surface import Adasum, Average, ProcessSet, global_process_set, size
 from hora._strategy import STRATEGIES
 from hora.config import launchers
 from hora.errors import UnsupportedError
-from hora.torch.buckets import Bucket
+from hora.torch.buckets import Bucket, hold_gradients_in_buckets, plan_buckets, zero_grad_holding_views
 from hora.torch.compression import Compression
 from hora.torch.mpi_ops import (
     allgather_object,
@@ -102,15 +101,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._group_ready: dict[int, set[torch.Tensor]] = {}
         elif reduction.op is not Adasum and reduction.strategy == "allreduce" and (cap := bucket_cap()) > 0:
             # buckets, as DDP's: in the order backward makes the gradients (reverse registration), the first small
-            ready_order = [p for group in self.param_groups for p in group["params"] if p.requires_grad][::-1]
-            sizes = [p.numel() * p.element_size() for p in ready_order]
-            kinds = [(p.dtype, p.device) for p in ready_order]
-            on_gpu = any(p.device.type != "cpu" for p in ready_order)
-            first = first_bucket(cap, on_gpu, torch.get_num_threads(), local_size(), usable_cpus())
-            self._groups = [[ready_order[i] for i in b] for b in buckets(sizes, cap, first, kinds=kinds)]
+            params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+            self._buckets = plan_buckets(params, self._parameter_names, cap)
+            self._groups = [b.params for b in self._buckets]
             self._group_of = {p: gi for gi, g in enumerate(self._groups) for p in g}
             self._group_ready = {}
-            self._buckets = [Bucket(g, f"bucket.{self._parameter_names[g[0]]}") for g in self._groups]
             self._bucket_count = [0] * len(self._groups)  # gradients ready in each bucket not yet submitted
 
         # An elastic job may start with one rank and grow: it needs the hooks from the start (as in Horovod).
@@ -228,7 +223,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 grads, sparse = [g for g, _ in made], [was_sparse for _, was_sparse in made]
             else:
                 grads = current  # type: ignore[assignment]  # none is None
-            handle, ctx = bucket.submit(grads, self._reduction)
+            handle, ctx = bucket.submit(grads, self._reduction, sparse)
             return handle, (bucket, ctx, sparse)
         tensors, ctxs = [], []
         for p in params:
@@ -410,7 +405,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(). This is prohibited as it can cause a race condition."
             )
+        if self._buckets is not None and self._buckets[0].as_views:
+            return zero_grad_holding_views(super(self.__class__, self).zero_grad, self, self._buckets, set_to_none)
         return super(self.__class__, self).zero_grad(set_to_none)
+
 
 
 def DistributedOptimizer(
@@ -428,6 +426,7 @@ def DistributedOptimizer(
     staleness: int | None = None,
     consistency: str | None = None,
     ps_parameters: Any = None,
+    gradient_as_bucket_view: bool = False,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged (``op``) over every rank.
 
@@ -442,6 +441,8 @@ def DistributedOptimizer(
     ``consistency`` (``async``, ``sync``, ``bounded(k)``; default ``HORA_PS_CONSISTENCY``).
     ``strategy="hybrid"`` keeps ``ps_parameters`` (the model: its ``nn.Embedding(sparse=True)`` weights; or
     modules, parameters, names) on the servers, updated row by row, and allreduces the rest; see docs/ps.md.
+    ``gradient_as_bucket_view=True`` (DDP's): each gradient under 128 KiB lives in its bucket's buffer (no copy
+    in or out; ``zero_grad`` zeroes it there, and a ``p.grad`` kept from one step changes with the next).
     """
     reduction = describe_gradients(
         "hora.torch.DistributedOptimizer",
@@ -484,4 +485,7 @@ def DistributedOptimizer(
         named_parameters = list(named_parameters)
         members.update(hybrid_members(optimizer, named_parameters, ps_parameters, staleness, consistency))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), members)
-    return cls(optimizer.param_groups, named_parameters, reduction)
+    wrapped = cls(optimizer.param_groups, named_parameters, reduction)
+    if gradient_as_bucket_view:
+        hold_gradients_in_buckets(getattr(wrapped, "_buckets", None), reduction)
+    return wrapped

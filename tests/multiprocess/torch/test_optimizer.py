@@ -59,6 +59,7 @@ def _parts(np_: int) -> list[Part]:
     if np_ == 3:
         parts += [Part(f"sparse {flag}", sparse_worker, (flag,)) for flag in (False, True)]
         parts.append(Part("buckets", bucket_worker))
+        parts.append(Part("buckets as views", bucket_worker, (True,)))
     return [Part(f"np{np_} {p.name}", p.fn, p.args) for p in parts]
 
 
@@ -94,10 +95,12 @@ def test_broadcast_optimizer_state(launches, kind):
 @pytest.mark.parametrize("np_", RULES)
 def test_optimizer_rules(launches, np_):
     for notes in launches(f"np{np_} rules"):
-        assert len(notes) == 3, notes
+        assert len(notes) == 4, notes
         assert notes[0].startswith("zero_grad: optimizer.zero_grad() was called after loss.backward()")
         assert notes[1].startswith("twice: Gradients were computed more than backward_passes_per_step")
         assert notes[2].startswith("bad params: invalid params of type")
+        assert notes[3].startswith("views: gradient_as_bucket_view=True needs the optimizer's buckets"), notes[3]
+        assert "groups=2" in notes[3], notes[3]
 
 
 def test_mismatched_parameter_sets_fail_on_every_rank(launches):
@@ -125,3 +128,7 @@ def test_sparse_gradients_match_one_process(launches, sparse_as_dense):
 
 def test_buckets_average_mixed_dtypes_and_unused_parameters(launches):
     assert launches("np3 buckets") == [True, True, True]
+
+
+def test_gradients_living_in_their_buckets_give_the_same_averages(launches):
+    assert launches("np3 buckets as views") == [True, True, True]
