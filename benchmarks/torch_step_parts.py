@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch_training import WIDTH, make_model
 
     import hora.torch as hvd
-    import hora.torch.optimizer as hora_optimizer
+    import hora.torch.buckets as hora_buckets
     from hora._frontend.gradients import FIRST_BUCKET
     from hora.torch.mpi_ops import grouped_allreduce_async_, synchronize
 
@@ -67,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
             for p in model.parameters():
                 p.register_post_accumulate_grad_hook(lambda _p: None)
         if kind in ("optimizer", "views", "small-first"):
-            chosen = hora_optimizer.first_bucket
+            chosen = hora_buckets.first_bucket
             if kind == "small-first":
-                hora_optimizer.first_bucket = lambda cap, *_: min(FIRST_BUCKET, cap)  # type: ignore[assignment]
+                hora_buckets.first_bucket = lambda cap, *_: min(FIRST_BUCKET, cap)  # type: ignore[assignment]
             named = [(f"{kind}.{k}", p) for k, p in model.named_parameters()]
             opt = hvd.DistributedOptimizer(opt, named_parameters=named, gradient_as_bucket_view=kind == "views")
-            hora_optimizer.first_bucket = chosen  # type: ignore[assignment]
+            hora_buckets.first_bucket = chosen  # type: ignore[assignment]
         models[kind] = (model, opt)
     views = [s.view(p.shape) for s, p in zip(flat.split([p.numel() for p in base.parameters()]), base.parameters())]
 

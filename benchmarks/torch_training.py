@@ -143,11 +143,11 @@ class Framework:
 
 
 class HoraFramework(Framework):
-    def __init__(self) -> None:
+    def __init__(self, views: bool = False) -> None:
         import hora
         import hora.torch as hvd
 
-        self.hvd, self.version = hvd, hora.__version__
+        self.hvd, self.version, self.views = hvd, hora.__version__, views
         hvd.init()
         self.rank, self.size, self.local_size = hvd.rank(), hvd.size(), hvd.local_size()
 
@@ -155,7 +155,8 @@ class HoraFramework(Framework):
         hvd = self.hvd
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        kwargs = {"gradient_as_bucket_view": True} if self.views else {}
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), **kwargs)
         return model, optimizer
 
     def barrier(self) -> None:
@@ -235,7 +236,7 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.nn.functional as F
 
-    fw: Framework = HoraFramework() if args.worker.startswith("hora") else DdpFramework()
+    fw: Framework = HoraFramework(args.views) if args.worker.startswith("hora") else DdpFramework()
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()  # by default what a user gets: the launcher's OMP_NUM_THREADS, if any
@@ -344,6 +345,8 @@ def launch(args: argparse.Namespace, framework: str, n: int, steps: int, round_:
         "--model",
         args.model,
     ]
+    if framework == "hora" and args.gradient_as_bucket_view:  # hora-prev may predate the argument
+        worker_args.append("--views")
     if framework.startswith("hora") and args.autotune:
         worker_args += ["--tune-log", os.path.join(args.tune_dir, f"autotune-np{n}-round{round_}.csv")]
     return hora_command(n) + worker_args
@@ -513,6 +516,8 @@ def driver(args: argparse.Namespace) -> int:
         print(table(args, n, summaries.get(n, {})))
     if args.hora_env:
         print(f"hora engine settings: {args.hora_env}\n")
+    if args.gradient_as_bucket_view:
+        print("hora: DistributedOptimizer(gradient_as_bucket_view=True)\n")
     for t in tuned:
         print(f"Autotune at N={t['np']}, round {t['round'] + 1}: kept {t['chosen']} after {t['steps']} steps.")
     wrong = [f"{fw} at N={n}" for n, s in summaries.items() for fw, v in s.items() if not v["ok"]]
@@ -580,6 +585,11 @@ def main(argv: list[str] | None = None) -> int:
         "--load", type=int, default=0, metavar="K",
         help="run every launch beside K foreign busy processes (python -c 'while True: pass'); default 0: quiet",
     )  # fmt: skip
+    p.add_argument(
+        "--gradient-as-bucket-view", action="store_true",
+        help="hora (not hora-prev) with DistributedOptimizer(gradient_as_bucket_view=True)",
+    )
+    p.add_argument("--views", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=sorted(FRAMEWORKS), help=argparse.SUPPRESS)
     p.add_argument("--tune-log", default="", help=argparse.SUPPRESS)
     p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
