@@ -5,8 +5,10 @@ When the last gradient of a bucket is ready, its small gradients are copied into
 ``torch._foreach_copy_`` into views of it) and the buffer and the bucket's large gradients (:data:`DIRECT` bytes
 or more: copying them would cost more than the engine's per-tensor work) go as one grouped allreduce, in place;
 ``synchronize`` copies the results back into each ``p.grad`` that is not its own result (one
-``torch._foreach_copy_``). ``p.grad`` never aliases the buffer, which the next step reuses. Every gradient of a
-bucket has one dtype and device (``buckets(..., kinds=...)``).
+``torch._foreach_copy_``). ``p.grad`` never aliases the buffer, which the next step reuses, unless the user asks
+for DDP's ``gradient_as_bucket_view``: then each small ``p.grad`` *is* its view of the buffer (autograd accumulates
+into it, the allreduce reduces it in place, ``zero_grad`` zeroes it there), and neither copy is made. Every
+gradient of a bucket has one dtype and device (``buckets(..., kinds=...)``).
 """
 
 from __future__ import annotations
@@ -172,25 +174,25 @@ def _views_of(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tens
     return [piece.view(p.shape) for piece, p in zip(flat.split([p.numel() for p in params]), params)]
 
 
-def hold_gradients_in_buckets(buckets: list[Bucket] | None, reduction: GradientReduction) -> None:
+def hold_gradients_in_buckets(planned: list[Bucket] | None, reduction: GradientReduction) -> None:
     """``gradient_as_bucket_view=True`` (DDP's): the small gradients of every bucket live in its buffer."""
-    if buckets is None:
+    if planned is None:
         raise ValueError(
             "gradient_as_bucket_view=True needs the optimizer's buckets: strategy='allreduce', an op other than "
             "Adasum, no groups= or num_groups=, and HORA_BUCKET_CAP above 0 "
             f"(here: strategy={reduction.strategy!r}, groups={reduction.groups!r})"
         )
-    for b in buckets:
+    for b in planned:
         b.as_views = True
 
 
 def zero_grad_holding_views(
-    zero_grad: Callable[[bool], None], optimizer: Any, buckets: list[Bucket], set_to_none: bool
+    zero_grad: Callable[[bool], None], optimizer: Any, planned: list[Bucket], set_to_none: bool
 ) -> None:
     """``zero_grad`` (the wrapped optimizer's) for every gradient but those living in their bucket
     (gradient_as_bucket_view), which are zeroed there and stay views of it, as with ``set_to_none=False``."""
     held: dict[torch.Tensor, torch.Tensor] = {}
-    for b in buckets:
+    for b in planned:
         held.update(b.held())
     if not held:
         zero_grad(set_to_none)
@@ -202,6 +204,6 @@ def zero_grad_holding_views(
     finally:
         optimizer.param_groups = groups
     with torch.no_grad():
-        for b in buckets:
+        for b in planned:
             if b.as_views and b._flat is not None:
                 b._flat.zero_()

@@ -405,7 +405,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(). This is prohibited as it can cause a race condition."
             )
-        if self._buckets is not None and self._buckets[0].as_views:
+        if self._buckets is not None and any(b.as_views for b in self._buckets):
             return zero_grad_holding_views(super(self.__class__, self).zero_grad, self, self._buckets, set_to_none)
         return super(self.__class__, self).zero_grad(set_to_none)
 
