@@ -49,6 +49,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -673,7 +674,6 @@ def main(argv: list[str] | None = None) -> int:
         VARIANTS["hora-autotune"] = AUTOTUNE
         args.variants.append("hora-autotune")
     # autotune's logs stay there after the run (their rows are in the JSON too)
-    args.tune_dir = tempfile.mkdtemp(prefix="hora-bench-autotune-") if args.grid or args.autotune else ""
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad or not args.variants:
         p.error(f"unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
@@ -686,7 +686,13 @@ def main(argv: list[str] | None = None) -> int:
     args.hora_env = env
     if args.steps < args.rounds:
         p.error(f"--steps ({args.steps}) must be at least --rounds ({args.rounds})")
-    return driver(args)
+    # autotune's logs, which the workers read to learn the point kept: removed at the end
+    args.tune_dir = tempfile.mkdtemp(prefix="hora-bench-autotune-") if args.grid or args.autotune else ""
+    try:
+        return driver(args)
+    finally:
+        if args.tune_dir:
+            shutil.rmtree(args.tune_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ import argparse
 import itertools
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -607,7 +608,6 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--hora-env takes KEY=VALUE, got {item!r}")
         env[key] = value
     args.hora_env = env
-    args.tune_dir = tempfile.mkdtemp(prefix="hora-bench-autotune-") if args.autotune else ""
     try:
         args.np = parse_counts(args.np)
     except argparse.ArgumentTypeError as exc:
@@ -626,8 +626,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown framework(s) {bad}; choose from {', '.join(FRAMEWORKS)}")
     if args.steps < args.rounds:
         p.error(f"--steps ({args.steps}) must be at least --rounds ({args.rounds})")
-    with busy_processes(args.load):
-        return driver(args)
+    # autotune's logs, which the workers read to learn the point kept: removed at the end
+    args.tune_dir = tempfile.mkdtemp(prefix="hora-bench-autotune-") if args.autotune else ""
+    try:
+        with busy_processes(args.load):
+            return driver(args)
+    finally:
+        if args.tune_dir:
+            shutil.rmtree(args.tune_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
