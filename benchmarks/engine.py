@@ -673,7 +673,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.grid or args.autotune:
         VARIANTS["hora-autotune"] = AUTOTUNE
         args.variants.append("hora-autotune")
-    # autotune's logs stay there after the run (their rows are in the JSON too)
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad or not args.variants:
         p.error(f"unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")

@@ -237,7 +237,7 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.nn.functional as F
 
-    fw: Framework = HoraFramework(args.views) if args.worker.startswith("hora") else DdpFramework()
+    fw: Framework = HoraFramework(args.gradient_as_bucket_view) if args.worker.startswith("hora") else DdpFramework()
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()  # by default what a user gets: the launcher's OMP_NUM_THREADS, if any
@@ -347,7 +347,7 @@ def launch(args: argparse.Namespace, framework: str, n: int, steps: int, round_:
         args.model,
     ]
     if framework == "hora" and args.gradient_as_bucket_view:  # hora-prev may predate the argument
-        worker_args.append("--views")
+        worker_args.append("--gradient-as-bucket-view")
     if framework.startswith("hora") and args.autotune:
         worker_args += ["--tune-log", os.path.join(args.tune_dir, f"autotune-np{n}-round{round_}.csv")]
     return hora_command(n) + worker_args
@@ -373,11 +373,8 @@ def summarize(recs: list[dict[str, Any]], batch: int, n: int) -> dict[str, Any]:
     # What communication adds, as the median of each iteration's difference (the kinds run back to back in every
     # iteration): the machine's speed drifts between launches and within one (the two-core box runs a rank's
     # arithmetic up to 1.5x slower at times), and the difference of two medians takes that drift in.
-    paired = len(step) == len(compute) == len(reference) or not len(reference)
-    adds = float(np.median(step - compute)) if len(step) == len(compute) else median - float(np.median(compute))
-    one = None
-    if len(reference):
-        one = float(np.median(reference - compute)) if paired else float(np.median(reference) - np.median(compute))
+    adds = float(np.median(step - compute))
+    one = float(np.median(reference - compute)) if len(reference) else None
     return {
         "ok": all(r["ok"] for r in recs),
         "steps": len(step),
@@ -590,7 +587,6 @@ def main(argv: list[str] | None = None) -> int:
         "--gradient-as-bucket-view", action="store_true",
         help="hora (not hora-prev) with DistributedOptimizer(gradient_as_bucket_view=True)",
     )
-    p.add_argument("--views", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=sorted(FRAMEWORKS), help=argparse.SUPPRESS)
     p.add_argument("--tune-log", default="", help=argparse.SUPPRESS)
     p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)

@@ -410,7 +410,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(set_to_none)
 
 
-
 def DistributedOptimizer(
     optimizer: torch.optim.Optimizer,
     named_parameters: Any = None,
