@@ -114,17 +114,20 @@ def test_buckets_fill_in_order_with_a_small_first_one():
     assert buckets([10, 10, 10], cap=100, kinds="aba") == [[0, 2], [1]]
 
 
-def test_the_first_bucket_is_small_only_where_its_allreduce_can_overlap_the_backward_pass():
-    from hora._frontend.gradients import FIRST_BUCKET, first_bucket
+def test_buckets_go_beside_the_backward_pass_only_where_a_core_or_an_accelerator_is_free_for_them():
+    from hora._frontend.gradients import FIRST_BUCKET, beside_backward, first_bucket
 
-    cap = 25 << 20
-    # a core left for each rank's engine thread beside its compute threads: DDP's small first bucket
-    assert first_bucket(cap, False, compute_threads=1, ranks_here=2, cpus=4) == FIRST_BUCKET
-    assert first_bucket(cap, False, compute_threads=3, ranks_here=2, cpus=8) == FIRST_BUCKET
-    # the ranks' compute threads fill the cores (hora run's default): the first bucket is as large as the others
-    assert first_bucket(cap, False, compute_threads=1, ranks_here=2, cpus=2) == cap
-    assert first_bucket(cap, False, compute_threads=4, ranks_here=2, cpus=8) == cap
+    # a core left for each rank's engine thread beside its compute threads
+    assert beside_backward(False, compute_threads=1, ranks_here=2, cpus=4)
+    assert beside_backward(False, compute_threads=3, ranks_here=2, cpus=8)
+    # the ranks' compute threads fill the cores (hora run's default)
+    assert not beside_backward(False, compute_threads=1, ranks_here=2, cpus=2)
+    assert not beside_backward(False, compute_threads=4, ranks_here=2, cpus=8)
     # gradients on an accelerator communicate beside the backward pass whatever the host's cores
-    assert first_bucket(cap, True, compute_threads=1, ranks_here=8, cpus=2) == FIRST_BUCKET
+    assert beside_backward(True, compute_threads=1, ranks_here=8, cpus=2)
+    # beside it, DDP's small first bucket starts communication early; else the first is as large as the others
+    cap = 25 << 20
+    assert first_bucket(cap, beside=True) == FIRST_BUCKET
+    assert first_bucket(cap, beside=False) == cap
     # the cap bounds the first bucket too
-    assert first_bucket(512 << 10, True, compute_threads=1, ranks_here=1, cpus=64) == 512 << 10
+    assert first_bucket(512 << 10, beside=True) == 512 << 10

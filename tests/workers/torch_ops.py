@@ -688,14 +688,18 @@ class _MixedModel(torch.nn.Module):
         return self.out(h)
 
 
-def bucket_worker(views: bool = False) -> bool:
+def bucket_worker(views: bool = False, beside: bool = False) -> bool:
     """DistributedOptimizer's buckets (1 MiB here, so several whatever the host's cores decide for the first one):
     every p.grad after synchronize() is the average of the ranks' gradients (computed here for every rank on a
     plain copy), with an unused parameter counted as zeros. By default a gradient handed out at one step is not
     changed by the next (p.grad never aliases a bucket's buffer); with ``views`` (gradient_as_bucket_view) the small
     gradients live in their bucket's buffer: zero_grad() zeroes them there, model.zero_grad() (None) is recovered
-    from, and the results are the same."""
+    from, and the results are the same. ``beside``: as where an allreduce can run beside the backward pass (a hook
+    per gradient, each bucket going when ready), else every bucket goes when backward ends, whatever this host's
+    cores decide. Either way a second backward pass before step() raises."""
     import copy
+
+    import hora.torch.buckets
 
     torch.set_num_threads(1)
     os.environ["HORA_BUCKET_CAP"] = str(1 << 20)
@@ -706,11 +710,17 @@ def bucket_worker(views: bool = False) -> bool:
     me, n = hvd.rank(), hvd.size()
     model = _MixedModel()
     plain = copy.deepcopy(model)
-    opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
-        gradient_as_bucket_view=views,
-    )
+    decide = hora.torch.buckets.beside_backward
+    hora.torch.buckets.beside_backward = lambda *_: beside  # type: ignore[assignment]
+    try:
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+            gradient_as_bucket_view=views,
+        )
+    finally:
+        hora.torch.buckets.beside_backward = decide  # type: ignore[assignment]
     assert opt._buckets is not None and len(opt._buckets) >= 3, opt._groups
+    assert (opt._at_end is None) == beside, opt._at_end
     assert all(len({p.dtype for p in g}) == 1 for g in opt._groups), "a bucket mixes dtypes"
     small = [p for b in opt._buckets for p in b._small_params]
     assert small, "no gradient small enough to live in a bucket's buffer"
@@ -748,5 +758,13 @@ def bucket_worker(views: bool = False) -> bool:
     if not views:
         for held, value in kept:
             torch.testing.assert_close(held, value, rtol=0, atol=0)
+    opt.zero_grad()
+    model(xs[me], use_extra=True).sum().backward()
+    try:
+        model(xs[me], use_extra=True).sum().backward()
+        raise RuntimeError("a second backward pass before step() did not raise")
+    except AssertionError as e:
+        assert "more than backward_passes_per_step" in str(e), e
+    opt.synchronize()
     hvd.shutdown()
     return True

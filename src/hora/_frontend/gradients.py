@@ -26,10 +26,12 @@ from hora.errors import UnsupportedError
 __all__ = [
     "FIRST_BUCKET",
     "GradientReduction",
+    "beside_backward",
     "bucket_cap",
     "buckets",
     "describe_gradients",
     "first_bucket",
+    "parameter_differences",
     "split_list",
 ]
 
@@ -222,15 +224,18 @@ def _check_adasum(what: str, implemented: bool, process_set: Any, strategy: str,
 FIRST_BUCKET = 1 << 20
 
 
-def first_bucket(cap: int, accelerator: bool, compute_threads: int, ranks_here: int, cpus: int) -> int:
-    """The first bucket's size: :data:`FIRST_BUCKET` when its allreduce can run beside the rest of the backward
-    pass (gradients on an accelerator, or a core left for each of the host's ``ranks_here`` ranks' engine thread
-    beside its ``compute_threads``, out of ``cpus``), else ``cap``. Without a free core an early allreduce only
-    takes turns with the backward pass on the same cores: one more engine cycle and more waits for the peers,
-    nothing overlapped (measured in docs/performance.md, "The first bucket on CPU")."""
-    if accelerator or ranks_here * (compute_threads + 1) <= cpus:
-        return min(FIRST_BUCKET, cap)
-    return cap
+def beside_backward(accelerator: bool, compute_threads: int, ranks_here: int, cpus: int) -> bool:
+    """Whether an allreduce can run beside the backward pass: gradients on an accelerator, or a core left for each
+    of the host's ``ranks_here`` ranks' engine thread beside its ``compute_threads``, out of ``cpus``. Without a
+    free core an early allreduce only takes turns with the backward pass on the same cores: one more engine cycle
+    and more waits for the peers, nothing overlapped (measured in docs/performance.md, "The first bucket on CPU")."""
+    return accelerator or ranks_here * (compute_threads + 1) <= cpus
+
+
+def first_bucket(cap: int, beside: bool) -> int:
+    """The first bucket's size: :data:`FIRST_BUCKET` where its allreduce can run beside the rest of the backward
+    pass (``beside``: :func:`beside_backward`), so communication starts early, else ``cap``."""
+    return min(FIRST_BUCKET, cap) if beside else cap
 
 
 def buckets(
@@ -268,3 +273,20 @@ def bucket_cap() -> int:
     from hora.config import Config
 
     return context.current().config.bucket_cap if context.is_initialized() else Config.resolve().bucket_cap
+
+
+def parameter_differences(everyone: Sequence[Sequence[tuple[str, tuple[int, ...], str]]]) -> str:
+    """How each rank's (name, shape, dtype) list differs from rank 0's, at most five names each way ("" when every
+    rank has the same): an optimizer whose ranks differ would wait for ever on the gradients only some submit."""
+    lines = []
+    reference = everyone[0]
+    for r, other in enumerate(everyone[1:], start=1):
+        if other == reference:
+            continue
+        missing = sorted(set(reference) - set(other))
+        extra = sorted(set(other) - set(reference))
+        if missing:
+            lines.append(f"rank {r} lacks {', '.join(f'{n} {list(s)} {d}' for n, s, d in missing[:5])}")
+        if extra:
+            lines.append(f"rank {r} has extra {', '.join(f'{n} {list(s)} {d}' for n, s, d in extra[:5])}")
+    return "; ".join(lines)

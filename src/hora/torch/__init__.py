@@ -2,13 +2,14 @@
 
 The names every adapter shares (lifecycle, topology, build queries, timeline, reduce ops, process sets,
 ``HorovodInternalError``: :mod:`hora._frontend.surface`), collectives on torch tensors (:mod:`hora.torch.mpi_ops`),
-``DistributedOptimizer`` (:mod:`hora.torch.optimizer`), ``broadcast_parameters`` / ``broadcast_optimizer_state``
-(:mod:`hora.torch.functions`) and ``Compression``.
+``DistributedOptimizer`` (:mod:`hora.torch.distributed_optimizer`), ``broadcast_parameters`` /
+``broadcast_optimizer_state`` (:mod:`hora.torch.functions`) and ``Compression``.
 """
 
 from hora._frontend import surface
 from hora._frontend.surface import *  # noqa: F403  (the names every adapter shares: surface.__all__)
 from hora.torch.compression import Compression
+from hora.torch.distributed_optimizer import DistributedOptimizer
 from hora.torch.functions import broadcast_optimizer_state, broadcast_parameters
 from hora.torch.mpi_ops import (
     allgather,
@@ -41,7 +42,6 @@ from hora.torch.mpi_ops import (
     sparse_allreduce_async,
     synchronize,
 )
-from hora.torch.optimizer import DistributedOptimizer
 from hora.torch.sync_batch_norm import SyncBatchNorm
 
 __all__ = [

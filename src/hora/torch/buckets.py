@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hora._frontend.gradients import GradientReduction, buckets, first_bucket
+from hora._frontend.gradients import GradientReduction, beside_backward, buckets, first_bucket
 from hora._frontend.surface import local_size
 from hora._proc import usable_cpus
 from hora.torch.mpi_ops import grouped_allreduce_async_
@@ -156,17 +156,56 @@ class Bucket:
                 torch._foreach_copy_(grads, values)
 
 
-def plan_buckets(params: list[torch.Tensor], names: dict[torch.Tensor, str], cap: int) -> list[Bucket]:
+def plan_buckets(params: list[torch.Tensor], names: dict[torch.Tensor, str], cap: int) -> tuple[list[Bucket], bool]:
     """``params`` (in registration order) in buckets, as DDP's: in the order backward makes their gradients
-    (reverse registration), one dtype and device each, the first one small where its allreduce can run beside the
-    backward pass (:func:`~hora._frontend.gradients.first_bucket`)."""
+    (reverse registration), one dtype and device each; and whether their allreduces can run beside the backward
+    pass (:func:`~hora._frontend.gradients.beside_backward`): then the first bucket is small and each bucket goes
+    as soon as its gradients are ready, else every bucket goes when backward ends (:class:`AtBackwardEnd`)."""
     ready_order = params[::-1]
     sizes = [p.numel() * p.element_size() for p in ready_order]
     kinds = [(p.dtype, p.device) for p in ready_order]
     on_gpu = any(p.device.type != "cpu" for p in ready_order)
-    first = first_bucket(cap, on_gpu, torch.get_num_threads(), local_size(), usable_cpus())
-    groups = [[ready_order[i] for i in b] for b in buckets(sizes, cap, first, kinds=kinds)]
-    return [Bucket(g, f"bucket.{names[g[0]]}") for g in groups]
+    beside = beside_backward(on_gpu, torch.get_num_threads(), local_size(), usable_cpus())
+    groups = [[ready_order[i] for i in b] for b in buckets(sizes, cap, first_bucket(cap, beside), kinds=kinds)]
+    return [Bucket(g, f"bucket.{names[g[0]]}") for g in groups], beside
+
+
+class AtBackwardEnd:
+    """Every bucket submitted once, when the backward pass ends: where no allreduce can run beside the backward
+    pass, submitting a bucket earlier gains nothing, and a Python hook per gradient costs ~3 us each (measured in
+    docs/performance.md, "Buckets at the end of backward"). A hook on a bucket's first and last gradient queues one
+    callback per backward pass (autograd's ``queue_callback``, as DDP's reducer does), which counts the pass and,
+    at the ``backward_passes_per_step``-th, calls ``submit``; a hook firing after that raises, as Horovod's
+    per-gradient hooks do. A bucket none of whose hooked gradients is computed on a pass goes in ``synchronize``.
+    """
+
+    def __init__(self, passes: Callable[[], int], submit: Callable[[], None], too_many: str) -> None:
+        self._needed, self._submit, self._too_many = passes, submit, too_many
+        self.passes = 0  # backward passes since the last synchronize
+        self._task = -1  # the autograd graph task whose end is queued
+
+    def hook(self, _p: torch.Tensor) -> None:
+        task = torch._C._current_graph_task_id()
+        if task == self._task:
+            return
+        if self.passes >= self._needed():
+            raise AssertionError(self._too_many)
+        self._task = task
+        torch.autograd.Variable._execution_engine.queue_callback(self._end)
+
+    def _end(self) -> None:
+        self._task = -1
+        self.passes += 1
+        if self.passes == self._needed():
+            self._submit()
+
+    def reset(self) -> None:
+        self.passes, self._task = 0, -1
+
+    @staticmethod
+    def hooked(planned: list[Bucket]) -> list[torch.Tensor]:
+        """The parameters to hook: each bucket's first and last in the order backward makes them."""
+        return list({id(p): p for b in planned for p in (b.params[0], b.params[-1])}.values())
 
 
 def _views_of(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:

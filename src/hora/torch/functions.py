@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from hora._frontend.surface import ProcessSet, global_process_set, rank
+from hora.torch.distributed_optimizer import DistributedOptimizer
 from hora.torch.mpi_ops import broadcast_async_, broadcast_object, synchronize
-from hora.torch.optimizer import DistributedOptimizer
 
 
 def broadcast_parameters(params: Any, root_rank: int, process_set: ProcessSet = global_process_set) -> None:

@@ -1,13 +1,16 @@
-"""``DistributedOptimizer``: Horovod's wrapper that averages gradients across ranks while backward still runs.
+"""The wrapper ``DistributedOptimizer`` builds by default: Horovod's, averaging gradients across ranks as backward
+runs.
 
-A hook on every parameter (``register_post_accumulate_grad_hook``) notes its gradient the moment autograd has
-accumulated it; by default the gradients go in buckets, as DDP's (:mod:`hora.torch.buckets`, ``bucket_cap``): when
-a bucket's last gradient is ready, the bucket is allreduced as one flat tensor, so communication overlaps the rest
-of the backward pass. With ``groups=`` (Horovod's) a group goes as one grouped allreduce; with ``bucket_cap`` 0,
-each gradient as its own allreduce (Horovod's default). ``step()`` waits for all of them (``synchronize()``) and
-then runs the wrapped optimizer's own step. Semantics follow ``horovod/torch/optimizer.py``: the returned object is
-an instance of a subclass of the wrapped optimizer's class built on its ``param_groups``; gradient names come from
-``named_parameters``; ``backward_passes_per_step`` accumulates locally before communicating.
+By default the gradients go in buckets, as DDP's (:mod:`hora.torch.buckets`, ``bucket_cap``): each bucket is
+allreduced as one flat tensor. Where an allreduce can run beside the backward pass (gradients on an accelerator,
+or a spare core per rank), a hook on every parameter (``register_post_accumulate_grad_hook``) notes its gradient
+the moment autograd has accumulated it, and a bucket goes as soon as its last gradient is ready; elsewhere every
+bucket goes when the backward pass ends (:class:`~hora.torch.buckets.AtBackwardEnd`: a few hooks, one callback).
+With ``groups=`` (Horovod's) a group goes as one grouped allreduce once all its gradients are ready; with
+``bucket_cap`` 0, each gradient as its own allreduce (Horovod's default). ``step()`` waits for all of them
+(``synchronize()``) and then runs the wrapped optimizer's own step. Semantics follow ``horovod/torch/optimizer.py``:
+the object is an instance of a subclass of the wrapped optimizer's class built on its ``param_groups``; gradient
+names come from ``named_parameters``; ``backward_passes_per_step`` accumulates locally before communicating.
 """
 
 from __future__ import annotations
@@ -19,13 +22,10 @@ from typing import Any
 
 import torch
 
-from hora._frontend.gradients import GradientReduction, bucket_cap, describe_gradients
-from hora._frontend.surface import Adasum, Average, ProcessSet, global_process_set, size
-from hora._strategy import STRATEGIES
+from hora._frontend.gradients import GradientReduction, bucket_cap, parameter_differences
+from hora._frontend.surface import Adasum, size
 from hora.config import launchers
-from hora.errors import UnsupportedError
-from hora.torch.buckets import Bucket, hold_gradients_in_buckets, plan_buckets, zero_grad_holding_views
-from hora.torch.compression import Compression
+from hora.torch.buckets import AtBackwardEnd, Bucket, plan_buckets, zero_grad_holding_views
 from hora.torch.mpi_ops import (
     allgather_object,
     allreduce_async_,
@@ -92,6 +92,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._groups: list[list[torch.Tensor]] | None = None
         self._buckets: list[Bucket] | None = None  # the default: self._groups are buckets, each one flat tensor
         self._group_of: dict[torch.Tensor, int] = {}
+        self._at_end: AtBackwardEnd | None = None
         if reduction.groups is not None:
             params_in_order = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
             self._groups = reduction.partition(params_in_order, params_in_order)
@@ -102,7 +103,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         elif reduction.op is not Adasum and reduction.strategy == "allreduce" and (cap := bucket_cap()) > 0:
             # buckets, as DDP's: in the order backward makes the gradients (reverse registration), the first small
             params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
-            self._buckets = plan_buckets(params, self._parameter_names, cap)
+            self._buckets, beside = plan_buckets(params, self._parameter_names, cap)
+            if not beside:  # nothing overlaps the backward pass here: every bucket goes when it ends
+                self._at_end = AtBackwardEnd(
+                    lambda: self.backward_passes_per_step, self._submit_buckets, TOO_MANY_PASSES
+                )
             self._groups = [b.params for b in self._buckets]
             self._group_of = {p: gi for gi, g in enumerate(self._groups) for p in g}
             self._group_ready = {}
@@ -125,6 +130,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._group_ready = {}
         if self._buckets is not None:
             self._bucket_count[:] = [0] * len(self._buckets)
+        if self._at_end is not None:
+            self._at_end.reset()
         super(self.__class__, self).load_state_dict(*args, **kwargs)
 
     def _check_same_parameters(self, named_parameters: list[tuple[str, torch.Tensor]]) -> None:
@@ -134,23 +141,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             (k, tuple(v.shape), str(v.dtype).replace("torch.", "")) for k, v in named_parameters if v.requires_grad
         )
         everyone = allgather_object(mine, name="DistributedOptimizer.parameters", process_set=self.process_set)
-        if all(other == mine for other in everyone):
-            return
-        lines = []
-        reference = everyone[0]
-        for r, other in enumerate(everyone[1:], start=1):
-            if other == reference:
-                continue
-            missing = sorted(set(reference) - set(other))
-            extra = sorted(set(other) - set(reference))
-            if missing:
-                lines.append(f"rank {r} lacks {', '.join(f'{n} {list(s)} {d}' for n, s, d in missing[:5])}")
-            if extra:
-                lines.append(f"rank {r} has extra {', '.join(f'{n} {list(s)} {d}' for n, s, d in extra[:5])}")
-        raise ValueError(
-            "DistributedOptimizer: the ranks' parameters differ (compared with rank 0's, by name, shape and "
-            "dtype): " + "; ".join(lines) + ". Every rank must wrap the same model's parameters."
-        )
+        differences = parameter_differences(everyone)
+        if differences:
+            raise ValueError(
+                "DistributedOptimizer: the ranks' parameters differ (compared with rank 0's, by name, shape and "
+                f"dtype): {differences}. Every rank must wrap the same model's parameters."
+            )
 
     @staticmethod
     def find_duplicates(lst: list[Any]) -> set[Any]:
@@ -168,7 +164,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.requires_grad:
                     self._requires_update.add(p)
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+                    if self._at_end is None:
+                        self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+        if self._at_end is not None:
+            assert self._buckets is not None
+            for p in self._at_end.hooked(self._buckets):
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._at_end.hook))
+
+    def _submit_buckets(self) -> None:
+        """Every bucket's allreduce, when backward ends (:class:`AtBackwardEnd`); a sparse gradient leaves its
+        bucket first and is allgathered on its own, as its hook would do."""
+        assert self._groups is not None
+        for gi in range(len(self._groups)):
+            if not self.sparse_as_dense:
+                for p in [p for p in self._groups[gi] if p.grad is not None and p.grad.is_sparse]:
+                    self._leave_bucket(p)
+                    self._handles[p] = self._allreduce_grad_async(p)
+            if self._groups[gi]:
+                self._handles[tuple(self._groups[gi])] = self._allreduce_group_async(gi)
 
     def _dense_grad(self, p: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """The gradient to allreduce, and whether ``p.grad`` is sparse (sparse_as_dense: a dense copy is reduced
@@ -351,6 +364,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._handles.clear()
             if self._buckets is not None:
                 self._bucket_count[:] = [0] * len(self._buckets)
+            if self._at_end is not None:
+                self._at_end.reset()
         self._synchronized = True
 
     def _submit_missing(self) -> None:
@@ -408,83 +423,3 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._buckets is not None and any(b.as_views for b in self._buckets):
             return zero_grad_holding_views(super(self.__class__, self).zero_grad, self, self._buckets, set_to_none)
         return super(self.__class__, self).zero_grad(set_to_none)
-
-
-def DistributedOptimizer(
-    optimizer: torch.optim.Optimizer,
-    named_parameters: Any = None,
-    compression: Any = Compression.none,
-    backward_passes_per_step: int = 1,
-    op: int = Average,
-    gradient_predivide_factor: float = 1.0,
-    num_groups: int = 0,
-    groups: Any = None,
-    sparse_as_dense: bool = False,
-    process_set: ProcessSet = global_process_set,
-    strategy: str | None = None,
-    staleness: int | None = None,
-    consistency: str | None = None,
-    ps_parameters: Any = None,
-    gradient_as_bucket_view: bool = False,
-) -> torch.optim.Optimizer:
-    """Wrap ``optimizer`` so that ``step()`` applies gradients averaged (``op``) over every rank.
-
-    Arguments are Horovod's: ``named_parameters`` names each gradient's collective (recommended: ranks then agree
-    by name); ``compression`` (``Compression.fp16`` halves the bytes); ``backward_passes_per_step`` accumulates
-    that many backward passes locally before communicating; ``gradient_predivide_factor`` splits the averaging
-    into a division before and after the sum; ``groups`` (an int, or lists of parameters) allreduces parameters
-    in fixed groups; ``sparse_as_dense`` densifies sparse gradients instead of allgathering them.
-
-    hora's own: ``strategy="parameter_server"`` (default: ``HORA_STRATEGY``, ``allreduce``) runs the update on the
-    job's parameter servers (``hora run --num-ps S``) instead, with ``staleness=k`` for ``bounded(k)`` or
-    ``consistency`` (``async``, ``sync``, ``bounded(k)``; default ``HORA_PS_CONSISTENCY``).
-    ``strategy="hybrid"`` keeps ``ps_parameters`` (the model: its ``nn.Embedding(sparse=True)`` weights; or
-    modules, parameters, names) on the servers, updated row by row, and allreduces the rest; see docs/ps.md.
-    ``gradient_as_bucket_view=True`` (DDP's): each gradient under 128 KiB lives in its bucket's buffer (no copy
-    in or out; ``zero_grad`` zeroes it there, and a ``p.grad`` kept from one step changes with the next).
-    """
-    reduction = describe_gradients(
-        "hora.torch.DistributedOptimizer",
-        op=op,
-        gradient_predivide_factor=gradient_predivide_factor,
-        groups=groups,
-        num_groups=num_groups,
-        compression=compression,
-        sparse_as_dense=sparse_as_dense,
-        process_set=process_set,
-        backward_passes_per_step=backward_passes_per_step,
-        strategy=strategy,
-        strategies=STRATEGIES,
-        staleness=staleness,
-        consistency=consistency,
-        ps_parameters=ps_parameters,
-        adasum=True,
-    )
-    if reduction.strategy == "parameter_server":
-        from hora.torch.ps_optimizer import make_ps_optimizer
-
-        return make_ps_optimizer(optimizer, named_parameters, staleness, consistency)
-    members = dict(_DistributedOptimizer.__dict__)
-    if reduction.op is Adasum and size() > 1:  # Horovod's: one rank uses the ordinary optimizer
-        from hora.torch.adasum_optimizer import adasum_members
-
-        if reduction.groups is not None or sparse_as_dense:  # Horovod ignores them
-            raise UnsupportedError(
-                "hora.torch.DistributedOptimizer: op=Adasum reduces each parameter's local step on its own; leave "
-                "groups= and sparse_as_dense out"
-            )
-        members = adasum_members()
-    if reduction.strategy == "hybrid":
-        from hora.torch.hybrid import hybrid_members
-
-        if reduction.groups is not None:
-            raise UnsupportedError("groups= is not supported with strategy='hybrid' yet; leave it out")
-        if named_parameters is None:
-            raise ValueError("strategy='hybrid' needs named_parameters (the servers keep variables by name)")
-        named_parameters = list(named_parameters)
-        members.update(hybrid_members(optimizer, named_parameters, ps_parameters, staleness, consistency))
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), members)
-    wrapped = cls(optimizer.param_groups, named_parameters, reduction)
-    if gradient_as_bucket_view:
-        hold_gradients_in_buckets(getattr(wrapped, "_buckets", None), reduction)
-    return wrapped

@@ -59,7 +59,9 @@ def _parts(np_: int) -> list[Part]:
     if np_ == 3:
         parts += [Part(f"sparse {flag}", sparse_worker, (flag,)) for flag in (False, True)]
         parts.append(Part("buckets", bucket_worker))
+        parts.append(Part("buckets per gradient", bucket_worker, (False, True)))
         parts.append(Part("buckets as views", bucket_worker, (True,)))
+        parts.append(Part("buckets as views per gradient", bucket_worker, (True, True)))
     return [Part(f"np{np_} {p.name}", p.fn, p.args) for p in parts]
 
 
@@ -126,9 +128,11 @@ def test_sparse_gradients_match_one_process(launches, sparse_as_dense):
     torch.testing.assert_close(torch.tensor(got[0]), torch.tensor(sparse_reference(3)), rtol=1e-5, atol=1e-6)
 
 
-def test_buckets_average_mixed_dtypes_and_unused_parameters(launches):
-    assert launches("np3 buckets") == [True, True, True]
+@pytest.mark.parametrize("when", ["", " per gradient"], ids=["at-backward-end", "per-gradient"])
+def test_buckets_average_mixed_dtypes_and_unused_parameters(launches, when):
+    assert launches(f"np3 buckets{when}") == [True, True, True]
 
 
-def test_gradients_living_in_their_buckets_give_the_same_averages(launches):
-    assert launches("np3 buckets as views") == [True, True, True]
+@pytest.mark.parametrize("when", ["", " per gradient"], ids=["at-backward-end", "per-gradient"])
+def test_gradients_living_in_their_buckets_give_the_same_averages(launches, when):
+    assert launches(f"np3 buckets as views{when}") == [True, True, True]
