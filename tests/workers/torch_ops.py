@@ -247,6 +247,32 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def elastic_single_rank_worker() -> bool:
+    """An elastic job (HOROVOD_ELASTIC=1) at one rank: the optimizer has its hooks from the start (the job may
+    grow), so step after step must synchronize what they submitted (the second zero_grad() raised here once) and
+    leave each gradient as the rank's own."""
+    torch.set_num_threads(1)
+    hvd.init()
+    os.environ["HOROVOD_ELASTIC"] = "1"
+    try:
+        model = _model(seed=6)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())  # fmt: skip
+    finally:
+        del os.environ["HOROVOD_ELASTIC"]
+    assert opt._hooks, "no hooks: an elastic job that grows would not average"
+    for x, y in _batches(3, 4):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        own = [p.grad.clone() for p in model.parameters()]
+        opt.synchronize()
+        assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), own))
+        with opt.skip_synchronize():
+            opt.step()
+    hvd.shutdown()
+    return True
+
+
 def optimizer_worker(per_rank_batch: int, steps: int, options: dict) -> list[float]:
     """Train with DistributedOptimizer on this rank's slice of every global batch; returns the final parameters
     (the test compares them across ranks and with a single process on the whole batches)."""

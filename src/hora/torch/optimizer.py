@@ -332,9 +332,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return
-        if size() == 1:  # nothing to average; Horovod still counts the step as synchronized
-            self._synchronized = True
-            return
         covered = sum(len(key) if isinstance(key, tuple) else 1 for key in self._handles)
         if covered < len(self._requires_update) or (self._groups is not None and self._group_ready):
             self._submit_missing()  # else every gradient is in flight (a parameter is in one key at most)

@@ -19,6 +19,7 @@ from workers.torch_ops import (  # noqa: E402
     OPTIMIZERS,
     adasum_training_reference,
     bucket_worker,
+    elastic_single_rank_worker,
     mismatched_params_worker,
     optimizer_rules_worker,
     optimizer_state_worker,
@@ -50,6 +51,8 @@ def _parts(np_: int) -> list[Part]:
     parts = [Part(f"identical {options}", optimizer_worker, (4, 5, options)) for n, options in IDENTICAL if n == np_]
     parts += [Part(f"sync_batch_norm {shape}", sync_batch_norm_worker, (shape,)) for n, shape in SYNC_BATCH_NORM
               if n == np_]
+    if np_ == 1:
+        parts.append(Part("elastic", elastic_single_rank_worker))
     if np_ in RULES:
         parts.append(Part("rules", optimizer_rules_worker))
     if np_ == 2:
@@ -103,6 +106,10 @@ def test_optimizer_rules(launches, np_):
         assert notes[2].startswith("bad params: invalid params of type")
         assert notes[3].startswith("views: gradient_as_bucket_view=True needs the optimizer's buckets"), notes[3]
         assert "groups=2" in notes[3], notes[3]
+
+
+def test_an_elastic_job_at_one_rank_steps_with_its_own_gradients(launches):
+    assert launches("np1 elastic") == [True]
 
 
 def test_mismatched_parameter_sets_fail_on_every_rank(launches):
