@@ -66,7 +66,7 @@ def _sum_into(grads: Sequence[Any], names: Sequence[str], reduction: GradientRed
     def start() -> GroupHandle:
         views = [bridge.write_view(h) for h in hosts]
         if grouped and reduction.groups is None and (cap := bucket_cap()) > 0:  # buckets, as hora.torch's
-            parts = buckets([v.nbytes for v in views], cap)
+            parts = buckets([v.nbytes for v in views], cap, first=cap)  # all go now: a small first one gains nothing
         elif not grouped or reduction.groups is None:
             return GroupHandle(
                 [
