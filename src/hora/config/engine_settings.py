@@ -35,11 +35,13 @@ class EngineSettings:
         "HORA_BUCKET_CAP",
         help=(
             "Gradient buckets of hora.torch.DistributedOptimizer and hora.mxnet.DistributedTrainer, in bytes (PyTorch "
-            "DDP's bucket_cap_mb): the gradients, in reverse registration order, go in buckets of up to this size "
-            "(the first one 1 MiB, so communication starts early in the backward pass; hora.torch makes it as large "
-            "as the others where nothing could run beside the backward pass: CPU gradients on a host whose ranks' "
-            "threads fill its cores), each submitted as one grouped allreduce the moment its last gradient is "
-            "ready. 0: one allreduce per gradient (Horovod's way). groups= (num_groups=) overrides it."
+            "DDP's bucket_cap_mb): the gradients, in reverse registration order, go in buckets of up to this size, "
+            "each one grouped allreduce. Where an allreduce can run beside the backward pass (an accelerator, or a "
+            "core left for each rank's engine thread) hora.torch submits each bucket the moment its last gradient "
+            "is ready and makes the first one 1 MiB, so communication starts early; elsewhere (CPU ranks whose "
+            "threads fill the cores) and in MXNet's trainer every bucket goes when the backward pass ends, the first "
+            "as large as the others. 0: one allreduce per gradient (Horovod's way). groups= (num_groups=) "
+            "overrides it."
         ),
         flag=megabytes_flag(
             "--bucket-cap-mb",
