@@ -4,6 +4,7 @@ computations of what every rank contributed (each rank can rebuild any other ran
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -714,6 +715,38 @@ class _MixedModel(torch.nn.Module):
         return self.out(h)
 
 
+def _checkpointed_averages(nested_at_both_ends: bool) -> None:
+    """Reentrant activation checkpointing runs a backward pass inside the backward pass: the optimizer's gradients
+    must still be averaged only once all of them are computed, whether the layers backward reaches first and last
+    (the ones the end-of-backward hooks watch) are checkpointed or not."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(8)
+    a, b, c = (torch.nn.Linear(5, 5) for _ in range(3))
+    plain = [torch.nn.Linear(5, 5) for _ in range(3)]
+    for p, q in zip(plain, (a, b, c)):
+        p.load_state_dict(q.state_dict())
+    layers = [*a.parameters(), *b.parameters(), *c.parameters()]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(layers, lr=0.1),
+                                   named_parameters=[(f"ckpt.{i}", p) for i, p in enumerate(layers)])  # fmt: skip
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(hvd.rank()), requires_grad=True)  # else no grads
+
+    def forward(la: Any, lb: Any, lc: Any, ckpt: bool) -> torch.Tensor:
+        def wrap(layer: Any, on: bool) -> Any:
+            return (lambda h: checkpoint(layer, h, use_reentrant=True)) if ckpt and on else layer
+
+        ends = nested_at_both_ends
+        return wrap(lc, ends)(wrap(lb, not ends)(wrap(la, ends)(x))).tanh().sum()
+
+    forward(a, b, c, ckpt=True).backward()
+    opt.synchronize()
+    forward(*plain, ckpt=False).backward()
+    for i, (p, q) in enumerate(zip(layers, (p for layer in plain for p in layer.parameters()))):
+        torch.testing.assert_close(p.grad, hvd.allreduce(q.grad, name=f"ckpt.expected.{i}"))
+    with opt.skip_synchronize():
+        opt.step()
+
+
 def bucket_worker(views: bool = False, beside: bool = False) -> bool:
     """DistributedOptimizer's buckets (1 MiB here, so several whatever the host's cores decide for the first one):
     every p.grad after synchronize() is the average of the ranks' gradients (computed here for every rank on a
@@ -792,5 +825,11 @@ def bucket_worker(views: bool = False, beside: bool = False) -> bool:
     except AssertionError as e:
         assert "more than backward_passes_per_step" in str(e), e
     opt.synchronize()
+    hora.torch.buckets.beside_backward = lambda *_: beside  # type: ignore[assignment]
+    try:
+        for nested_at_both_ends in (True, False):
+            _checkpointed_averages(nested_at_both_ends)
+    finally:
+        hora.torch.buckets.beside_backward = decide  # type: ignore[assignment]
     hvd.shutdown()
     return True

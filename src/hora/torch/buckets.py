@@ -173,34 +173,40 @@ def plan_buckets(params: list[torch.Tensor], names: dict[torch.Tensor, str], cap
 class AtBackwardEnd:
     """Every bucket submitted once, when the backward pass ends: where no allreduce can run beside the backward
     pass, submitting a bucket earlier gains nothing, and a Python hook per gradient costs ~3 us each (measured in
-    docs/performance.md, "Buckets at the end of backward"). A hook on a bucket's first and last gradient queues one
-    callback per backward pass (autograd's ``queue_callback``, as DDP's reducer does), which counts the pass and,
-    at the ``backward_passes_per_step``-th, calls ``submit``; a hook firing after that raises, as Horovod's
-    per-gradient hooks do. A bucket none of whose hooked gradients is computed on a pass goes in ``synchronize``.
+    docs/performance.md, "Buckets at the end of backward"). A hook on a bucket's first and last gradient queues a
+    callback at the end of the autograd graph task it fires in (``queue_callback``, as DDP's reducer does). The
+    callback of the outermost task counts the pass and, at the ``backward_passes_per_step``-th, calls ``submit``;
+    that of a task nested in another one's node (reentrant activation checkpointing runs a backward inside a
+    backward) is ignored, since the outer task still has gradients to compute. A hook firing after the pass that
+    submitted raises, as Horovod's per-gradient hooks do. Buckets that no outermost callback submitted (none of the
+    hooked gradients was computed outside a nested task) go in ``synchronize``.
     """
 
     def __init__(self, passes: Callable[[], int], submit: Callable[[], None], too_many: str) -> None:
         self._needed, self._submit, self._too_many = passes, submit, too_many
         self.passes = 0  # backward passes since the last synchronize
-        self._task = -1  # the autograd graph task whose end is queued
+        self._queued: set[int] = set()  # the autograd graph tasks whose end has a callback
 
     def hook(self, _p: torch.Tensor) -> None:
         task = torch._C._current_graph_task_id()
-        if task == self._task:
+        if task in self._queued:
             return
         if self.passes >= self._needed():
             raise AssertionError(self._too_many)
-        self._task = task
+        self._queued.add(task)
         torch.autograd.Variable._execution_engine.queue_callback(self._end)
 
     def _end(self) -> None:
-        self._task = -1
+        self._queued.discard(torch._C._current_graph_task_id())
+        if torch._C._current_autograd_node() is not None:  # a nested task: the node that started it still runs
+            return
         self.passes += 1
         if self.passes == self._needed():
             self._submit()
 
     def reset(self) -> None:
-        self.passes, self._task = 0, -1
+        self.passes = 0
+        self._queued.clear()
 
     @staticmethod
     def hooked(planned: list[Bucket]) -> list[torch.Tensor]:
