@@ -65,7 +65,8 @@ def _scaled_reduce(
     if op == ReduceOp.ADASUM:  # the frontend allows it for allreduce only
         adasum_fused(plane, [src], [dst])
     elif counts is None:
-        plane.allreduce(src, dst, op)
+        plane.allreduce_scaled(src, dst, op, post)
+        return
     else:
         plane.reducescatter(src, dst, counts, op)
     if post != 1.0:
@@ -167,24 +168,24 @@ def execute_fused(
     if op == ReduceOp.ADASUM:  # each tensor (each piece of a grouped request) gets its own coefficients
         with phase(timeline, names, activity):
             adasum_fused(plane, srcs, dsts)
+        if post != 1.0:
+            for d in dsts:
+                scale_into(d, post, d)
     elif getattr(plane, "stages_pieces", False):  # shm: packing into the segment is the transport's first copy
         with phase(timeline, names, activity):
-            plane.allreduce_fused(srcs, dsts, op)
+            plane.allreduce_fused_scaled(srcs, dsts, op, post)
     else:
         total = sum(s.size for s in srcs)
         buf = _fusion_buffer(srcs[0].dtype, total)
         with phase(timeline, names, "MEMCPY_IN_FUSION_BUFFER"):
             np.concatenate(srcs, out=buf)
         with phase(timeline, names, activity):
-            plane.allreduce(buf, buf, op)
+            plane.allreduce_scaled(buf, buf, op, post)
         with phase(timeline, names, "MEMCPY_OUT_FUSION_BUFFER"):
             lo = 0
             for d in dsts:
                 d[...] = buf[lo : lo + d.size]
                 lo += d.size
-    if post != 1.0:
-        for d in dsts:
-            scale_into(d, post, d)
     return outs
 
 

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from hora._dtypes import ReduceOp
+from hora._dtypes import ReduceOp, scale_into
 
 __all__ = ["SelfTransport", "Transport"]
 
@@ -50,6 +50,21 @@ class Transport(ABC):
             for d in dsts:
                 d[...] = buf[at : at + d.size]
                 at += d.size
+
+    def allreduce_scaled(self, src: np.ndarray, dst: np.ndarray, op: int, post: float) -> None:
+        """:meth:`allreduce`, then ``dst *= post`` (Horovod's postscale; 1.0: none). A transport that can scale
+        each reduced element while it is still in cache, before it leaves the transport, overrides this (the same
+        multiply on the same values: the results are identical)."""
+        self.allreduce(src, dst, op)
+        if post != 1.0:
+            scale_into(dst, post, dst)
+
+    def allreduce_fused_scaled(self, srcs: list[np.ndarray], dsts: list[np.ndarray], op: int, post: float) -> None:
+        """:meth:`allreduce_fused`, then every ``dsts[i] *= post``, as :meth:`allreduce_scaled`."""
+        self.allreduce_fused(srcs, dsts, op)
+        if post != 1.0:
+            for d in dsts:
+                scale_into(d, post, d)
 
     @abstractmethod
     def reducescatter(self, src: np.ndarray, dst: np.ndarray, counts: list[int], op: int) -> None:

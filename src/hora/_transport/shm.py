@@ -41,7 +41,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from hora._dtypes import HALF, combine, even_counts, offsets, reduce_into
+from hora._dtypes import HALF, combine, even_counts, offsets, reduce_into, scale_into
 from hora._proc import process_alive
 from hora._transport import futex
 from hora._transport.base import Transport
@@ -333,14 +333,21 @@ class ShmTransport(Transport):
 
     # -- collectives --------------------------------------------------------------------------------------------
     def allreduce(self, src: np.ndarray, dst: np.ndarray, op: int) -> None:
-        self._reduce([src], [src.size], even_counts(src.size, self.size), op, [dst], None)
+        self.allreduce_scaled(src, dst, op, 1.0)
+
+    def allreduce_scaled(self, src: np.ndarray, dst: np.ndarray, op: int, post: float) -> None:
+        # each owner scales its reduced slice in its slot, in cache, instead of a pass over dst afterwards
+        self._reduce([src], [src.size], even_counts(src.size, self.size), op, [dst], None, post)
 
     def allreduce_fused(self, srcs: list[np.ndarray], dsts: list[np.ndarray], op: int) -> None:
+        self.allreduce_fused_scaled(srcs, dsts, op, 1.0)
+
+    def allreduce_fused_scaled(self, srcs: list[np.ndarray], dsts: list[np.ndarray], op: int, post: float) -> None:
         # The fusion buffer is this rank's slot: staging copies straight from the pieces, gathering straight into
         # them, so packing is the only copy and there is no full-size temporary.
         if srcs:
             ends = list(accumulate(s.size for s in srcs))
-            self._reduce(srcs, ends, even_counts(ends[-1], self.size), op, dsts, None)
+            self._reduce(srcs, ends, even_counts(ends[-1], self.size), op, dsts, None, post)
 
     def reducescatter(self, src: np.ndarray, dst: np.ndarray, counts: list[int], op: int) -> None:
         self._reduce([src], [src.size], counts, op, None, dst)
@@ -353,10 +360,11 @@ class ShmTransport(Transport):
         op: int,
         dsts: list[np.ndarray] | None,
         out: np.ndarray | None,
+        post: float = 1.0,
     ) -> None:
         """Reduce the virtual concatenation of ``srcs`` (piece i ends at element ``ends[i]``), owner r taking the
-        ``counts[r]`` elements at its offset; then copy every owner's slice into ``dsts`` (allreduce: the same
-        pieces as ``srcs``) or this rank's slice into ``out`` (reduce-scatter)."""
+        ``counts[r]`` elements at its offset, and multiply the result by ``post``; then copy every owner's slice
+        into ``dsts`` (allreduce: the same pieces as ``srcs``) or this rank's slice into ``out`` (reduce-scatter)."""
         dt, me, size = srcs[0].dtype, self.rank, self.size
         cap = self._sub // dt.itemsize
         offs = offsets(counts)
@@ -406,6 +414,8 @@ class ShmTransport(Transport):
                         reduce_into(red, others[0], op)
                     for other in others[1:]:
                         reduce_into(red, other, op)
+                if post != 1.0:
+                    scale_into(red, post, red)
             if dsts is not None:
                 self._barrier()  # every owner has reduced: copy out (only now, so dst may be src)
                 for r in range(size):
