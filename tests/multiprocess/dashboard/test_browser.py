@@ -41,6 +41,7 @@ pytestmark = pytest.mark.skipif(
 webdriver = pytest.importorskip("selenium.webdriver")
 pytest.importorskip("starlette", reason="the dashboard extra: pip install 'hora[dashboard]'")
 
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -177,7 +178,8 @@ def test_the_dashboard_shows_jobs_live_in_a_real_browser(tmp_path):
     driver = None
     try:
         driver = _browser(tmp_path)
-        wait = WebDriverWait(driver, 60, poll_frequency=0.2)
+        # the pages re-render as data arrive: an element read while it is replaced is looked up again next poll
+        wait = WebDriverWait(driver, 60, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,))
         driver.get(url)
         wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")) == 3)
         assert {r.get_attribute("data-job") for r in driver.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")} == {
@@ -261,7 +263,7 @@ def test_a_tuning_job_has_a_live_page_with_its_trials_the_best_and_the_plots(tmp
     driver = None
     try:
         driver = _browser(tmp_path)
-        wait = WebDriverWait(driver, 90, poll_frequency=0.2)
+        wait = WebDriverWait(driver, 90, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,))
 
         def texts(css: str) -> list[str]:  # the page redraws while it runs: read it in one script, not element-wise
             return driver.execute_script(
