@@ -3,7 +3,9 @@ computations of what every rank contributed (each rank can rebuild any other ran
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -715,6 +717,20 @@ class _MixedModel(torch.nn.Module):
         return self.out(h)
 
 
+@contextlib.contextmanager
+def _deciding_beside_backward(beside: bool) -> Iterator[None]:
+    """Optimizers built inside submit their buckets as if an allreduce could (``beside``) or could not run beside
+    the backward pass, whatever this host's cores say; the decision is restored after (the parts share a process)."""
+    import hora.torch.buckets
+
+    decide = hora.torch.buckets.beside_backward
+    hora.torch.buckets.beside_backward = lambda *_: beside  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        hora.torch.buckets.beside_backward = decide  # type: ignore[assignment]
+
+
 def _checkpointed_averages(nested_at_both_ends: bool) -> None:
     """Reentrant activation checkpointing runs a backward pass inside the backward pass: the optimizer's gradients
     must still be averaged only once all of them are computed, whether the layers backward reaches first and last
@@ -758,8 +774,6 @@ def bucket_worker(views: bool = False, beside: bool = False) -> bool:
     cores decide. Either way a second backward pass before step() raises."""
     import copy
 
-    import hora.torch.buckets
-
     torch.set_num_threads(1)
     os.environ["HORA_BUCKET_CAP"] = str(1 << 20)
     try:
@@ -769,15 +783,11 @@ def bucket_worker(views: bool = False, beside: bool = False) -> bool:
     me, n = hvd.rank(), hvd.size()
     model = _MixedModel()
     plain = copy.deepcopy(model)
-    decide = hora.torch.buckets.beside_backward
-    hora.torch.buckets.beside_backward = lambda *_: beside  # type: ignore[assignment]
-    try:
+    with _deciding_beside_backward(beside):
         opt = hvd.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
             gradient_as_bucket_view=views,
         )
-    finally:
-        hora.torch.buckets.beside_backward = decide  # type: ignore[assignment]
     assert opt._buckets is not None and len(opt._buckets) >= 3, opt._groups
     assert (opt._at_end is None) == beside, opt._at_end
     assert all(len({p.dtype for p in g}) == 1 for g in opt._groups), "a bucket mixes dtypes"
@@ -825,11 +835,8 @@ def bucket_worker(views: bool = False, beside: bool = False) -> bool:
     except AssertionError as e:
         assert "more than backward_passes_per_step" in str(e), e
     opt.synchronize()
-    hora.torch.buckets.beside_backward = lambda *_: beside  # type: ignore[assignment]
-    try:
+    with _deciding_beside_backward(beside):
         for nested_at_both_ends in (True, False):
             _checkpointed_averages(nested_at_both_ends)
-    finally:
-        hora.torch.buckets.beside_backward = decide  # type: ignore[assignment]
     hvd.shutdown()
     return True
